@@ -1,0 +1,33 @@
+# axtrain: `make demo` and `make test` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch==2.13.0 resolves to the CPU build on disk on our machines (a plain `torch` pulls CUDA).
+PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
+
+.PHONY: install demo test bench golden clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -e '.[test,hf]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/axtrain --config=configs/tiny.py --output_dir=runs/demo --overwrite
+	@$(BIN)/python -c "import json; r = json.load(open('runs/demo/run.json')); print('demo: final validation loss %.3f nats/byte (status %s)' % (r['final_eval_loss'], r['status']))"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+golden: $(STAMP)
+	UPDATE_GOLDEN=1 $(BIN)/python -m pytest tests/test_golden_configs.py
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""Run configs: each `*.py` here (but base.py) has `get_config(arg=None) -> ConfigDict`."""

@@ -1,0 +1,19 @@
+"""LLaMA-3.2-1B shape (1.24B parameters), synthetic tokens until a real tokenizer is set.
+
+    axtrain --config=configs/llm_1b.py --print_config
+    axtrain --config=configs/llm_1b.py --mesh=gpu-h100-8
+"""
+
+from configs.base import lm_config
+from launcher.config_args import parse_arg
+from modules import llama
+
+
+def get_config(arg=None):
+  parse_arg(arg)
+  cfg = lm_config(llama.model_node("1b"), max_steps=10_000, learning_rate=3e-4,
+                  batch_size=256, seq_len=2048, warmup_steps=1000, data_kind="synthetic")
+  cfg.trainer.log_every = 10
+  cfg.eval.every_steps = 1000
+  cfg.eval.batch_size = 64
+  return cfg

@@ -1,0 +1,1 @@
+"""The `axtrain` command line: parses, validates, resolves the mesh, writes the run directory."""

@@ -1,0 +1,5 @@
+"""`python -m launcher ...` is `axtrain ...`."""
+
+from launcher.main import run
+
+run()

@@ -1,0 +1,34 @@
+"""Strict parsing of a config file's `:arg` (e.g. `configs/gpt2.py:size=medium`)."""
+
+from __future__ import annotations
+
+from modules.registry import ConfigError, suggest
+
+
+def parse_arg(arg: str | None, **defaults) -> dict:
+  """`key=value,key=value` -> dict; keys must be among `defaults`, values take their type."""
+  out = dict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+      raise ConfigError(f"config argument '{arg}': expected key=value[,key=value...]; keys: "
+                        f"{', '.join(defaults) or 'none'}")
+    if key not in defaults:
+      raise ConfigError(f"config argument: unknown key '{key}'{suggest(key, defaults)}; keys: "
+                        f"{', '.join(defaults) or 'none'}")
+    kind = type(defaults[key])
+    try:
+      out[key] = {bool: lambda v: {"true": True, "false": False}[v.lower()]}.get(kind, kind)(value)
+    except (KeyError, ValueError):
+      raise ConfigError(f"config argument {key}={value}: expected {kind.__name__}") from None
+  return out
+
+
+def choice(key: str, value: str, choices) -> str:
+  if value not in choices:
+    raise ConfigError(f"config argument {key}={value}: unknown{suggest(value, choices)}; "
+                      f"choices: {', '.join(choices)}")
+  return value

@@ -1,0 +1,103 @@
+"""axtrain: train a JAX model described by a Python config file.
+
+usage:
+  axtrain --config=FILE[:key=value,...] [--config.a.b=VALUE ...] [options]
+  axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR
+  axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
+
+examples:
+  axtrain --config=configs/tiny.py
+  axtrain --config=configs/tiny.py --config.trainer.max_steps=200 --config.optimizer.learning_rate=1e-3
+  axtrain --config=configs/llm_1b.py --print_config
+  for lr in 1e-3 3e-4; do axtrain --config=configs/tiny.py --config.optimizer.learning_rate=$lr; done
+
+Each run writes runs/<config>[/<overrides>]/ (or --output_dir): config.json,
+run.json and metrics.jsonl. Re-running a completed run does nothing; a
+different config in an existing run directory is refused unless --overwrite.
+Mistakes print one line `axtrain: error: ...` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+
+import sys
+
+from absl import flags
+
+from launcher import config_loading
+from launcher.errors import EXIT_USAGE, ConfigError, UserError
+
+
+def _define_flags(argv: list[str]) -> flags.FlagValues:
+  fv = flags.FlagValues()
+  config_loading.define(fv, argv)
+  flags.DEFINE_string("output_dir", None, "Run directory; default runs/<config stem>[/<overrides>].",
+                      flag_values=fv)
+  flags.DEFINE_boolean("overwrite", False, "Replace an existing run directory that holds a "
+                       "different config.", flag_values=fv)
+  flags.DEFINE_boolean("print_config", False, "Print the resolved config as sorted `a.b.c: value`"
+                       " lines and the parameter count, then exit.", flag_values=fv)
+  flags.DEFINE_string("mesh", "auto", "Device mesh from the registry (docs/meshes.md), or `auto` "
+                      "to pick one from the devices JAX sees.", flag_values=fv)
+  flags.DEFINE_boolean("progress", True, "Show a progress line on stderr.", flag_values=fv)
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for multi-process "
+                      "runs (jax.distributed); Slurm is detected without it.", flag_values=fv)
+  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.", flag_values=fv)
+  flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run.",
+                       flag_values=fv)
+  config_loading.register_flag_names(fv)
+  return fv
+
+
+def help_text(fv: flags.FlagValues) -> str:
+  lines = [__doc__.strip(), "", "options:"]
+  for name in sorted(fv):
+    flag = fv[name]
+    default = "" if flag.default in (None, "") else f" (default: {flag.default})"
+    lines.append(f"  --{name}: {flag.help}{default}")
+  return "\n".join(lines) + "\n"
+
+
+def run() -> None:
+  """Console-script entry point."""
+  sys.exit(main(sys.argv))
+
+
+def main(argv: list[str]) -> int:
+  try:
+    if len(argv) > 1 and argv[1] == "convert":
+      from launcher import convert  # pylint: disable=import-outside-toplevel
+      return convert.main(argv[:1] + argv[2:])
+    return train_main(argv)
+  except ConfigError as e:
+    message = " ".join(str(e).split())
+    print(f"axtrain: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse_flags(argv: list[str]) -> flags.FlagValues:
+  fv = _define_flags(argv)
+  if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
+    sys.stdout.write(help_text(fv))
+    raise SystemExit(0)
+  positional = [a for a in argv[1:] if not a.startswith("-")]
+  if positional:
+    raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
+                    f"commands: convert")
+  config_loading.check_file(config_loading.config_file_arg(argv))
+  try:
+    fv(argv)
+  except ConfigError:
+    raise
+  except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
+    raise config_loading.translate(e, argv) from None
+  return fv
+
+
+def train_main(argv: list[str]) -> int:
+  fv = parse_flags(argv)
+  from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
+  return session.run(fv, argv)
+
+
+__all__ = ["main", "run"]

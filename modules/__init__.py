@@ -1,0 +1,7 @@
+"""The layer library. Importing it registers every component."""
+
+from modules import attention, block, decoder, embedding, mlp, norms, position  # noqa: F401
+from modules.decoder import MODELS
+from modules.registry import ConfigError, registry
+
+__all__ = ["MODELS", "ConfigError", "registry"]

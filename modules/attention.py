@@ -1,0 +1,115 @@
+"""Causal self-attention with MHA / GQA / MQA, optional biases, and a position child."""
+
+import dataclasses
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from modules.position import POSITIONS
+from modules.registry import REQUIRED, ConfigError, Registry, child
+
+ATTENTION = Registry("attention")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+  kind: str = "attention"
+  num_heads: int = REQUIRED  # query heads
+  num_kv_heads: int | None = None  # key/value heads; None = num_heads (MHA), 1 = MQA
+  head_dim: int | None = None  # per-head width; None = dim // num_heads
+  qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
+  out_bias: bool = False  # bias on the output projection (GPT-2: True)
+  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention
+  # (cuDNN flash attention on GPU where it applies, XLA elsewhere).
+  implementation: Literal["xla", "dot_product"] = "xla"
+  init_std: float = 0.02  # stddev of the normal initialiser of the projections
+  position: Any = child("position")  # rope / none
+
+  def heads(self, dim: int) -> tuple[int, int, int]:
+    kv = self.num_kv_heads or self.num_heads
+    return self.num_heads, kv, self.head_dim or dim // self.num_heads
+
+  def check(self, *, dim: int):
+    if self.num_heads <= 0 or (self.num_kv_heads is not None and self.num_kv_heads <= 0):
+      raise ConfigError(f"attention: num_heads ({self.num_heads}) and num_kv_heads "
+                        f"({self.num_kv_heads}) must be positive")
+    if self.head_dim is None and dim % self.num_heads:
+      raise ConfigError(f"attention: dim {dim} is not divisible by num_heads {self.num_heads};"
+                        f" change one of them or set attention.head_dim")
+    heads, kv, _ = self.heads(dim)
+    if heads % kv:
+      raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
+
+
+def causal_mask(segment_ids_BxL, length: int):
+  """[B, 1, L, L] boolean: attend to earlier-or-same positions of the same segment."""
+  causal_LxL = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+  if segment_ids_BxL is None:
+    return causal_LxL[None, None]
+  same_BxLxL = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+  return (causal_LxL[None] & same_BxLxL)[:, None]
+
+
+def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS):
+  """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
+
+  Heads are moved ahead of length so that both products are plain batched
+  matmuls over (B, G), with the R query heads of a group stacked along length.
+  """
+  b, length, h, k = q_BxLxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  r = h // g
+  q_BxGxRLxK = q_BxLxHxK.transpose(0, 2, 1, 3).reshape(b, g, r * length, k)
+  k_BxGxSxK = k_BxSxGxK.transpose(0, 2, 1, 3)
+  v_BxGxSxK = v_BxSxGxK.transpose(0, 2, 1, 3)
+  logits = jnp.einsum("bgqk,bgsk->bgqs", q_BxGxRLxK, k_BxGxSxK).astype(jnp.float32)
+  logits_BxGxRxLxS = logits.reshape(b, g, r, length, -1) * (k ** -0.5)
+  logits_BxGxRxLxS = jnp.where(mask_Bx1xLxS[:, :, None], logits_BxGxRxLxS,
+                               jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits_BxGxRxLxS, axis=-1).astype(v_BxSxGxK.dtype)
+  out = jnp.einsum("bgqs,bgsk->bgqk", probs.reshape(b, g, r * length, -1), v_BxGxSxK)
+  return out.reshape(b, h, length, k).transpose(0, 2, 1, 3)
+
+
+@ATTENTION.register("attention", AttentionConfig)
+class Attention(nn.Module):
+  cfg: AttentionConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+    cfg = self.cfg
+    h, g, k = cfg.heads(self.dim)
+    init = nn.initializers.normal(cfg.init_std)
+
+    def proj(name, heads, axes):
+      w = self.param(name, nn.with_logical_partitioning(init, ("embed", axes, "head_dim")),
+                     (self.dim, heads, k))
+      y = jnp.einsum("bld,dhk->blhk", x_BxLxD, w.astype(x_BxLxD.dtype))
+      if cfg.qkv_bias:
+        bias = self.param(f"{name}_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, (axes, "head_dim")), (heads, k))
+        y = y + bias.astype(y.dtype)
+      y = nn.with_logical_constraint(y, ("act_batch", "act_length", "act_heads", None))
+      return checkpoint_name(y, "qkv_proj")
+
+    q, kk, v = proj("q", h, "heads"), proj("k", g, "kv_heads"), proj("v", g, "kv_heads")
+    position = POSITIONS.build(cfg.position, head_dim=k, name="position")
+    q, kk = position(q, kk, positions_BxL)
+    length = x_BxLxD.shape[1]
+    if cfg.implementation == "xla":
+      out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length))
+    else:
+      mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
+      out = jax.nn.dot_product_attention(q, kk, v, mask=mask, is_causal=mask is None)
+    out = checkpoint_name(out, "attn_out")
+    w_o = self.param("o", nn.with_logical_partitioning(init, ("heads", "head_dim", "embed")),
+                     (h, k, self.dim))
+    y = jnp.einsum("blhk,hkd->bld", out, w_o.astype(out.dtype))
+    if cfg.out_bias:
+      y = y + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                         (self.dim,)).astype(y.dtype)
+    return y

@@ -1,0 +1,38 @@
+"""Decoder blocks: pre-norm residual, and the parallel-residual variant."""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+
+from modules.attention import ATTENTION
+from modules.mlp import FFN
+from modules.norms import NORMS
+from modules.registry import Registry, child
+
+BLOCKS = Registry("block")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreNormBlockConfig:
+  kind: str = "pre_norm"
+  attention: Any = child("attention")
+  ffn: Any = child("ffn")  # mlp or moe
+  norm: Any = child("norm")  # one config, two instances (before attention, before ffn)
+
+
+@BLOCKS.register("pre_norm", PreNormBlockConfig)
+class PreNormBlock(nn.Module):
+  """x += attn(norm(x)); x += ffn(norm(x)) (GPT-2, LLaMA)."""
+  cfg: PreNormBlockConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+    cfg = self.cfg
+    h = NORMS.build(cfg.norm, dim=self.dim, name="attention_norm")(x_BxLxD)
+    x_BxLxD = x_BxLxD + ATTENTION.build(cfg.attention, dim=self.dim, name="attention")(
+        h, positions_BxL, segment_ids_BxL)
+    h = NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
+    x_BxLxD = x_BxLxD + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h)
+    return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))

@@ -1,0 +1,102 @@
+"""Decoder-only language models: embeddings, a stack of blocks (scanned or unrolled), LM head."""
+
+import dataclasses
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from modules.block import BLOCKS
+from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
+from modules.norms import NORMS
+from modules.registry import REQUIRED, ConfigError, Registry, child
+
+MODELS = Registry("model")
+
+# Rematerialisation policies by name. Names other than these are taken as the
+# names of tagged activations to save (`jax.ad_checkpoint.checkpoint_name`).
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names("qkv_proj"),
+    "save_attn_out": jax.checkpoint_policies.save_only_these_names("qkv_proj", "attn_out"),
+}
+REMAT_NAMES = ("none", *REMAT_POLICIES)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderLMConfig:
+  kind: str = "decoder_lm"
+  vocab_size: int = REQUIRED  # tokens in the vocabulary
+  dim: int = REQUIRED  # model width (residual stream)
+  num_layers: int = REQUIRED  # decoder blocks
+  scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
+  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out
+  tie_embeddings: bool = False  # LM head reuses the token embedding matrix
+  embedding: Any = child("embedding")
+  position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
+  block: Any = child("block")
+  final_norm: Any = child("norm")
+
+  def check(self):
+    for name in ("vocab_size", "dim", "num_layers"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+    if self.remat not in REMAT_NAMES:
+      raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}")
+
+
+class _Layer(nn.Module):
+  """Adapts a block to nn.scan's (carry, x) -> (carry, y) signature."""
+  cfg: Any
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+    block = BLOCKS.build(self.cfg, dim=self.dim, name="block")
+    return block(x_BxLxD, positions_BxL, segment_ids_BxL), None
+
+
+@MODELS.register("decoder_lm", DecoderLMConfig)
+class DecoderLM(nn.Module):
+  """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype)."""
+  cfg: DecoderLMConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None):
+    cfg = self.cfg
+    if positions_BxL is None:
+      positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
+    embed = EMBEDDINGS.build(cfg.embedding, vocab_size=cfg.vocab_size, dim=cfg.dim,
+                             name="embedding")
+    x = embed(tokens_BxL)
+    pos = POSITION_EMBEDDINGS.build(cfg.position_embedding, dim=cfg.dim,
+                                    name="position_embedding")(positions_BxL)
+    if pos is not None:
+      x = x + pos
+    x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
+
+    layer = _Layer
+    if cfg.remat != "none":
+      layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0},
+                      split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
+                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = stack(cfg=cfg.block, dim=cfg.dim, name="layers")(x, positions_BxL, segment_ids_BxL)
+    else:
+      for i in range(cfg.num_layers):
+        x, _ = layer(cfg=cfg.block, dim=cfg.dim, name=f"layers_{i}")(
+            x, positions_BxL, segment_ids_BxL)
+
+    x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      w = self.param("head", nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
+          (cfg.dim, cfg.vocab_size))
+      logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
+    return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))

@@ -1,0 +1,81 @@
+"""Token and absolute-position embeddings."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from modules.registry import ConfigError, Registry
+
+EMBEDDINGS = Registry("embedding")
+POSITION_EMBEDDINGS = Registry("position_embedding")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenEmbeddingConfig:
+  kind: str = "token"
+  init_std: float = 0.02  # stddev of the normal initialiser
+
+
+@EMBEDDINGS.register("token", TokenEmbeddingConfig)
+class TokenEmbedding(nn.Module):
+  cfg: TokenEmbeddingConfig
+  vocab_size: int
+  dim: int
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(self.cfg.init_std), ("vocab", "embed")),
+        (self.vocab_size, self.dim))
+
+  def __call__(self, tokens_BxL):
+    return jnp.take(self.embedding, tokens_BxL, axis=0)
+
+  def attend(self, x_BxLxD):
+    """Logits against the embedding matrix (a tied LM head)."""
+    return jnp.einsum("bld,vd->blv", x_BxLxD, self.embedding.astype(x_BxLxD.dtype))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoPositionEmbeddingConfig:
+  kind: str = "none"
+
+
+@POSITION_EMBEDDINGS.register("none", NoPositionEmbeddingConfig)
+class NoPositionEmbedding(nn.Module):
+  """Positions enter elsewhere (e.g. RoPE inside attention)."""
+  cfg: NoPositionEmbeddingConfig
+  dim: int
+
+  def __call__(self, positions_BxL):
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnedPositionEmbeddingConfig:
+  kind: str = "learned"
+  max_length: int = 1024  # positions available (tokens)
+  init_std: float = 0.01  # stddev of the normal initialiser
+
+  def check(self, *, dim: int):
+    if self.max_length <= 0:
+      raise ConfigError(f"position_embedding.max_length must be positive, got {self.max_length}")
+
+
+@POSITION_EMBEDDINGS.register("learned", LearnedPositionEmbeddingConfig)
+class LearnedPositionEmbedding(nn.Module):
+  """A learned vector per absolute position, added to the token embeddings (GPT-2)."""
+  cfg: LearnedPositionEmbeddingConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, positions_BxL):
+    if positions_BxL.shape[1] > self.cfg.max_length:
+      raise ConfigError(f"sequence length {positions_BxL.shape[1]} exceeds "
+                        f"position_embedding.max_length {self.cfg.max_length}")
+    table = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(self.cfg.init_std), (None, "embed")),
+        (self.cfg.max_length, self.dim))
+    return jnp.take(table, positions_BxL, axis=0)

@@ -1,0 +1,59 @@
+"""Position-wise feed-forward layers (the `ffn` registry): dense MLP with SwiGLU or GELU."""
+
+import dataclasses
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from modules.registry import REQUIRED, ConfigError, Registry
+
+FFN = Registry("ffn")
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlpConfig:
+  kind: str = "mlp"
+  hidden_dim: int = REQUIRED  # width of the hidden layer
+  activation: Literal["silu", "gelu", "gelu_tanh", "relu"] = "silu"
+  gated: bool = True  # act(x W_gate) * (x W_up), i.e. SwiGLU with silu (LLaMA)
+  use_bias: bool = False  # biases on both projections (GPT-2: True)
+  init_std: float = 0.02  # stddev of the normal initialiser
+
+  def check(self, *, dim: int):
+    if self.hidden_dim <= 0:
+      raise ConfigError(f"mlp.hidden_dim must be positive, got {self.hidden_dim}")
+
+
+@FFN.register("mlp", MlpConfig)
+class Mlp(nn.Module):
+  cfg: MlpConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    cfg = self.cfg
+    init = nn.initializers.normal(cfg.init_std)
+
+    def dense(name, x, shape, axes):
+      w = self.param(name, nn.with_logical_partitioning(init, axes), shape)
+      y = jnp.einsum("bld,df->blf", x, w.astype(x.dtype))
+      if cfg.use_bias:
+        y = y + self.param(f"{name}_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, axes[-1:]), shape[-1:]).astype(y.dtype)
+      return y
+
+    act = ACTIVATIONS[cfg.activation]
+    h = act(dense("wi", x_BxLxD, (self.dim, cfg.hidden_dim), ("embed", "mlp")))
+    if cfg.gated:
+      h = h * dense("wu", x_BxLxD, (self.dim, cfg.hidden_dim), ("embed", "mlp"))
+    h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
+    return dense("wo", h, (cfg.hidden_dim, self.dim), ("mlp", "embed"))

@@ -1,0 +1,59 @@
+"""Normalisation layers: RMSNorm and LayerNorm, computed in float32."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from modules.registry import Registry
+
+NORMS = Registry("norm")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RMSNormConfig:
+  kind: str = "rmsnorm"
+  eps: float = 1e-5  # added to the mean square before the rsqrt
+
+
+@NORMS.register("rmsnorm", RMSNormConfig)
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale (LLaMA)."""
+  cfg: RMSNormConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                       (self.dim,))
+    x = x_BxLxD.astype(jnp.float32)
+    y = x * jnp.reciprocal(jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.eps))
+    return (y * scale.astype(jnp.float32)).astype(x_BxLxD.dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerNormConfig:
+  kind: str = "layernorm"
+  eps: float = 1e-5  # added to the variance before the rsqrt
+  use_bias: bool = True  # learned additive bias after the scale
+
+
+@NORMS.register("layernorm", LayerNormConfig)
+class LayerNorm(nn.Module):
+  """(x - mean) / std * scale + bias (GPT-2)."""
+  cfg: LayerNormConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                       (self.dim,))
+    x = x_BxLxD.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * jnp.reciprocal(jnp.sqrt(var + self.cfg.eps)) * scale.astype(jnp.float32)
+    if self.cfg.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
+                        (self.dim,))
+      y = y + bias.astype(jnp.float32)
+    return y.astype(x_BxLxD.dtype)

@@ -1,0 +1,264 @@
+"""Registries of components, and typed config nodes checked at the boundary.
+
+A component is a config dataclass plus the thing it builds (a flax module, an
+optax transform, a data source...). Each kind of component has its own
+`Registry`; a config node names its entry with `kind`:
+
+    ATTENTION = Registry("attention")
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class AttentionConfig:
+      kind: str = "attention"
+      num_heads: int = REQUIRED
+      position: Any = child("position")     # a node of another registry
+
+    @ATTENTION.register("attention", AttentionConfig)
+    class Attention(nn.Module): ...
+
+`Registry.parse` turns a ConfigDict node into the frozen dataclass (unknown,
+missing or mistyped fields raise `ConfigError` naming the path), and
+`Registry.build(cfg, **inputs)` constructs the component after its config's
+optional `check(**inputs)` has validated cross-field constraints. `inputs`
+are what the parent hands the child (e.g. the model width), never more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ml_collections
+
+REQUIRED: Any = dataclasses.MISSING
+_REGISTRY_KEY = "axtrain_registry"
+
+
+class ConfigError(ValueError):
+  """A user mistake in a config. The CLI prints it as one `axtrain: error:` line."""
+
+
+def suggest(name: str, choices) -> str:
+  """' (did you mean 'x'?)' when a close match exists, else ''."""
+  close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+  return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def child(registry: str, default: Any = REQUIRED) -> Any:
+  """Declares a config field that holds a child node of `registry`."""
+  kwargs = {"metadata": {_REGISTRY_KEY: registry}}
+  if default is not REQUIRED:
+    kwargs["default"] = default
+  return dataclasses.field(**kwargs)
+
+
+_ALL: dict[str, Registry] = {}
+
+
+def registry(name: str) -> Registry:
+  """The registry called `name` (they register themselves on creation)."""
+  return _ALL[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  kind: str
+  config_cls: type
+  target: Any  # what `build` constructs: a module class or a factory function
+
+
+class Registry:
+  """One registry per kind of component: short names, duplicates refused."""
+
+  def __init__(self, name: str):
+    if name in _ALL:
+      raise ValueError(f"registry {name!r} exists already")
+    self.name = name
+    self._entries: dict[str, Entry] = {}
+    _ALL[name] = self
+
+  def register(self, kind: str, config_cls: type) -> Callable[[Any], Any]:
+    if not dataclasses.is_dataclass(config_cls):
+      raise TypeError(f"{config_cls} is not a dataclass")
+
+    def decorator(target):
+      if kind in self._entries:
+        raise ValueError(f"{self.name} kind {kind!r} registered twice")
+      self._entries[kind] = Entry(kind, config_cls, target)
+      return target
+
+    return decorator
+
+  def kinds(self) -> list[str]:
+    return sorted(self._entries)
+
+  def entry(self, kind: str, *, path: str = "") -> Entry:
+    if kind not in self._entries:
+      where = f"{path}.kind" if path else f"{self.name} kind"
+      raise ConfigError(
+          f"{where}: unknown {self.name} kind '{kind}'{suggest(kind, self._entries)};"
+          f" registered: {', '.join(self.kinds())}")
+    return self._entries[kind]
+
+  # -- config nodes ---------------------------------------------------------
+
+  def node(self, kind: str, **values) -> ml_collections.ConfigDict:
+    """A ConfigDict with every field of `kind`, defaults filled in.
+
+    Config files call this so that every option is visible (and overridable)
+    in the resolved config. Child fields must be given as nodes.
+    """
+    entry = self.entry(kind)
+    out: dict[str, Any] = {"kind": kind}
+    fields = {f.name: f for f in dataclasses.fields(entry.config_cls) if f.name != "kind"}
+    hints = typing.get_type_hints(entry.config_cls)
+    for key in values:
+      if key not in fields:
+        raise ConfigError(f"{self.name} '{kind}' has no field '{key}'{suggest(key, fields)}")
+    for name, f in fields.items():
+      if name in values:
+        out[name] = values[name]
+      elif f.default is not dataclasses.MISSING:
+        out[name] = _placeholder_or(hints[name], f.default)
+      elif f.default_factory is not dataclasses.MISSING:
+        out[name] = f.default_factory()
+      else:
+        raise ConfigError(f"{self.name} '{kind}': field '{name}' is required")
+    return ml_collections.ConfigDict(out)
+
+  def parse(self, node: Any, path: str) -> Any:
+    """Checks `node` against its kind's fields; returns the frozen config."""
+    if isinstance(node, ml_collections.ConfigDict):
+      node = node.to_dict()
+    if not isinstance(node, Mapping) or "kind" not in node:
+      raise ConfigError(f"{path}: expected a {self.name} node with a 'kind' field")
+    entry = self.entry(node["kind"], path=path)
+    return parse_dataclass(entry.config_cls, node, path, what=f"{self.name} '{entry.kind}'")
+
+  def build(self, cfg: Any, *, name: str | None = None, **inputs) -> Any:
+    """Constructs the component for a parsed config, after `cfg.check(**inputs)`.
+
+    `name` is passed through to flax modules (their parameter scope).
+    """
+    entry = self.entry(cfg.kind)
+    check = getattr(cfg, "check", None)
+    if check is not None:
+      check(**inputs)
+    if name is not None:
+      inputs["name"] = name
+    return entry.target(cfg=cfg, **inputs)
+
+  def target(self, cfg: Any) -> Any:
+    """The registered class or factory for `cfg`'s kind (e.g. to wrap it in nn.scan)."""
+    return self.entry(cfg.kind).target
+
+
+def _placeholder_or(tp: Any, default: Any) -> Any:
+  """A None default becomes a typed placeholder so that overrides type-check."""
+  if default is not None:
+    return default
+  base = _optional_base(tp)
+  if base in (int, float, str, bool):
+    return ml_collections.config_dict.placeholder(base)
+  return None
+
+
+def _optional_base(tp: Any) -> Any:
+  origin = typing.get_origin(tp)
+  if origin in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 else tp
+  return tp
+
+
+def parse_dataclass(cls: type, node: Mapping, path: str, *, what: str) -> Any:
+  """Builds frozen dataclass `cls` from `node`, checking names and types."""
+  hints = typing.get_type_hints(cls)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  for key in node:
+    if key not in fields:
+      raise ConfigError(f"{_join(path, key)}: unknown field of {what}{suggest(key, fields)};"
+                        f" fields: {', '.join(sorted(fields))}")
+  values = {}
+  for name, f in fields.items():
+    sub = _join(path, name)
+    if name not in node or (node[name] is None and f.default is REQUIRED
+                            and f.default_factory is dataclasses.MISSING):
+      if f.default is REQUIRED and f.default_factory is dataclasses.MISSING:
+        raise ConfigError(f"{sub}: required field of {what} is missing")
+      continue
+    value = node[name]
+    reg = f.metadata.get(_REGISTRY_KEY)
+    if reg is not None:
+      values[name] = None if value is None else _ALL[reg].parse(value, sub)
+    else:
+      values[name] = check_type(value, hints[name], sub)
+  return cls(**values)
+
+
+def _join(path: str, name: str) -> str:
+  return f"{path}.{name}" if path else name
+
+
+def check_type(value: Any, tp: Any, path: str) -> Any:
+  """Returns `value` converted to `tp` where that is lossless, else ConfigError."""
+  if tp is Any:
+    return value
+  origin = typing.get_origin(tp)
+  if origin in (typing.Union, types.UnionType):
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+      return None
+    errors = []
+    for arg in args:
+      if arg is type(None):
+        continue
+      try:
+        return check_type(value, arg, path)
+      except ConfigError as e:
+        errors.append(str(e))
+    raise errors[0] if len(errors) == 1 else ConfigError(
+        f"{path}: {value!r} is not one of {_type_name(tp)}")
+  if origin is typing.Literal:
+    choices = typing.get_args(tp)
+    if value not in choices:
+      raise ConfigError(f"{path}: '{value}' is not one of {', '.join(map(str, choices))}"
+                        f"{suggest(value, choices)}")
+    return value
+  if origin in (tuple, list):
+    if not isinstance(value, (tuple, list)):
+      raise ConfigError(f"{path}: expected a sequence, got {value!r}")
+    args = typing.get_args(tp)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+      return tuple(check_type(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is tuple and args and len(args) != len(value):
+      raise ConfigError(f"{path}: expected {len(args)} items, got {len(value)}")
+    if args:
+      return tuple(check_type(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    return tuple(value)
+  if origin is dict or tp is dict:
+    if not isinstance(value, Mapping):
+      raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+    return dict(value)
+  if tp is bool:
+    if isinstance(value, bool):
+      return value
+  elif tp is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+  elif tp is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+  elif tp is str:
+    if isinstance(value, str):
+      return value
+  elif isinstance(value, tp):
+    return value
+  raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _type_name(tp: Any) -> str:
+  return getattr(tp, "__name__", str(tp))

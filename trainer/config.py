@@ -1,0 +1,130 @@
+"""The root of a run config: its sections, typed and checked at the boundary.
+
+    model       the module tree (modules.MODELS)
+    optimizer   optax transform + schedule (trainer.optimizer.OPTIMIZERS)
+    data        the training source (trainer.data.DATA)
+    trainer     loop settings (TrainerConfig)
+    eval        held-out evaluation (EvalConfig)
+    mesh        device mesh axes and per-mesh rules (MeshConfig)
+    checkpoint  saving and restoring (CheckpointConfig)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import ml_collections
+
+from modules.registry import ConfigError, parse_dataclass, registry, suggest
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+  max_steps: int  # optimizer steps to train for
+  log_every: int = 10  # steps between metrics records (and host syncs)
+  seed: int = 0  # parameter init and data order
+  grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
+  compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+
+  def check(self):
+    for name in ("max_steps", "log_every", "grad_accum_steps"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+  every_steps: int = 0  # steps between evaluations; 0 = only at the end
+  batch_size: int = 32  # sequences per eval batch
+  num_batches: int = 4  # eval batches per evaluation
+
+  def check(self):
+    if self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0:
+      raise ConfigError("eval: every_steps must be >= 0, batch_size and num_batches positive")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+  # Axis sizes; None takes the size from the selected mesh (--mesh), -1 fills from the
+  # device count. Explicit values here win over the mesh entry and over `rules`.
+  data: int | None = None
+  fsdp: int | None = None
+  model: int | None = None
+  # ((mesh-name regex, {config.path: value, ...}), ...): the first rule whose regex
+  # matches the selected mesh name applies its overrides (AXLearn's mesh_rules).
+  rules: tuple = ()
+
+  def check(self):
+    for i, rule in enumerate(self.rules):
+      if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
+          or not isinstance(rule[1], dict)):
+        raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+  every_steps: int = 0  # steps between checkpoints; 0 = only at the end
+  keep: int = 3  # most recent checkpoints kept
+
+  def check(self):
+    if self.every_steps < 0 or self.keep <= 0:
+      raise ConfigError("checkpoint: every_steps must be >= 0 and keep positive")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+  model: Any
+  optimizer: Any
+  data: Any
+  trainer: TrainerConfig
+  eval: EvalConfig
+  mesh: MeshConfig
+  checkpoint: CheckpointConfig
+
+
+_SECTIONS = {
+    "model": ("model", None),
+    "optimizer": ("optimizer", None),
+    "data": ("data", None),
+    "trainer": (None, TrainerConfig),
+    "eval": (None, EvalConfig),
+    "mesh": (None, MeshConfig),
+    "checkpoint": (None, CheckpointConfig),
+}
+
+
+def section_node(cls: type, **values) -> ml_collections.ConfigDict:
+  """Every field of a plain section, with defaults, for config files to start from."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    if f.name in values:
+      out[f.name] = values.pop(f.name)
+    elif f.default is not dataclasses.MISSING:
+      out[f.name] = f.default
+  if values:
+    raise ConfigError(f"{cls.__name__} has no field(s) {', '.join(values)}")
+  node = ml_collections.ConfigDict(out)
+  for name in ("data", "fsdp", "model"):
+    if cls is MeshConfig and node[name] is None:
+      node[name] = ml_collections.config_dict.placeholder(int)
+  return node
+
+
+def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
+  """Checks every section of a resolved config; raises ConfigError naming the path."""
+  root = cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict) else dict(cfg)
+  for key in root:
+    if key not in _SECTIONS:
+      raise ConfigError(f"unknown config section '{key}'{suggest(key, _SECTIONS)};"
+                        f" sections: {', '.join(_SECTIONS)}")
+  values = {}
+  for name, (reg, cls) in _SECTIONS.items():
+    if name not in root:
+      raise ConfigError(f"config has no '{name}' section")
+    if reg is not None:
+      values[name] = registry(reg).parse(root[name], name)
+    else:
+      values[name] = parse_dataclass(cls, root[name], name, what=f"section '{name}'")
+      values[name].check()
+  return RunConfig(**values)

@@ -1,0 +1,82 @@
+"""What a data source provides to the trainer.
+
+A source is built with `DATA.build(cfg, vocab_size=..., seed=...)` and gives
+per-process slices of each global batch as numpy arrays:
+
+  inputs   int32 [B/P, L]   token ids
+  targets  int32 [B/P, L]   next-token ids
+  weights  float32 [B/P, L] 1 where the target counts in the loss, 0 for padding
+
+where B is the global batch, P the number of JAX processes. The order is a
+function of the seed and the step alone, and `DataIterator.get_state()` is
+JSON-able so that a checkpoint can hold it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+import numpy as np
+
+from modules.registry import ConfigError, Registry
+
+DATA = Registry("data")
+
+Batch = dict[str, np.ndarray]
+
+
+class DataIterator(abc.ABC, Iterator[Batch]):
+  """An iterator over a process's slices of the global batches, with resumable state."""
+
+  @abc.abstractmethod
+  def get_state(self) -> dict: ...
+
+  @abc.abstractmethod
+  def set_state(self, state: dict) -> None: ...
+
+
+class Source(abc.ABC):
+  vocab_size: int  # ids the source emits are < vocab_size
+  batch_size: int  # global batch (sequences)
+  seq_len: int  # tokens per sequence
+
+  @abc.abstractmethod
+  def train_iterator(self, *, process_index: int, process_count: int) -> DataIterator: ...
+
+  @abc.abstractmethod
+  def eval_batches(self, *, batch_size: int, num_batches: int, process_index: int,
+                   process_count: int) -> list[Batch]:
+    """Held-out batches (the same every call)."""
+
+
+def check_batch_split(batch_size: int, process_count: int, what: str = "data.batch_size"):
+  if batch_size <= 0 or batch_size % process_count:
+    raise ConfigError(f"{what} {batch_size} must be positive and divisible by the "
+                      f"{process_count} JAX processes")
+
+
+class StepIndexedIterator(DataIterator):
+  """Batches that are a pure function of the step: state is the next step."""
+
+  def __init__(self, batch_at, step: int = 0):
+    self._batch_at = batch_at
+    self.step = step
+
+  def __next__(self) -> Batch:
+    batch = self._batch_at(self.step)
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"step": self.step}
+
+  def set_state(self, state: dict) -> None:
+    self.step = int(state["step"])
+
+
+def crops(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
+  """inputs/targets/weights for windows tokens[s : s + seq_len + 1]."""
+  window = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
+  return {"inputs": window[:, :-1], "targets": window[:, 1:],
+          "weights": np.ones((len(starts), seq_len), np.float32)}

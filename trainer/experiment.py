@@ -1,0 +1,128 @@
+"""The fixed recipe that turns a parsed run config into a sharded, jitted step.
+
+    eval_shape(init) -> logical shardings -> jit(init, out_shardings)
+                     -> jit(train_step, in/out shardings, donate state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import modules  # noqa: F401  (registers the layer library)
+import trainer.data  # noqa: F401  (registers the data sources)
+from modules.decoder import MODELS
+from modules.registry import ConfigError
+from trainer import sharding
+from trainer.config import RunConfig
+from trainer.data.base import DATA, Source
+from trainer.meshes import Entry
+from trainer.optimizer import OPTIMIZERS, Optimizer
+from trainer.step import TrainState, eval_step, init_state, train_step
+
+
+def compute_dtype(name: str, platform: str):
+  if name == "auto":
+    return jnp.float32 if platform == "cpu" else jnp.bfloat16
+  return jnp.dtype(name)
+
+
+@dataclasses.dataclass
+class Experiment:
+  run: RunConfig
+  model: nn.Module
+  optimizer: Optimizer
+  source: Source
+  mesh: Mesh
+  rules: tuple
+  abstract_state: Any  # TrainState of ShapeDtypeStructs (boxed with logical names)
+  state_shardings: Any  # TrainState of NamedShardings
+  batch_sharding: NamedSharding
+  compute_dtype: Any
+
+  @property
+  def num_params(self) -> int:
+    return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(self.abstract_state.params)))
+
+  def context(self):
+    """Mesh + logical rules, needed while tracing (activation constraints)."""
+    return _Context(self.mesh, self.rules)
+
+  @functools.cached_property
+  def init_fn(self):
+    fn = functools.partial(init_state, model=self.model, optimizer=self.optimizer,
+                           seq_len=self.source.seq_len)
+    return jax.jit(lambda key: nn.meta.unbox(fn(key)), out_shardings=self.state_shardings)
+
+  @functools.cached_property
+  def step_fn(self):
+    fn = functools.partial(train_step, model=self.model, optimizer=self.optimizer,
+                           compute_dtype=self.compute_dtype,
+                           grad_accum_steps=self.run.trainer.grad_accum_steps)
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
+                   out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+
+  @functools.cached_property
+  def eval_fn(self):
+    fn = functools.partial(eval_step, model=self.model, compute_dtype=self.compute_dtype)
+    return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
+
+  def init(self) -> TrainState:
+    with self.context():
+      return self.init_fn(jax.random.key(self.run.trainer.seed))
+
+  def global_batch(self, local: dict) -> dict:
+    """Process-local numpy slices -> global arrays sharded over the batch axes."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in local.items()}
+
+
+class _Context:
+  def __init__(self, mesh, rules):
+    self._mesh, self._rules = mesh, rules
+    self._stack = []
+
+  def __enter__(self):
+    for cm in (self._mesh, nn.logical_axis_rules(self._rules)):
+      cm.__enter__()
+      self._stack.append(cm)
+    return self
+
+  def __exit__(self, *exc):
+    while self._stack:
+      self._stack.pop().__exit__(*exc)
+
+
+def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
+  """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
+  devices = jax.devices() if devices is None else devices
+  model = MODELS.build(run.model)
+  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps)
+  source = DATA.build(run.data, vocab_size=run.model.vocab_size, seed=run.trainer.seed)
+  if source.vocab_size > run.model.vocab_size:
+    raise ConfigError(f"data emits token ids up to {source.vocab_size - 1} but model.vocab_size "
+                      f"is {run.model.vocab_size}; raise model.vocab_size")
+  mesh = sharding.make_mesh(sharding.resolve_axes(entry, run.mesh, len(devices)), devices)
+  rules = entry.rules
+  abstract = jax.eval_shape(functools.partial(
+      init_state, model=model, optimizer=optimizer, seq_len=source.seq_len), jax.random.key(0))
+  state_shardings = sharding.logical_shardings(abstract, mesh, rules)
+  sharding.check_divisible(abstract, state_shardings, what="parameter")
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  accum = run.trainer.grad_accum_steps
+  shards = sharding.num_shards(batch_sharding, dim=0)
+  if source.batch_size % accum or (source.batch_size // accum) % shards:
+    raise ConfigError(f"data.batch_size {source.batch_size} must split into "
+                      f"trainer.grad_accum_steps={accum} microbatches, each divisible by the "
+                      f"{shards} batch shards of the mesh")
+  return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
+                    rules=rules, abstract_state=abstract, state_shardings=state_shardings,
+                    batch_sharding=batch_sharding,
+                    compute_dtype=compute_dtype(run.trainer.compute_dtype, devices[0].platform))

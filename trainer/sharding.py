@@ -1,0 +1,84 @@
+"""Device mesh and shardings: logical axis names on arrays -> mesh axes, by the entry's rules."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from modules.registry import ConfigError
+from trainer.config import MeshConfig
+from trainer.meshes import AXES, Entry
+
+
+def resolve_axes(entry: Entry, cfg: MeshConfig, device_count: int) -> dict[str, int]:
+  """Axis sizes: the entry's, overridden by the config's; one -1 fills from the device count."""
+  sizes = dict(entry.axes)
+  for axis in AXES:
+    value = getattr(cfg, axis)
+    if value is not None:
+      sizes[axis] = value
+  fill = [a for a, n in sizes.items() if n == -1]
+  bad = [f"{a}={n}" for a, n in sizes.items() if n == 0 or n < -1]
+  if bad or len(fill) > 1:
+    raise ConfigError(f"mesh: axis sizes must be positive with at most one -1, got "
+                      f"{_show(sizes)}")
+  known = math.prod(n for n in sizes.values() if n != -1)
+  if fill:
+    if device_count % known:
+      raise ConfigError(f"mesh: {_show(sizes)} cannot fill {device_count} devices "
+                        f"({device_count} is not divisible by {known})")
+    sizes[fill[0]] = device_count // known
+  if math.prod(sizes.values()) != device_count:
+    raise ConfigError(f"mesh: {_show(sizes)} needs {math.prod(sizes.values())} devices but "
+                      f"{device_count} are available; set --config.mesh.<axis>=N to match")
+  return sizes
+
+
+def _show(sizes: dict[str, int]) -> str:
+  return ",".join(f"{a}={n}" for a, n in sizes.items())
+
+
+def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = tuple(sizes[a] for a in AXES)
+  return Mesh(np.asarray(devices).reshape(shape), AXES)
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules):
+  """NamedShardings for a tree whose leaves may be flax LogicallyPartitioned boxes."""
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_tree), mesh, rules)
+
+
+def check_divisible(abstract_tree, shardings, *, what: str) -> None:
+  """Every sharded dimension must divide evenly over its mesh axes (one-line error if not)."""
+  leaves = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract_tree))[0]
+  shard_leaves = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  for (path, leaf), sharding in zip(leaves, shard_leaves):
+    for dim, axes in zip(leaf.shape, sharding.spec):
+      if axes is None:
+        continue
+      axes = (axes,) if isinstance(axes, str) else axes
+      n = math.prod(sharding.mesh.shape[a] for a in axes)
+      if dim % n:
+        name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        raise ConfigError(f"{what} '{name}' has shape {tuple(leaf.shape)}: dimension {dim} is not "
+                          f"divisible by mesh axes {'*'.join(axes)}={n}; change the mesh "
+                          f"(--config.mesh.*) or the model size")
+
+
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+  """[batch, length] arrays: batch over the data-parallel axes."""
+  spec = nn.logical_to_mesh_axes(("batch", None), rules)
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def num_shards(named: NamedSharding, *, dim: int) -> int:
+  axes = named.spec[dim] if dim < len(named.spec) else None
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(named.mesh.shape[a] for a in axes)
