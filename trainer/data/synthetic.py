@@ -26,7 +26,7 @@ def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_siz
   rng = np.random.default_rng([*seed, step])
   tokens = rng.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int32)[rows]
   return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-          "weights": np.ones((rows, seq_len), np.float32)}
+          "weights": np.ones((len(tokens), seq_len), np.float32)}
 
 
 @DATA.register("synthetic", SyntheticConfig)

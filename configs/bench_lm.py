@@ -1,0 +1,38 @@
+"""The benchmark model of `make bench`: a small LLaMA-style LM on synthetic tokens.
+
+vocab 8192, dim 256, 4 layers, 4 heads (4 KV heads), SwiGLU hidden 1024, RMSNorm,
+RoPE, untied embeddings; sequence 256, global batch 8; AdamW in float32.
+
+    axtrain --config=configs/bench_lm.py
+"""
+
+from configs.base import lm_config
+from launcher.config_args import parse_arg
+from modules.registry import registry as r
+
+
+def model_node():
+  norm = r("norm").node("rmsnorm", eps=1e-5)
+  attention = r("attention").node(
+      "attention", num_heads=4, num_kv_heads=4,
+      position=r("position").node("rope", theta=10_000.0))
+  block = r("block").node(
+      "pre_norm", attention=attention,
+      ffn=r("ffn").node("mlp", hidden_dim=1024, activation="silu", gated=True), norm=norm)
+  return r("model").node(
+      "decoder_lm", vocab_size=8192, dim=256, num_layers=4, tie_embeddings=False,
+      embedding=r("embedding").node("token"),
+      position_embedding=r("position_embedding").node("none"), block=block,
+      final_norm=r("norm").node("rmsnorm", eps=1e-5))
+
+
+def get_config(arg=None):
+  parse_arg(arg)  # takes no arguments
+  cfg = lm_config(model_node(), max_steps=100, learning_rate=3e-4, batch_size=8, seq_len=256,
+                  warmup_steps=10, data_kind="synthetic")
+  cfg.optimizer.state_dtype = "float32"
+  cfg.trainer.compute_dtype = "float32"
+  cfg.trainer.log_every = 10
+  cfg.eval.batch_size = 8
+  cfg.eval.num_batches = 1
+  return cfg
