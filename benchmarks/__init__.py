@@ -1,0 +1,1 @@
+"""`make bench`: the benchmark suite (`python -m benchmarks.run`) and its reference step."""
