@@ -27,6 +27,7 @@ golden: $(STAMP)
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest tests/test_golden_configs.py
 
 bench: $(STAMP)
+	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(PIP_INSTALL) -e '.[bench]'
 	$(BIN)/python -m benchmarks.run
 
 clean:

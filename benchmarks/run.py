@@ -131,6 +131,7 @@ def main(argv=None) -> int:
     points.append(scaling.measure(name, exp, compare.model_flops_per_step(exp)))
     log(f"scaling {name}: {points[-1].step_s:.3f}s/step")
   png = out_path.parent / "benchmarks" / "scaling.png"
+  png.parent.mkdir(parents=True, exist_ok=True)
   plotted = scaling.plot(points, png, tokens=SCALING_BATCH * SCALING_SEQ)
 
   mem = memory.measure_all()
