@@ -39,9 +39,26 @@ def tokenizer_for(cfg: DataConfig) -> tokenizers.Tokenizer:
                           add_eos=cfg.add_eos)
 
 
-def held_out(keys: list[str], percent: int) -> np.ndarray:
-  """Boolean [N]: documents whose crc32(name) % 100 < percent go to evaluation."""
-  return np.array([zlib.crc32(k.encode()) % 100 < percent for k in keys], bool)
+def held_out(hashes: np.ndarray, percent: int, *, what: str) -> np.ndarray:
+  """Boolean [N]: documents whose hash % 100 < percent go to evaluation.
+
+  A small corpus may get no held-out document that way; then the one with the smallest
+  hash is held out (and the largest kept for training), so both splits are never empty.
+  """
+  if len(hashes) < 2:
+    raise ConfigError(f"{what} has {len(hashes)} document(s); holding one out for evaluation "
+                      f"needs two or more, or set data.eval_path")
+  bucket = hashes % 100
+  mask = bucket < percent
+  if not mask.any():
+    mask[np.argmin(bucket)] = True
+  if mask.all():
+    mask[np.argmax(bucket)] = False
+  return mask
+
+
+def name_hashes(keys: list[str]) -> np.ndarray:
+  return np.array([zlib.crc32(k.encode()) for k in keys], np.uint64)
 
 
 def encode_all(docs: list, tokenizer: tokenizers.Tokenizer) -> list[np.ndarray]:
@@ -93,11 +110,7 @@ def load(cfg: DataConfig) -> Split:
         encode_all(eval_docs, tokenizer))
   else:
     corpus = TokenCorpus.from_docs(tokens)
-    mask = held_out(keys, cfg.eval_percent)
-    if mask.all() or not mask.any():
-      raise ConfigError(f"data.eval_percent={cfg.eval_percent} puts {int(mask.sum())} of "
-                        f"{len(keys)} documents in the held-out split; both splits need at least "
-                        f"one: change data.eval_percent or set data.eval_path")
+    mask = held_out(name_hashes(keys), cfg.eval_percent, what=f"data '{cfg.kind}'")
     train, held = corpus.subset(np.flatnonzero(~mask)), corpus.subset(np.flatnonzero(mask))
   describe = {"kind": cfg.kind, "path": cfg.path, "field": cfg.field,
               "tokenizer": tokenizer.describe(), "train_docs": train.num_docs,
@@ -115,10 +128,8 @@ def _load_tokens(cfg: DataConfig) -> Split:
   else:
     # Pre-tokenized documents have no names; hash their index instead.
     index = np.arange(train.num_docs, dtype=np.uint64)
-    mask = ((index * np.uint64(2654435761)) % np.uint64(2**32)) % np.uint64(100) < cfg.eval_percent
-    if mask.all() or not mask.any():
-      raise ConfigError(f"data.eval_percent={cfg.eval_percent} leaves a split of "
-                        f"'{cfg.path}' empty; change it or set data.eval_path")
+    mask = held_out((index * np.uint64(2654435761)) % np.uint64(2**32), cfg.eval_percent,
+                    what=f"data.path '{cfg.path}'")
     train, held = train.subset(np.flatnonzero(~mask)), train.subset(np.flatnonzero(mask))
   describe = {"kind": "tokens", "path": cfg.path, "tokenizer": meta["tokenizer"],
               "train_docs": train.num_docs, "train_tokens": train.num_tokens}
