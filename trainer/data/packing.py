@@ -79,12 +79,19 @@ class Packer:
                         f"a row needs {seq_len + 1}: add data or lower data.seq_len")
     self.corpus, self.seq_len, self.seed = corpus, seq_len, tuple(seed)
     self.shuffle, self.pad = shuffle, pad
+    self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     span = corpus.num_tokens - 1
     self.rows_per_epoch = -(-span // seq_len) if pad else span // seq_len
 
-  @functools.lru_cache(maxsize=2)
   def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """(document order, start of each document in the epoch's stream; one extra = end)."""
+    if epoch not in self._epochs:
+      if len(self._epochs) >= 2:  # a batch spans at most two epochs
+        self._epochs.pop(min(self._epochs))
+      self._epochs[epoch] = self._make_epoch(epoch)
+    return self._epochs[epoch]
+
+  def _make_epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     n = self.corpus.num_docs
     order = (np.random.default_rng([*self.seed, epoch]).permutation(n) if self.shuffle
              else np.arange(n))

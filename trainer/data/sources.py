@@ -26,10 +26,15 @@ def check_vocab(vocab: int, model_vocab: int, what: str) -> None:
                       f"--config.model.vocab_size={vocab} (or more)")
 
 
-@functools.lru_cache(maxsize=4)
-def _load(cfg: DataConfig) -> corpus_lib.Split:
-  # Cached: the demo corpus is tokenized once per process even when several runs build it.
+@functools.lru_cache(maxsize=2)
+def _load_stdlib(cfg: DataConfig) -> corpus_lib.Split:
   return corpus_lib.load(cfg)
+
+
+def _load(cfg: DataConfig) -> corpus_lib.Split:
+  # The embedded corpus does not change while we run: read it once per process even when
+  # several experiments build it (tests); user files are read afresh every time.
+  return _load_stdlib(cfg) if cfg.kind == "stdlib" else corpus_lib.load(cfg)
 
 
 class CorpusSource(Source):
