@@ -103,9 +103,8 @@ def load(cfg: DataConfig) -> Split:
     keys, docs = read_docs(cfg.kind, cfg.path, field=cfg.field, errors=errors, what="data.path")
   tokens = encode_all(docs, tokenizer)
   if cfg.eval_path is not None:
-    eval_keys, eval_docs = read_docs(cfg.kind, cfg.eval_path, field=cfg.field, errors=errors,
-                                     what="data.eval_path")
-    del eval_keys
+    _, eval_docs = read_docs(cfg.kind, cfg.eval_path, field=cfg.field, errors=errors,
+                             what="data.eval_path")
     train, held = TokenCorpus.from_docs(tokens), TokenCorpus.from_docs(
         encode_all(eval_docs, tokenizer))
   else:

@@ -39,6 +39,12 @@ class MixtureSource(Source):
       i = self.counts.index(0)
       raise ConfigError(f"data.sources[{i}] (weight {self.weights[i]}) gets no row of a "
                         f"{cfg.batch_size}-row batch; raise its weight or data.batch_size")
+    for i, part in enumerate(self.parts):
+      used = {k: part.stream["tokenizer"][k] for k in ("kind", "vocab_size")}
+      want = {k: self.parts[0].stream["tokenizer"][k] for k in ("kind", "vocab_size")}
+      if used != want:  # a pre-tokenized component brings its own tokenizer
+        raise ConfigError(f"data.sources[{i}] is tokenized with {used} but data.sources[0] "
+                          f"with {want}; all components must share one tokenizer")
     self.vocab_size = max(p.vocab_size for p in self.parts)
     self.stream = {"mixture": [p.stream for p in self.parts], "counts": self.counts}
 

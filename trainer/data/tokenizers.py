@@ -7,6 +7,7 @@ raise ConfigError naming the file.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import pathlib
 
@@ -36,7 +37,7 @@ class TokenizerConfig:
       raise ConfigError(f"tokenizer file '{self.path}' not found (data.tokenizer_path)")
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
   """Common BOS/EOS handling; subclasses set vocab_size, bos_id, eos_id and _encode."""
   vocab_size: int
   bos_id: int | None
@@ -70,8 +71,9 @@ class Tokenizer:
     return np.dtype(np.uint8 if self.vocab_size <= 256 else
                     np.uint16 if self.vocab_size <= 65536 else np.int32)
 
+  @abc.abstractmethod
   def _encode(self, docs: list) -> list:
-    raise NotImplementedError
+    """Token ids of each document, without BOS/EOS."""
 
   def describe(self) -> dict:
     return {"kind": self.cfg.kind, "path": self.cfg.path, "vocab_size": self.vocab_size,
