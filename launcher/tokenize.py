@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
   partial.mkdir(parents=True)
   writer = _ShardWriter(partial, fv.format, tokenizer.dtype, fv.shard_tokens)
   batch = []
-  for _, doc in documents.READERS[cfg.kind](files, errors=errors, field=cfg.field):
+  for _, _, doc in documents.READERS[cfg.kind](files, errors=errors, field=cfg.field):
     batch.append(doc)
     if len(batch) == 512:
       writer.add(tokenizer.encode(batch))

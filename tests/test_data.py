@@ -339,3 +339,13 @@ def test_fields_unused_by_the_kind_are_refused(corpus):
   with pytest.raises(ConfigError, match="unknown tokenizer 'sentencepeice'.*did you mean"):
     source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer="sentencepeice",
            tokenizer_path=str(corpus / "c.jsonl"))
+
+
+def test_moving_the_corpus_keeps_split_and_batches(corpus, tmp_path):
+  moved = tmp_path / "elsewhere" / "c.jsonl"
+  moved.parent.mkdir()
+  moved.write_bytes((corpus / "c.jsonl").read_bytes())
+  (a,), _ = batches(source(path=str(corpus / "c.jsonl"), field="body"), 1)
+  (b,), _ = batches(source(path=str(moved), field="body"), 1)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])

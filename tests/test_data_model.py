@@ -25,7 +25,7 @@ def test_changing_one_document_never_changes_the_logits_of_another(tmp_path):
   batch = next(src.train_iterator(process_index=0, process_count=1))
   tokens, seg, pos = (batch[k] for k in ("inputs", "segment_ids", "positions"))
   r = 0
-  assert seg[r].max() >= 3  # documents are 20-40 bytes: several per 64-token row
+  assert seg[r].max() >= 2  # documents are 20-40 bytes: two or more per 64-token row
   model = MODELS.build(MODELS.parse(llama.model_node("test"), "model"))
   params = nn.meta.unbox(model.init(jax.random.key(0), tokens[:1])["params"])
   apply = jax.jit(lambda t, p, s: model.apply({"params": params}, t, p, s))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import sysconfig
 import zlib
@@ -71,9 +72,11 @@ def encode_all(docs: list, tokenizer: tokenizers.Tokenizer) -> list[np.ndarray]:
 def read_docs(kind: str, path: str, *, field: str, errors: documents.Errors,
               what: str) -> tuple[list[str], list]:
   files = documents.expand(path, what=what)
+  # Names relative to the corpus root, so that moving the corpus keeps its split.
+  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
   keys, docs = [], []
-  for key, doc in documents.READERS[kind](files, errors=errors, field=field):
-    keys.append(key)
+  for file, place, doc in documents.READERS[kind](files, errors=errors, field=field):
+    keys.append(os.path.relpath(file, root or ".") + place)
     docs.append(doc)
   if not docs:
     raise ConfigError(f"{what} '{path}': no documents found"

@@ -60,7 +60,12 @@ def _utf8(data: bytes, where: str, errors: Errors) -> str | None:
     return None
 
 
-def read_text(files: list[str], *, errors: Errors, field: str) -> Iterator[tuple[str, str]]:
+# Readers yield (file, place in the file or "", text): `file + place` names the document in
+# messages and, relative to the corpus root, in the hash that picks the held-out split.
+Doc = tuple[str, str, str]
+
+
+def read_text(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
   del field
   for path in files:
     data = pathlib.Path(path).read_bytes()
@@ -70,10 +75,10 @@ def read_text(files: list[str], *, errors: Errors, field: str) -> Iterator[tuple
                         f"reads UTF-8 text files")
     text = _utf8(data, path, errors)
     if text is not None:
-      yield path, text
+      yield path, "", text
 
 
-def read_jsonl(files: list[str], *, errors: Errors, field: str) -> Iterator[tuple[str, str]]:
+def read_jsonl(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
   for path in files:
     with open(path, "rb") as f:
       parsed_any = False
@@ -100,10 +105,10 @@ def read_jsonl(files: list[str], *, errors: Errors, field: str) -> Iterator[tupl
         if not isinstance(record[field], str):
           errors.bad(where, f"field '{field}' is {type(record[field]).__name__}, not a string")
           continue
-        yield where, record[field]
+        yield path, f":{number}", record[field]
 
 
-def read_parquet(files: list[str], *, errors: Errors, field: str) -> Iterator[tuple[str, str]]:
+def read_parquet(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
   import pyarrow  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
   for path in files:
@@ -118,7 +123,8 @@ def read_parquet(files: list[str], *, errors: Errors, field: str) -> Iterator[tu
     row = 0
     for batch in pf.iter_batches(columns=[field]):
       for value in batch.column(0).to_pylist():
-        where = f"{path}: row {row}"
+        place = f": row {row}"
+        where = path + place
         row += 1
         if isinstance(value, bytes):
           value = _utf8(value, where, errors)
@@ -127,16 +133,16 @@ def read_parquet(files: list[str], *, errors: Errors, field: str) -> Iterator[tu
         if not isinstance(value, str):
           errors.bad(where, f"column '{field}' is {type(value).__name__}, not text")
           continue
-        yield where, value
+        yield path, place, value
 
 
-def read_arrayrecord(files: list[str], *, errors: Errors, field: str) -> Iterator[tuple[str, str]]:
+def read_arrayrecord(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
   del field
   for path in files:
     for i, record in enumerate(arrayrecord_records(path)):
       text = _utf8(record, f"{path}: record {i}", errors)
       if text is not None:
-        yield f"{path}: record {i}", text
+        yield path, f": record {i}", text
 
 
 def arrayrecord_records(path: str) -> list[bytes]:
