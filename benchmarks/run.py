@@ -242,6 +242,10 @@ def _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps
       (_render_extra(extras["data"]) if extras["data"] is not None
        else "benchmarks/bench_data.py does not exist yet."),
       "",
+      *[f"- {k}: {v / tiny_tps:,.0f}x what training tiny consumes"
+        for k, v in (extras["data"] or {}).items()
+        if isinstance(extras["data"], dict) and k.endswith("tokens_per_s")],
+      "",
       "## GPU",
       "",
       "No GPU was lent to the session that wrote this suite; the llm_1b bfloat16 check on an"
