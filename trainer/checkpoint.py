@@ -25,8 +25,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 STATE, DATA = "state", "data"
-# Unreadable checkpoints are moved here (next to checkpoints/) rather than deleted.
-QUARANTINE = "corrupt_checkpoints"
+# Checkpoints taken out of use are moved next to checkpoints/ rather than deleted:
+QUARANTINE = "corrupt_checkpoints"  # unreadable ones
+SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
 
 
 def _with_shardings(abstract, shardings):
@@ -112,7 +113,7 @@ class Checkpointer:
         state, data_state = self.restore(candidate, abstract_state, shardings)
       except Exception as e:  # pylint: disable=broad-except  (any read failure means unusable)
         reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        moved = self._quarantine(candidate)
+        moved = self._move(candidate, QUARANTINE)
         older = [s for s in steps if s < candidate]
         warn(f"checkpoint {self.directory / str(candidate)} is unreadable ({reason}); moved it to "
              f"{moved}; {f'falling back to step {older[-1]}' if older else 'no older checkpoint'}")
@@ -126,8 +127,14 @@ class Checkpointer:
           f"start the run over")
     return None
 
-  def _quarantine(self, step: int) -> pathlib.Path:
-    dest = self.directory.parent / QUARANTINE / str(step)
+  def set_aside(self, steps: list[int]) -> pathlib.Path:
+    """Moves committed steps out of checkpoints/ (their step numbers can be saved again)."""
+    for step in steps:
+      self._move(step, SUPERSEDED)
+    return self.directory.parent / SUPERSEDED
+
+  def _move(self, step: int, folder: str) -> pathlib.Path:
+    dest = self.directory.parent / folder / str(step)
     if jax.process_index() == 0:
       dest.parent.mkdir(parents=True, exist_ok=True)
       n = 1
