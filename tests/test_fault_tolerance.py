@@ -139,3 +139,34 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert len(errors) == 1 and "no usable checkpoint" in errors[0], result.stderr[-3000:]
   assert cu.status(broken) == "failed"
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
+
+
+def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
+  run_dir = tmp_path / "run"
+  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=13")
+  assert result.returncode == 1, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert "non-finite loss or gradient at step 13" in errors[0]
+  assert f"last good checkpoint: step 10 in {run_dir.absolute() / 'checkpoints'}" in errors[0]
+  assert "Traceback" not in result.stderr
+  assert cu.status(run_dir) == "failed"
+  assert cu.steps(run_dir) == [10]  # nothing non-finite was saved
+  assert max(cu.losses(run_dir)) == 13
+
+
+def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache):
+  """Also starts from the reference run's parameters (init.from_run)."""
+  run_dir = tmp_path / "run"
+  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=4",
+                  "--config.trainer.skip_nonfinite=True", f"--config.init.from_run={ref}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.status(run_dir) == "completed"
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  skipped = {r["step"]: r["nonfinite_skipped"] for r in records if "loss" in r}
+  assert skipped == {s: int(s >= 4) for s in range(1, 31)}
+  losses = cu.losses(run_dir)
+  assert losses[4] is None  # metrics.jsonl writes NaN as null
+  assert all(np.isfinite(losses[s]) for s in range(5, 31))
+  # Step 1 already uses the trained parameters: its loss is the reference's late loss range.
+  assert losses[1] < cu.losses(ref)[1] - 1.0

@@ -129,21 +129,28 @@ def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, token
   preempted = False
   step = start
 
-  def check_finite():
+  def scan_nonfinite() -> int | None:
+    """Counts non-finite steps since the last scan; returns the first one."""
     nonlocal skipped_total
     if not pending:
-      return
+      return None
     flags = jax.device_get([flag for _, flag in pending])
     bad = [s for (s, _), f in zip(pending, flags) if float(f) > 0]
     pending.clear()
-    if bad and not cfg.skip_nonfinite:
-      last = None
-      if ckpt is not None:
-        ckpt.wait_until_finished()
-        last = ckpt.latest_step()
-      where = f"step {last} in {ckpt.directory}" if last is not None else "none"
-      raise NonFiniteError(bad[0], where)
     skipped_total += len(bad)
+    return bad[0] if bad else None
+
+  def stop_if_nonfinite(bad: int | None):
+    if bad is None or cfg.skip_nonfinite:
+      return
+    last = None
+    if ckpt is not None:
+      ckpt.wait_until_finished()
+      last = ckpt.latest_step()
+    raise NonFiniteError(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
+
+  def check_finite():
+    stop_if_nonfinite(scan_nonfinite())
 
   def save(force: bool):
     if ckpt is not None and (force or ckpt.due(step)):
@@ -162,13 +169,11 @@ def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, token
         if step == start + 1:
           jax.block_until_ready(state)
           first_step_s = timer.lap()
-          watchdog.pet()
           progress.message(f"compiled and ran step {step} in {first_step_s:.1f}s "
                            f"({exp.num_params:,} parameters, mesh {dict(exp.mesh.shape)})")
         if step % cfg.log_every == 0 or step == cfg.max_steps:
           host = jax.device_get(metrics)  # the only host sync of a logging step
-          check_finite()
-          watchdog.pet()
+          bad = scan_nonfinite()
           elapsed = timer.lap() if step > start + 1 else first_step_s
           steps = max(step - max(last_logged, start + 1), 1) if step > start + 1 else 1
           record = {"step": step, **{k: float(v) for k, v in host.items()},
@@ -179,7 +184,11 @@ def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, token
           last_logged = step
           writer.write(record)
           progress.step(record)
+          stop_if_nonfinite(bad)
         save(force=step == cfg.max_steps)
+        # Dispatch runs ahead of the devices by a few steps at most, so a hung device stops
+        # these calls soon after; the first countdown starts once compilation is done.
+        watchdog.pet()
         if step == pause_after_step:
           while not stop_requested():
             time.sleep(0.01)
