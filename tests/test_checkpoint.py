@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from tests.conftest import ROOT
 from trainer import checkpoint
 from trainer.config import CheckpointConfig
 
@@ -95,3 +101,30 @@ def test_write_initial_then_load_params(tmp_path):
   np.testing.assert_array_equal(params["w"], np.full((4, 3), 7.0))
   with pytest.raises(checkpoint.CheckpointError, match="no checkpoints"):
     checkpoint.load_params(tmp_path / "missing", abstract, _shardings(abstract))
+
+
+def test_sigkill_during_save_keeps_committed(tmp_path):
+  code = f"""
+import os, signal
+import jax.numpy as jnp
+from trainer.checkpoint import Checkpointer
+from trainer.config import CheckpointConfig
+ckpt = Checkpointer({str(tmp_path / "checkpoints")!r}, CheckpointConfig(every_steps=1, keep=1))
+ckpt.save(1, {{"w": jnp.full((1000,), 1.0)}}, {{"step": 1}})
+ckpt.wait_until_finished()
+ckpt.save(2, {{"w": jnp.full((1000,), 2.0), "big": jnp.ones((32, 2**20))}}, {{"step": 2}})
+os.kill(os.getpid(), signal.SIGKILL)  # while step 2 is being written
+"""
+  proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=1))
+  abstract = {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)}
+  restored = ckpt.restore_latest(abstract, _shardings(abstract), step=1)
+  np.testing.assert_array_equal(restored.state["w"], np.full((1000,), 1.0))
+  if ckpt.all_steps() == [1]:  # (unless it committed before the kill) step 2 can be redone
+    assert ckpt.save(2, {"w": jnp.full((1000,), 3.0)}, {"step": 2}, force=True)
+    ckpt.wait_until_finished()
+    assert ckpt.all_steps() == [1, 2]
+  ckpt.close()
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]  # no temporaries
