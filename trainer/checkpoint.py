@@ -61,6 +61,7 @@ class Checkpointer:
         create=not read_only,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._moves = 0
 
   def due(self, step: int) -> bool:
     """Whether the schedule (checkpoint.every_steps) asks for a checkpoint after `step`."""
@@ -141,6 +142,9 @@ class Checkpointer:
       while dest.exists():
         dest, n = dest.with_name(f"{step}.{n}"), n + 1
       shutil.move(str(self.directory / str(step)), dest)
+    if jax.process_count() > 1:  # every process re-lists the directory after the move
+      self._moves += 1  # barrier names must be unique and equal on every process
+      ocp.multihost.sync_global_processes(f"axtrain_move_{self._moves}")
     self._manager.reload()
     return dest
 
