@@ -22,6 +22,8 @@ class RunLock:
 
   def acquire(self) -> "RunLock":
     """Takes the lock or raises UserError naming the live process that holds it."""
+    if self.path.parent.exists() and not self.path.parent.is_dir():
+      raise UserError(f"--output_dir {self.path.parent} exists and is not a directory")
     self.path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

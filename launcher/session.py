@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import sys
 import traceback
@@ -90,6 +91,7 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
   rd = run_dir_lib.RunDir(fv.output_dir or run_dir_lib.default_dir(config_value, items))
   # restore_step picks where to resume; it is not part of what makes two runs the same run.
   resolved.get("checkpoint", {}).pop("restore_step", None)
+  check_init_from(run_cfg.init.from_run)
   main_process = jax.process_index() == 0
   lock = run_lock.RunLock(rd.path) if main_process else None
   if lock is not None:
@@ -100,6 +102,12 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
   finally:
     if lock is not None:
       lock.release()
+
+
+def check_init_from(run_dir: str) -> None:
+  if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
+    raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
+                    f"axtrain or of `axtrain convert`")
 
 
 def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
@@ -137,14 +145,14 @@ def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   if result.preempted:
-    finish("preempted", last_step=result.last_step)
+    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step)
     print(f"axtrain: preempted after step {result.last_step}; checkpoint saved in "
           f"{rd.path / 'checkpoints'}; re-run the same command to resume "
           f"(exit {preemption.EXIT_PREEMPTED})", file=sys.stderr)
     return preemption.EXIT_PREEMPTED
   last = next((r for r in reversed(result.records) if "loss" in r), {})
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
-         time_to_first_step_s=result.time_to_first_step_s)
+         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step)
   progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
                    f"run directory {rd.path}")
   return 0
