@@ -178,7 +178,7 @@ def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, token
           steps = max(step - max(last_logged, start + 1), 1) if step > start + 1 else 1
           record = {"step": step, **{k: float(v) for k, v in host.items()},
                     "tokens_per_sec": tokens_per_step * steps / max(elapsed, 1e-9),
-                    "step_time_s": elapsed / steps}
+                    "step_time_s": elapsed / steps, **exp.source.metrics()}
           if cfg.skip_nonfinite:
             record["nonfinite_skipped"] = skipped_total
           last_logged = step
