@@ -27,6 +27,7 @@ class Size:
   rope_theta: float = 10_000.0
   tie_embeddings: bool = False
   norm_eps: float = 1e-5
+  head_dim: int | None = None  # None = dim // num_heads
   # (factor, low_freq_factor, high_freq_factor, original_max_position) of LLaMA-3 RoPE scaling
   rope_scaling: tuple[float, float, float, int] | None = None
 
@@ -64,11 +65,17 @@ def rope_node(s: Size):
 
 def model_node(name: str):
   """The `model` config node of LLaMA size `name`: RMSNorm, RoPE, SwiGLU, GQA."""
-  s = size(name)
+  return node(size(name))
+
+
+def node(s: Size):
+  """The `model` config node of any LLaMA shape (a table row, or one read from a checkpoint)."""
   r = registry
   norm = r("norm").node("rmsnorm", eps=s.norm_eps)
+  head_dim = {} if s.head_dim is None else {"head_dim": s.head_dim}
   attention = r("attention").node(
-      "attention", num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, position=rope_node(s))
+      "attention", num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, position=rope_node(s),
+      **head_dim)
   block = r("block").node("pre_norm", attention=attention,
                           ffn=r("ffn").node("mlp", hidden_dim=s.hidden_dim, activation="silu",
                                             gated=True),
