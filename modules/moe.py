@@ -9,9 +9,10 @@ the "losses" collection, which the training loss adds.
 
 Dispatch, per sequence (a group of L tokens):
   capacity_factor > 0: each expert takes at most C = ceil(capacity_factor * L *
-    top_k / num_experts) tokens; tokens past it (first choices before second
-    choices, earlier tokens first) are dropped from that expert (GShard /
-    Switch). One-hot dispatch and combine einsums, so expert weights shard on
+    top_k / num_experts) tokens; tokens past it, in token order, are dropped
+    from that expert (their output from it is zero; the residual carries them).
+    Token order keeps a decoder causal (GShard's first-choices-first order
+    would let a later token evict an earlier one). One-hot dispatch and combine einsums, so expert weights shard on
     `experts`.
   capacity_factor = 0: dropless. Every expert runs on every token and the
     outputs are combined with the (mostly zero) router weights: exact, at
@@ -110,11 +111,11 @@ class Moe(nn.Module):
 
     b, length, k = experts_BxLxK.shape
     c = cfg.capacity(length)
-    # Slot of each (token, choice) in its expert's queue: first choices of all
-    # tokens queue before second choices, then in token order.
-    chosen_BxKLxE = chosen_BxLxKxE.transpose(0, 2, 1, 3).reshape(b, k * length, e)
-    slot_BxKLxE = jnp.cumsum(chosen_BxKLxE, axis=1) * chosen_BxKLxE - 1
-    slot_BxLxKxE = slot_BxKLxE.reshape(b, k, length, e).transpose(0, 2, 1, 3)
+    # Slot of each (token, choice) in its expert's queue, in token order: a
+    # token's slot depends only on earlier tokens, so routing stays causal.
+    chosen_BxLKxE = chosen_BxLxKxE.reshape(b, length * k, e)
+    slot_BxLxKxE = (jnp.cumsum(chosen_BxLKxE, axis=1) * chosen_BxLKxE - 1).reshape(
+        b, length, k, e)
     slot_BxLxK = jnp.sum(slot_BxLxKxE * chosen_BxLxKxE, axis=-1).astype(jnp.int32)
     kept_BxLxK = slot_BxLxK < c
     # one_hot of an out-of-range slot is all zeros: dropped tokens dispatch nowhere.
