@@ -1,6 +1,5 @@
 """Mixture-of-experts feed-forward: equals the dense MLP with one expert, balancing loss, capacity."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 import modules  # noqa: F401  (registers the layer library)
 from modules.mlp import FFN
 from modules.registry import ConfigError, registry
+from tests.test_modules import random_params
 
 DIM = 16
 
@@ -18,8 +18,8 @@ def _build(kind, **values):
   return FFN.build(FFN.parse(registry("ffn").node(kind, **values), "ffn"), dim=DIM)
 
 
-def _init(module, x, seed):
-  return nn.meta.unbox(module.init(jax.random.key(seed), x)["params"])
+def _init(module, x, seed, std=0.1):
+  return random_params(module, x, seed=seed, std=std)
 
 
 def _x(seed=0, shape=(2, 8, DIM)):
@@ -35,7 +35,8 @@ def test_one_expert_top1_equals_dense_mlp(capacity_factor, gated, activation):
   x = _x()
   p = _init(moe, x, 1)
   dense = {name: p[name][0] for name in ("wi", "wu", "wo") if name in p}
-  np.testing.assert_allclose(moe.apply({"params": p}, x), mlp.apply({"params": dense}, x),
+  np.testing.assert_allclose(jax.jit(moe.apply)({"params": p}, x),
+                             jax.jit(mlp.apply)({"params": dense}, x),
                              rtol=1e-6, atol=1e-6)
 
 
@@ -44,25 +45,26 @@ def test_dropless_equals_capacity_dispatch_when_nothing_is_dropped():
   full = _build("moe", num_experts=4, top_k=2, hidden_dim=32, capacity_factor=2.0)  # C = L
   dropless = _build("moe", num_experts=4, top_k=2, hidden_dim=32, capacity_factor=0.0)
   p = _init(full, x, 1)
-  np.testing.assert_allclose(full.apply({"params": p}, x), dropless.apply({"params": p}, x),
+  np.testing.assert_allclose(jax.jit(full.apply)({"params": p}, x),
+                             jax.jit(dropless.apply)({"params": p}, x),
                              rtol=1e-5, atol=1e-6)
 
 
 def test_capacity_drops_tokens_past_it():
-  moe = _build("moe", num_experts=2, top_k=1, hidden_dim=32, capacity_factor=0.5, init_std=0.5)
+  moe = _build("moe", num_experts=2, top_k=1, hidden_dim=32, capacity_factor=0.5)
   x = _x(shape=(1, 16, DIM))
-  p = _init(moe, x, 1)
-  y = np.asarray(moe.apply({"params": p}, x))
+  p = _init(moe, x, 1, std=0.5)
+  y = np.asarray(jax.jit(moe.apply)({"params": p}, x))
   served = np.sum(np.any(y != 0, axis=-1))
   assert served == 2 * moe.cfg.capacity(16) == 8  # 2 experts x 4 slots; the rest dropped
 
 
 def test_load_balancing_loss_positive_and_trains_down():
   # Inputs share a direction and the router starts large, so most tokens pick one expert.
-  moe = _build("moe", num_experts=4, top_k=1, hidden_dim=16, init_std=0.5, aux_loss_coef=1.0)
+  moe = _build("moe", num_experts=4, top_k=1, hidden_dim=16, aux_loss_coef=1.0)
   x = _x(shape=(4, 16, DIM)) + 2.0
   target = jnp.tanh(x[..., ::-1])
-  params = _init(moe, x, 3)
+  params = _init(moe, x, 3, std=0.5)
 
   def loss(p):
     y, state = moe.apply({"params": p}, x, mutable=["losses"])
