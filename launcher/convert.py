@@ -184,7 +184,7 @@ def _check_tensors(st: _SafetensorsDir, family, hf_cfg: dict, hf_dir: pathlib.Pa
     if st.shape(name) != tuple(shape):
       raise UserError(f"{hf_dir}: tensor '{name}' has shape {st.shape(name)} but config.json "
                       f"implies {tuple(shape)}")
-  tied_head = family.name == "llama" and "lm_head.weight" not in expected
+  tied_head = "lm_head.weight" not in expected  # some files keep a copy of the tied head
   for name in st.where:
     if name not in expected and not name.endswith(family.ignored) and not (
         tied_head and name == "lm_head.weight"):

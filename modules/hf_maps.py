@@ -314,10 +314,10 @@ def _gpt2_hf_config(m) -> dict:
 
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
-                               ("rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
+                               (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
                                _llama_hf_config),
     "GPT2LMHeadModel": Family("gpt2", "GPT2LMHeadModel", _gpt2_node, _gpt2_hf_shapes,
-                              ("attn.bias", "attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
+                              (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
                               _gpt2_hf_config),
 }
 

@@ -130,3 +130,22 @@ def test_cli_resumes_from_run_dir_and_refuses_bad_configs(tmp_path, capsys, tens
     result = cli(*args, "--print_config")
     assert result.returncode == 2
     assert result.stderr == f"axtrain: error: {message}\n"
+
+
+def test_sharded_index_and_a_stray_tied_head_copy(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", {})
+  (hf / "model.safetensors").unlink()
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:7],
+            "model-00002-of-00002.safetensors": names[7:]}
+  for file, keys in shards.items():
+    extra = {"lm_head.weight": tensors["wte.weight"]} if file.startswith("model-00002") else {}
+    save_file({**{k: tensors[k] for k in keys}, **extra}, str(hf / file))
+  weight_map = {k: f for f, keys in shards.items() for k in keys}
+  (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  assert _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")[0] == 0
+  back = load_file(str(tmp_path / "back" / "model.safetensors"))
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)

@@ -70,3 +70,16 @@ def test_gpt2_rows(name):
 def test_unknown_size_suggests():
   with pytest.raises(modules.ConfigError, match="did you mean 'medium'"):
     gpt2.model_node("meduim")
+
+
+def test_config_files_build_and_count():
+  from configs import gpt2 as gpt2_config
+  from configs import llm_7b, llm_70b
+  assert count(llm_7b.get_config().model) == llama_count(*LLAMA_PUBLISHED["7b"])
+  assert count(llm_70b.get_config().model) == llama_count(*LLAMA_PUBLISHED["70b"])
+  assert count(gpt2_config.get_config("size=xl").model) == GPT2_EXACT["xl"]
+  assert count(gpt2_config.get_config(None).model) == GPT2_EXACT["small"]
+  with pytest.raises(modules.ConfigError, match="size=larg: unknown .did you mean 'large'"):
+    gpt2_config.get_config("size=larg")
+  with pytest.raises(modules.ConfigError, match="unknown key 'sise'"):
+    gpt2_config.get_config("sise=small")
