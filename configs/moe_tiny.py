@@ -1,4 +1,4 @@
-"""The tiny demo model with a mixture-of-experts feed-forward (8 experts, top-2) on the stdlib corpus.
+"""The tiny demo model with a mixture-of-experts ffn (8 experts, top-2) on the stdlib corpus.
 
     axtrain --config=configs/moe_tiny.py
     axtrain --config=configs/moe_tiny.py --config.model.block.ffn.capacity_factor=0   # dropless

@@ -3,8 +3,8 @@
 A linear router scores the experts per token; each token goes to its `top_k`
 experts and their outputs are summed with the router weights. The
 load-balancing loss of Switch Transformer (Fedus et al. 2021, eq. 4),
-num_experts * sum_e(fraction of routed tokens_e * mean router prob_e), is 1 when
-the load is uniform and larger otherwise; `aux_loss_coef` times it is sown into
+num_experts * sum_e(fraction of routed tokens_e * mean router prob_e), is 1 for
+balanced routing and grows as routing concentrates on few experts; `aux_loss_coef` times it is sown into
 the "losses" collection, which the training loss adds.
 
 Dispatch, per sequence (a group of L tokens):
@@ -12,8 +12,8 @@ Dispatch, per sequence (a group of L tokens):
     top_k / num_experts) tokens; tokens past it, in token order, are dropped
     from that expert (their output from it is zero; the residual carries them).
     Token order keeps a decoder causal (GShard's first-choices-first order
-    would let a later token evict an earlier one). One-hot dispatch and combine einsums, so expert weights shard on
-    `experts`.
+    would let a later token evict an earlier one). One-hot dispatch and
+    combine einsums, so expert weights shard on `experts`.
   capacity_factor = 0: dropless. Every expert runs on every token and the
     outputs are combined with the (mostly zero) router weights: exact, at
     num_experts / top_k times the FLOPs of capacity dispatch.

@@ -52,7 +52,8 @@ def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout):
   assert cfg["model"]["scan_layers"] == (layout == "--scan_layers")
   assert (tmp_path / "run" / "checkpoints" / "0").is_dir()
   assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "converted"
-  assert _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={tmp_path / 'back'}")[0] == 0
+  back_dir = tmp_path / "back"
+  assert _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={back_dir}")[0] == 0
   back = load_file(str(tmp_path / "back" / "model.safetensors"))
   assert sorted(back) == sorted(f"transformer.{k}" for k in tensors)
   for name, value in tensors.items():
@@ -101,7 +102,8 @@ def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
   (out / "keep.txt").write_text("mine")
   code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
   assert code == 2 and "exists and is not empty" in err
-  assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+  assert [p.name for p in out.iterdir()] == ["keep.txt"]
+  assert (out / "keep.txt").read_text() == "mine"
 
 
 def test_bad_arguments(capsys):

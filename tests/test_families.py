@@ -1,4 +1,4 @@
-"""Every size row of every family builds its abstract shapes and has the published parameter count."""
+"""Every size row of every family builds abstract shapes with the published parameter count."""
 
 import flax.linen as nn
 import jax

@@ -21,7 +21,7 @@ def _position(kind, head_dim=64, **values):
 
 
 def _meta_llama3_scaling(freqs, *, factor, low, high, original):
-  """Meta's reference `apply_scaling` (llama-models, llama3/reference_impl/model.py), per frequency."""
+  """Meta's reference `apply_scaling` (llama-models, llama3/reference_impl/model.py)."""
   out = []
   for freq in freqs:
     wavelen = 2 * math.pi / freq

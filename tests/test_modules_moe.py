@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward: equals the dense MLP with one expert, balancing loss, capacity."""
+"""Mixture-of-experts: equals the dense MLP with one expert; balancing loss; capacity."""
 
 import jax
 import jax.numpy as jnp
