@@ -262,10 +262,13 @@ def _load_params(run_dir: pathlib.Path, abstract_params):
   shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
                            abstract_params)
   try:
-    from trainer.checkpoint import load_params  # pylint: disable=import-outside-toplevel
+    from trainer import checkpoint  # pylint: disable=import-outside-toplevel
   except ImportError:
-    load_params = _orbax_load_params
-  return load_params(run_dir, abstract_params, shardings)
+    return _orbax_load_params(run_dir, abstract_params, shardings)
+  try:
+    return checkpoint.load_params(run_dir, abstract_params, shardings)
+  except checkpoint.CheckpointError as e:
+    raise UserError(str(e)) from None
 
 
 def _orbax_write_initial(run_dir, state) -> None:
@@ -351,6 +354,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   if not run_dir.is_dir():
     raise UserError(f"--to_hf {run_dir} is not a directory")
   cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
+  if not (run_dir / "checkpoints").is_dir():
+    raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
   run, _, _, abstract = _experiment_parts(cfg)
   family = family_of_model(run.model)
   hf_cfg = family.hf_config(run.model)

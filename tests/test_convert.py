@@ -151,3 +151,22 @@ def test_sharded_index_and_a_stray_tied_head_copy(tmp_path, capsys, tensors):
   back = load_file(str(tmp_path / "back" / "model.safetensors"))
   for name, value in tensors.items():
     np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)
+
+
+def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_path, capsys,
+                                                                          tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  cfg = json.loads((run / "config.json").read_text())
+  cfg["model"]["block"]["kind"] = "parallel"
+  (run / "config.json").write_text(json.dumps(cfg))
+  code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and err == ("axtrain: error: the model cannot be written as GPT2LMHeadModel: "
+                               "block kind 'parallel' (needs pre_norm)\n")
+  (tmp_path / "empty_run").mkdir()
+  (tmp_path / "empty_run" / "config.json").write_text(json.dumps(cfg))
+  code, err = _convert(capsys, f"--to_hf={tmp_path / 'empty_run'}",
+                       f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and "holds no checkpoints/ directory" in err
+  assert not (tmp_path / "back").exists()
