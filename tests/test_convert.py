@@ -3,6 +3,7 @@
 import json
 import pathlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -44,8 +45,10 @@ def tensors():
   return _gpt2_tensors(np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("layout", ["--scan_layers", "--no_scan_layers"])
-def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout):
+@pytest.mark.parametrize("layout,dtype", [("--scan_layers", np.float32),
+                                          ("--no_scan_layers", ml_dtypes.bfloat16)])
+def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout, dtype):
+  tensors = {k: v.astype(dtype) for k, v in tensors.items()}
   hf = _write_hf(tmp_path / "hf", tensors)
   assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}", layout)[0] == 0
   cfg = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -57,6 +60,7 @@ def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout):
   back = load_file(str(tmp_path / "back" / "model.safetensors"))
   assert sorted(back) == sorted(f"transformer.{k}" for k in tensors)
   for name, value in tensors.items():
+    assert back[f"transformer.{name}"].dtype == dtype
     np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)
   hf_cfg = json.loads((tmp_path / "back" / "config.json").read_text())
   assert hf_cfg["architectures"] == ["GPT2LMHeadModel"] and hf_cfg["n_embd"] == D
