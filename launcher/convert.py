@@ -250,50 +250,19 @@ def _experiment_parts(cfg_dict: dict):
 # -- checkpoints (layout owned by trainer/checkpoint.py) -------------------------------------
 
 def _write_initial(run_dir: pathlib.Path, state) -> None:
-  try:
-    from trainer.checkpoint import write_initial  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    write_initial = _orbax_write_initial
+  from trainer.checkpoint import write_initial  # pylint: disable=import-outside-toplevel
   write_initial(run_dir, state)
 
 
 def _load_params(run_dir: pathlib.Path, abstract_params):
   import jax  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
   shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
                            abstract_params)
-  try:
-    from trainer import checkpoint  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return _orbax_load_params(run_dir, abstract_params, shardings)
   try:
     return checkpoint.load_params(run_dir, abstract_params, shardings)
   except checkpoint.CheckpointError as e:
     raise UserError(str(e)) from None
-
-
-def _orbax_write_initial(run_dir, state) -> None:
-  """Step 0 as item 'state' of an orbax CheckpointManager at <run_dir>/checkpoints."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  with ocp.CheckpointManager(pathlib.Path(run_dir).absolute() / "checkpoints",
-                             item_names=("state",)) as manager:
-    manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
-    manager.wait_until_finished()
-
-
-def _orbax_load_params(run_dir, abstract_params, shardings):
-  import jax  # pylint: disable=import-outside-toplevel
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  directory = pathlib.Path(run_dir).absolute() / "checkpoints"
-  with ocp.CheckpointManager(directory, item_names=("state",)) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise UserError(f"{run_dir} has no checkpoint under {directory}")
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract_params, shardings)
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
-            {"params": target}), partial_restore=True)))
-  return restored["state"]["params"]
 
 
 # -- the two directions --------------------------------------------------------------------
