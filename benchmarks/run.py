@@ -86,7 +86,11 @@ def _render_extra(value) -> str:
   if isinstance(value, str):
     return value
   if isinstance(value, dict):
-    return _table(["figure", "value"], [[k, v] for k, v in value.items()])
+    flat = {}
+    for k, v in value.items():  # one level of nesting: {"checkpoint": {...}}
+      flat.update({f"{k}.{k2}": v2 for k2, v2 in v.items()} if isinstance(v, dict) else {k: v})
+    return _table(["figure", "value"], [[k, f"{v:.4g}" if isinstance(v, float) else v]
+                                        for k, v in flat.items()])
   if isinstance(value, list) and value and isinstance(value[0], dict):
     header = list(value[0])
     return _table(header, [[row.get(k, "") for k in header] for row in value])
