@@ -76,10 +76,27 @@ class Optimizer:
   schedule: optax.Schedule  # step -> learning rate, for the metrics
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """optax.clip_by_global_norm as one scalar factor on every gradient.
+
+  optax selects between the clipped and unclipped tree (lax.select), which XLA on
+  CPU does not fuse into the Adam update: the optimizer step took twice as long
+  (0.49 s against 0.24 s for 79M parameters). Unclipped gradients are unchanged
+  (x * 1.0); clipped ones may differ from optax in the last bit.
+  """
+  def update(updates, state, params=None):
+    del params
+    norm = optax.global_norm(updates)
+    scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update)
+
+
 @OPTIMIZERS.register("adamw", AdamWConfig)
 def adamw(*, cfg: AdamWConfig, total_steps: int) -> Optimizer:
   schedule = SCHEDULES.build(cfg.schedule, peak=cfg.learning_rate, total_steps=total_steps)
-  parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm else []
+  parts = [clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm else []
   parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                            weight_decay=cfg.weight_decay, mask=_decay_mask,
                            mu_dtype=jnp.dtype(cfg.state_dtype)))
