@@ -86,7 +86,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   """
   def update(updates, state, params=None):
     del params
-    norm = optax.global_norm(updates)
+    norm = optax.tree.norm(updates)
     scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
     return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 

@@ -82,7 +82,7 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  loss, grad_norm = stats["loss_sum"] / denom, optax.global_norm(grads)
+  loss, grad_norm = stats["loss_sum"] / denom, optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   if skip_nonfinite:
     keep_old = lambda new, old: jnp.where(finite, new, old)
