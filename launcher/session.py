@@ -18,8 +18,11 @@ from trainer.progress import Progress
 
 
 def select_mesh(name: str) -> meshes.Entry:
+  """--mesh=NAME from the registry (it must fit the devices JAX sees), or auto-detected."""
   if name != "auto":
-    return meshes.lookup(name)
+    entry = meshes.lookup(name)
+    meshes.check_devices(entry, jax.device_count())
+    return entry
   device = jax.devices()[0]
   return meshes.auto(device.platform, device.device_kind, jax.device_count(),
                      jax.process_count())

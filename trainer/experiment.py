@@ -118,10 +118,16 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   batch_sharding = sharding.batch_sharding(mesh, rules)
   accum = run.trainer.grad_accum_steps
   shards = sharding.num_shards(batch_sharding, dim=0)
+  over = sharding.describe_axes(batch_sharding, dim=0)
   if source.batch_size % accum or (source.batch_size // accum) % shards:
     raise ConfigError(f"data.batch_size {source.batch_size} must split into "
                       f"trainer.grad_accum_steps={accum} microbatches, each divisible by the "
-                      f"{shards} batch shards of the mesh")
+                      f"{shards} batch shards of the mesh ({over}); change the batch size, "
+                      f"grad_accum_steps or --config.mesh.*")
+  if run.eval.batch_size % shards:
+    raise ConfigError(f"eval.batch_size {run.eval.batch_size} is not divisible by the {shards} "
+                      f"batch shards of the mesh ({over}); change eval.batch_size or "
+                      f"--config.mesh.*")
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,
                     batch_sharding=batch_sharding,
