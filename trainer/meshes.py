@@ -208,7 +208,7 @@ def markdown_table() -> str:
     axes = ", ".join(f"{a}={n}" for a, n in e.axes)
     kind = hw.device_kind.replace("|", "\\|")
     rows.append(f"| `{e.name}` | {hw.platform} | `{kind}` | {devices} | {hosts} | {axes} | "
-                f"{num(hw.peak_bf16_flops, 'TFLOP/s', 1e12)} | {num(hw.hbm_bytes, 'GB', GB)} | "
+                f"{num(hw.peak_bf16_flops, 'TFLOP/s', 1e12)} | {num(hw.hbm_bytes, *(('GiB', GiB) if (hw.hbm_bytes or 0) % GiB == 0 else ('GB', GB)))} | "
                 f"{hw.interconnect} |")
   return "\n".join(rows) + "\n"
 
