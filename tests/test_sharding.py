@@ -22,13 +22,42 @@ MESHES = ("data=8", "fsdp=8", "fsdp=4,model=2", "data=2,fsdp=2,model=2")
 
 
 @pytest.fixture(scope="module")
-def worker() -> dict:
+def worker_process():
+  """The worker, started once; the CLI tests below run beside it (one core each)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_worker.py")], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout)
+  proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "sharding_worker.py")], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  yield proc
+  if proc.poll() is None:
+    proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def worker(worker_process) -> dict:
+  stdout, stderr = worker_process.communicate(timeout=900)
+  assert worker_process.returncode == 0, stderr[-3000:]
+  return json.loads(stdout)
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices, worker_process):
+  del worker_process  # started first so that it runs while this test does
+  out = tmp_path / "run"
+  result = cli("--config=configs/tiny.py", "--mesh=cpu", "--config.trainer.max_steps=3",
+               "--config.data.seq_len=32", "--config.data.batch_size=8",
+               "--config.eval.batch_size=8", "--config.eval.num_batches=1",
+               f"--output_dir={out}", "--noprogress", devices=devices,
+               env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+                                 "--xla_backend_optimization_level=0"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  run = json.loads((out / "run.json").read_text())
+  assert run["status"] == "completed"
+  assert run["mesh"] == {"name": "cpu", "axes": {"data": devices, "fsdp": 1, "model": 1},
+                         "rule": None}
+  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [3]
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
@@ -84,21 +113,3 @@ def test_remat_changes_memory_not_results(worker):
     assert max_rel_diff(remat[policy]["losses"], remat["none"]["losses"]) <= 1e-6
   temp = {p: r["temp_bytes"] for p, r in remat.items()}
   assert temp["full"] < temp["qkv_proj,attn_out"] < temp["none"], temp
-
-
-@pytest.mark.parametrize("devices", [2, 8])
-def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices):
-  out = tmp_path / "run"
-  result = cli("--config=configs/tiny.py", "--mesh=cpu", "--config.trainer.max_steps=3",
-               "--config.data.seq_len=32", "--config.data.batch_size=8",
-               "--config.eval.batch_size=8", "--config.eval.num_batches=1",
-               f"--output_dir={out}", "--noprogress", devices=devices,
-               env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-                                 "--xla_backend_optimization_level=0"})
-  assert result.returncode == 0, result.stderr[-3000:]
-  run = json.loads((out / "run.json").read_text())
-  assert run["status"] == "completed"
-  assert run["mesh"] == {"name": "cpu", "axes": {"data": devices, "fsdp": 1, "model": 1},
-                         "rule": None}
-  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records if "loss" in r] == [3]
