@@ -239,3 +239,33 @@ def test_cli_mesh_errors_are_one_line(args, message):
   lines = result.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("axtrain: error: "), result.stderr[-2000:]
   assert message in lines[0]
+
+
+# --- logical names -> mesh axes ----------------------------------------------------------
+
+def test_rules_give_megatron_tensor_parallel_and_fsdp():
+  import functools  # pylint: disable=import-outside-toplevel
+
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from modules import llama  # pylint: disable=import-outside-toplevel
+  from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
+  from modules.registry import registry  # pylint: disable=import-outside-toplevel
+
+  model = MODELS.build(registry("model").parse(llama.model_node("test").to_dict(), "model"))
+  abstract = jax.eval_shape(functools.partial(model.init, tokens_BxL=jax.numpy.zeros(
+      (1, 8), jax.numpy.int32)), jax.random.key(0))["params"]
+  specs = nn.logical_to_mesh(nn.get_partition_spec(abstract), meshes.DEFAULT_RULES)
+  layer = specs["layers"]["block"]
+  # Scanned layers lead with the (replicated) layer axis.
+  for name in ("q", "k", "v"):  # [layers, embed, heads, head_dim]: split by output (column)
+    assert tuple(layer["attention"][name]) == (None, "fsdp", "model", None)
+  assert tuple(layer["attention"]["o"]) == (None, "model", None, "fsdp")  # by input (row)
+  for name in ("wi", "wu"):
+    assert tuple(layer["ffn"][name]) == (None, "fsdp", "model")
+  assert tuple(layer["ffn"]["wo"]) == (None, "model", "fsdp")
+  assert tuple(specs["embedding"]["embedding"]) == ("model", "fsdp")
+  assert tuple(specs["head"]) == ("fsdp", "model")
+  assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
+      ("data", "fsdp"), None)
