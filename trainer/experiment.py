@@ -75,8 +75,9 @@ class Experiment:
     return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
 
   def init(self) -> TrainState:
-    with self.context():
-      return self.init_fn(jax.random.key(self.run.trainer.seed))
+    # No logical rules here: the activation constraints would apply to init's dummy
+    # batch of one; the parameters land in their shardings through out_shardings.
+    return self.init_fn(jax.random.key(self.run.trainer.seed))
 
   def global_batch(self, local: dict) -> dict:
     """Process-local numpy slices -> global arrays sharded over the batch axes."""
@@ -90,7 +91,9 @@ class _Context:
     self._stack = []
 
   def __enter__(self):
-    for cm in (self._mesh, nn.logical_axis_rules(self._rules)):
+    # jax.set_mesh (not `with mesh:`) defines the abstract mesh that flax's
+    # with_logical_constraint needs; without it every activation constraint is a no-op.
+    for cm in (jax.set_mesh(self._mesh), nn.logical_axis_rules(self._rules)):
       cm.__enter__()
       self._stack.append(cm)
     return self
