@@ -102,6 +102,8 @@ def main() -> None:
       init = exp.init_fn.lower(jax.random.key(0)).compile()
       state = init(jax.random.key(0))
     out["losses"][name], step = train(exp, state=state)
+    with exp.context():
+      lowered = exp.step_fn.lower(state, batches(exp)[0]).as_text()
     init_mem, step_mem = init.memory_analysis(), step.memory_analysis()
     out["fsdp8"] = {
         "params_bytes": nbytes(state.params), "opt_state_bytes": nbytes(state.opt_state),
@@ -112,6 +114,9 @@ def main() -> None:
         "init_output_bytes": init_mem.output_size_in_bytes,
         "init_temp_bytes": init_mem.temp_size_in_bytes,
         "mesh": dict(exp.mesh.shape),
+        # Activation constraints in the lowered step (Shardy or GSPMD spelling).
+        "activation_constraints": lowered.count("sdy.sharding_constraint")
+                                  + lowered.count("@Sharding"),
     }
 
   # Gradient accumulation: 4 microbatches of 2 on a 4-device fsdp=2,model=2 mesh.

@@ -70,6 +70,12 @@ def test_worker_saw_eight_devices(worker):
   assert worker["fsdp8"]["mesh"] == {"data": 1, "fsdp": 8, "model": 1}
 
 
+def test_activation_constraints_reach_the_compiled_step(worker):
+  # embeddings, q/k/v, MLP hidden, block output and logits: flax drops them silently
+  # unless the mesh is set with jax.set_mesh.
+  assert worker["fsdp8"]["activation_constraints"] >= 5
+
+
 def test_one_device_run_learns(worker):
   losses = worker["losses"]["1"]
   assert len(losses) == 10

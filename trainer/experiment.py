@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -48,7 +49,10 @@ class Experiment:
 
   @property
   def num_params(self) -> int:
-    return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(self.abstract_state.params)))
+    # Not nn.meta.unbox: under context() that would apply the boxes' sharding constraints.
+    leaves = jax.tree.leaves(self.abstract_state.params,
+                             is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+    return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
 
   def context(self):
     """Mesh + logical rules, needed while tracing (activation constraints)."""
