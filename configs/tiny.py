@@ -10,10 +10,11 @@ from modules import llama
 
 def get_config(arg=None):
   parse_arg(arg)  # takes no arguments
-  cfg = lm_config(llama.model_node("tiny"), max_steps=600, learning_rate=3e-3,
-                  batch_size=16, seq_len=256, warmup_steps=50)
-  cfg.trainer.log_every = 20
-  cfg.eval.every_steps = 200
+  cfg = lm_config(llama.model_node("tiny"), max_steps=150, learning_rate=3e-3,
+                  batch_size=16, seq_len=256, warmup_steps=20)
+  cfg.model.scan_layers = False  # 4 layers: unrolled runs faster on CPU and compiles quickly
+  cfg.trainer.log_every = 10
+  cfg.eval.every_steps = 50
   cfg.eval.batch_size = 16
   cfg.eval.num_batches = 8
   return cfg

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import sys
 
 import ml_collections
 from absl import flags
@@ -18,6 +19,10 @@ from launcher.errors import UserError, suggest
 
 def define(fv: flags.FlagValues, argv: list[str]) -> None:
   """Defines --config on `fv`; config_flags finds the `--config.*` overrides in `argv`."""
+  # config_flags loads every file as module `config_config` with the deprecated load_module(),
+  # which re-executes a new file into the cached module: without this, a second load in one
+  # process (tests, tools) would keep the first file's get_config.
+  sys.modules.pop("config_config", None)
   config_flags.DEFINE_config_file(
       "config", None, "Python config file with get_config(arg=None), optionally FILE:key=value,"
       " ...; override fields with --config.a.b=value.", flag_values=fv, lock_config=True,

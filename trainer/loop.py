@@ -64,7 +64,7 @@ def train(exp: Experiment, *, metrics_path: pathlib.Path | None = None,
         steps = max(step - max(last_logged, 1), 1) if step > 1 else 1
         record = {"step": step, **{k: float(v) for k, v in host.items()},
                   "tokens_per_sec": tokens_per_step * steps / max(elapsed, 1e-9),
-                  "step_time_s": elapsed / steps}
+                  "step_time_s": elapsed / steps, **exp.source.metrics()}
         last_logged = step
         writer.write(record)
         progress.step(record)

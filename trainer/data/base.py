@@ -49,6 +49,10 @@ class Source(abc.ABC):
                    process_count: int) -> list[Batch]:
     """Held-out batches (the same every call)."""
 
+  def metrics(self) -> dict:
+    """Counters for the metrics records (e.g. documents skipped as bad input)."""
+    return {}
+
 
 def check_batch_split(batch_size: int, process_count: int, what: str = "data.batch_size"):
   if batch_size <= 0 or batch_size % process_count:
@@ -57,11 +61,16 @@ def check_batch_split(batch_size: int, process_count: int, what: str = "data.bat
 
 
 class StepIndexedIterator(DataIterator):
-  """Batches that are a pure function of the step: state is the next step."""
+  """Batches that are a pure function of the step: state is the next step.
 
-  def __init__(self, batch_at, step: int = 0):
+  `stream` (JSON-able) describes what the step indexes (corpus size, shapes, seed);
+  a saved state whose stream differs is refused, since its steps would mean other data.
+  """
+
+  def __init__(self, batch_at, step: int = 0, *, stream: dict | None = None):
     self._batch_at = batch_at
     self.step = step
+    self.stream = stream
 
   def __next__(self) -> Batch:
     batch = self._batch_at(self.step)
@@ -69,10 +78,25 @@ class StepIndexedIterator(DataIterator):
     return batch
 
   def get_state(self) -> dict:
-    return {"step": self.step}
+    return {"step": self.step} if self.stream is None else {"step": self.step,
+                                                             "stream": self.stream}
 
   def set_state(self, state: dict) -> None:
+    saved = state.get("stream")
+    if saved is not None and self.stream is not None and saved != self.stream:
+      diff = sorted(k for k in set(saved) | set(self.stream) if saved.get(k) != self.stream.get(k))
+      raise ConfigError(
+          "the checkpoint's data stream differs from this run's ("
+          + ", ".join(f"{k}: {saved.get(k)!r} then, {self.stream.get(k)!r} now" for k in diff)
+          + "); resume with the same data, tokenizer, seq_len, batch_size and seed")
     self.step = int(state["step"])
+
+
+def process_rows(step: int, *, batch_size: int, process_index: int,
+                 process_count: int) -> np.ndarray:
+  """Global row indices of this process's slice of the batch at `step`."""
+  local = batch_size // process_count
+  return step * batch_size + process_index * local + np.arange(local)
 
 
 def crops(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:

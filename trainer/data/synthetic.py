@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from modules.registry import ConfigError
 from trainer.data.base import DATA, Source, StepIndexedIterator, check_batch_split
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SyntheticConfig:
-  kind: str = "synthetic"
-  seq_len: int = 256  # tokens per sequence
-  batch_size: int = 8  # global batch (sequences)
-
-  def check(self, *, vocab_size: int, seed: int):
-    if self.seq_len <= 0:
-      raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
+from trainer.data.config import DataConfig
 
 
 def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size):
@@ -26,13 +13,13 @@ def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_siz
   rng = np.random.default_rng([*seed, step])
   tokens = rng.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int32)[rows]
   return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-          "weights": np.ones((rows, seq_len), np.float32)}
+          "weights": np.ones((len(tokens), seq_len), np.float32)}
 
 
-@DATA.register("synthetic", SyntheticConfig)
+@DATA.register("synthetic", DataConfig)
 class SyntheticSource(Source):
 
-  def __init__(self, *, cfg: SyntheticConfig, vocab_size: int, seed: int):
+  def __init__(self, *, cfg: DataConfig, vocab_size: int, seed: int):
     self.vocab_size, self.seed = vocab_size, seed
     self.batch_size, self.seq_len = cfg.batch_size, cfg.seq_len
 

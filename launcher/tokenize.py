@@ -1,0 +1,137 @@
+"""`axtrain tokenize`: tokenize a corpus once into shards that `data.kind=tokens` memory-maps.
+
+usage:
+  axtrain tokenize --input=GLOB --kind=jsonl [--field=text] --tokenizer=huggingface \\
+      --tokenizer_path=tokenizer.json --output_dir=DIR [--format=npy|arrayrecord]
+
+then train with --config.data.kind=tokens --config.data.path=DIR. The directory
+holds tokens.json (tokenizer, shard list, counts) and per shard either
+NAME.tokens.npy + NAME.lengths.npy (flat ids + document lengths) or
+NAME.array_record (one record per document: its ids as little-endian bytes).
+It is written under DIR.partial and renamed when complete; an existing DIR is
+never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+from absl import flags
+
+from launcher.errors import UserError
+from trainer.data import corpus as corpus_lib, documents
+from trainer.data.config import DataConfig
+
+_FILE_KINDS = ("text", "jsonl", "parquet", "arrayrecord")
+
+
+def _flags() -> flags.FlagValues:
+  fv = flags.FlagValues()
+  flags.DEFINE_string("input", None, "Corpus file, glob or directory.", flag_values=fv)
+  flags.DEFINE_enum("kind", "text", _FILE_KINDS, "Format of the input files.", flag_values=fv)
+  flags.DEFINE_string("field", "text", "jsonl key / parquet column with the text.", flag_values=fv)
+  flags.DEFINE_string("tokenizer", "bytes", "bytes | sentencepiece | huggingface.", flag_values=fv)
+  flags.DEFINE_string("tokenizer_path", None, "SentencePiece .model or tokenizer.json.",
+                      flag_values=fv)
+  flags.DEFINE_boolean("add_bos", False, "Prepend BOS to every document.", flag_values=fv)
+  flags.DEFINE_boolean("add_eos", True, "Append EOS to every document.", flag_values=fv)
+  flags.DEFINE_enum("on_error", "stop", ["stop", "skip"], "Bad document: stop, or skip it.",
+                    flag_values=fv)
+  flags.DEFINE_enum("format", "npy", ["npy", "arrayrecord"], "Shard format.", flag_values=fv)
+  flags.DEFINE_integer("shard_tokens", 100_000_000, "Tokens per shard (about).", flag_values=fv)
+  flags.DEFINE_string("output_dir", None, "Directory to create.", flag_values=fv)
+  return fv
+
+
+def main(argv: list[str]) -> int:
+  fv = _flags()
+  if any(a in ("-h", "--help") for a in argv[1:]):
+    sys.stdout.write(__doc__)
+    return 0
+  try:
+    fv(argv)
+  except flags.Error as e:
+    raise UserError(f"tokenize: {' '.join(str(e).split())}") from None
+  if not fv.input or not fv.output_dir:
+    raise UserError("tokenize needs --input=FILE|GLOB|DIR and --output_dir=DIR")
+  if fv.shard_tokens <= 0:
+    raise UserError(f"--shard_tokens must be positive, got {fv.shard_tokens}")
+  out = pathlib.Path(fv.output_dir)
+  if out.exists():
+    raise UserError(f"--output_dir '{out}' exists; choose a new directory")
+  cfg = DataConfig(kind=fv.kind, path=fv.input, field=fv.field, tokenizer=fv.tokenizer,
+                   tokenizer_path=fv.tokenizer_path, add_bos=fv.add_bos, add_eos=fv.add_eos,
+                   on_error=fv.on_error)
+  cfg.check(vocab_size=0, seed=0)
+  tokenizer = corpus_lib.tokenizer_for(cfg)
+  files = documents.expand(cfg.path, what="--input")
+  errors = documents.Errors(cfg.on_error)
+  partial = out.with_name(out.name + ".partial")
+  if partial.exists():
+    shutil.rmtree(partial)  # our own leftover from an interrupted run
+  partial.mkdir(parents=True)
+  writer = _ShardWriter(partial, fv.format, tokenizer.dtype, fv.shard_tokens)
+  batch = []
+  for _, _, doc in documents.READERS[cfg.kind](files, errors=errors, field=cfg.field):
+    batch.append(doc)
+    if len(batch) == 512:
+      writer.add(tokenizer.encode(batch))
+      batch = []
+  writer.add(tokenizer.encode(batch))
+  writer.close()
+  if writer.num_docs == 0:
+    shutil.rmtree(partial)
+    raise UserError(f"--input '{fv.input}': no documents found")
+  meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name, "shards": writer.names,
+          "tokenizer": tokenizer.describe(), "num_docs": writer.num_docs,
+          "num_tokens": writer.num_tokens, "skipped_documents": errors.skipped,
+          "source": {"kind": cfg.kind, "input": cfg.path, "field": cfg.field}}
+  (partial / corpus_lib.META).write_text(json.dumps(meta, indent=1) + "\n")
+  partial.rename(out)
+  print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
+        f"{len(writer.names)} shard(s) -> {out}"
+        + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"
+           if errors.skipped else ""))
+  return 0
+
+
+class _ShardWriter:
+  def __init__(self, root: pathlib.Path, fmt: str, dtype, shard_tokens: int):
+    self.root, self.fmt, self.dtype, self.shard_tokens = root, fmt, dtype, shard_tokens
+    self.names: list[str] = []
+    self.num_docs = self.num_tokens = 0
+    self._docs: list[np.ndarray] = []
+    self._tokens = 0
+
+  def add(self, docs: list[np.ndarray]) -> None:
+    for doc in docs:
+      self._docs.append(doc)
+      self._tokens += len(doc)
+      if self._tokens >= self.shard_tokens:
+        self._flush()
+
+  def _flush(self) -> None:
+    if not self._docs:
+      return
+    name = f"shard-{len(self.names):05d}"
+    if self.fmt == "npy":
+      np.save(self.root / f"{name}.tokens.npy", np.concatenate(self._docs).astype(self.dtype))
+      np.save(self.root / f"{name}.lengths.npy", np.array([len(d) for d in self._docs], np.int64))
+    else:
+      from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+      writer = array_record_module.ArrayRecordWriter(str(self.root / f"{name}.array_record"),
+                                                     "group_size:1")
+      for doc in self._docs:
+        writer.write(doc.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes())
+      writer.close()
+    self.names.append(name)
+    self.num_docs += len(self._docs)
+    self.num_tokens += self._tokens
+    self._docs, self._tokens = [], 0
+
+  def close(self) -> None:
+    self._flush()

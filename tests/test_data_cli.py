@@ -1,0 +1,126 @@
+"""The data pipeline through the CLI: training on a user's JSONL by one override, and bad
+input reported as one `axtrain: error:` line naming the file (and line), exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher import main as cli_main
+from tests.conftest import cli
+
+SMALL = ["--config=configs/tiny.py", "--config.trainer.max_steps=2", "--config.data.seq_len=32",
+         "--config.data.batch_size=8", "--config.eval.batch_size=8",
+         "--config.eval.num_batches=1", "--progress=false"]
+
+
+def write_jsonl(path, n=60, bad=()):
+  lines = [json.dumps({"text": f"line {i} of the corpus " + "xy" * (i % 7)}) for i in range(n)]
+  for i, line in bad:
+    lines[i] = line
+  path.write_text("\n".join(lines) + "\n")
+  return path
+
+
+def test_train_on_jsonl_by_one_override_skipping_a_bad_line(tmp_path):
+  corpus = write_jsonl(tmp_path / "corpus.jsonl", bad=[(5, json.dumps({"body": "no text"}))])
+  done = cli(*SMALL, "--config.data.kind=jsonl", f"--config.data.path={corpus}",
+             "--config.data.on_error=skip", f"--output_dir={tmp_path / 'run'}")
+  assert done.returncode == 0, done.stderr
+  records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert records[0]["data_skipped_documents"] == 1
+  assert records[-1]["eval_tokens"] > 0
+
+
+def test_bad_line_stops_at_start_up_in_a_fresh_process(tmp_path):
+  corpus = write_jsonl(tmp_path / "corpus.jsonl", bad=[(6, json.dumps({"body": "no text"}))])
+  done = cli(*SMALL, "--config.data.kind=jsonl", f"--config.data.path={corpus}",
+             f"--output_dir={tmp_path / 'run'}")
+  assert done.returncode == 2
+  lines = done.stderr.strip().splitlines()
+  assert lines == [f"axtrain: error: {corpus}:7: no field 'text' (has: body); set data.field "
+                   f"(set data.on_error=skip to skip such documents)"]
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def run(capsys, *argv):
+  code = cli_main.main(["axtrain", *argv])
+  err = capsys.readouterr().err.strip().splitlines()
+  return code, err
+
+
+def train_error(capsys, tmp_path, *overrides):
+  code, err = run(capsys, *SMALL, *overrides, f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and len(err) == 1 and err[0].startswith("axtrain: error: "), err
+  return err[0].removeprefix("axtrain: error: ")
+
+
+def tokenize_error(capsys, tmp_path, *args):
+  code, err = run(capsys, "tokenize", *args, f"--output_dir={tmp_path / 'out'}")
+  assert code == 2 and len(err) == 1 and err[0].startswith("axtrain: error: "), err
+  assert not (tmp_path / "out").exists()
+  return err[0].removeprefix("axtrain: error: ")
+
+
+def test_bad_input_at_start_up(capsys, tmp_path):
+  missing = tmp_path / "nope.jsonl"
+  assert train_error(capsys, tmp_path, "--config.data.kind=jsonl",
+                     f"--config.data.path={missing}") == \
+      f"data.path '{missing}': no such file or directory"
+  assert train_error(capsys, tmp_path, "--config.data.kind=text",
+                     f"--config.data.path={tmp_path}/*.md") == \
+      f"data.path '{tmp_path}/*.md': no files match the glob"
+  assert "data.field is not used by data kind 'stdlib'" in train_error(
+      capsys, tmp_path, "--config.data.field=body")
+  corpus = write_jsonl(tmp_path / "c.jsonl")
+  bad_model = tmp_path / "bad.model"
+  bad_model.write_text("not a model")
+  assert train_error(capsys, tmp_path, "--config.data.kind=jsonl", f"--config.data.path={corpus}",
+                     "--config.data.tokenizer=sentencepiece",
+                     f"--config.data.tokenizer_path={bad_model}").startswith(
+      f"tokenizer file '{bad_model}' is not a SentencePiece model")
+
+
+def test_bad_input_via_tokenize(capsys, tmp_path):
+  good = write_jsonl(tmp_path / "good.jsonl")
+  binary = tmp_path / "data.bin"
+  binary.write_bytes(bytes(range(256)) * 4)
+  assert tokenize_error(capsys, tmp_path, f"--input={binary}", "--kind=jsonl").startswith(
+      f"{binary}:1: not a JSON Lines file")
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=parquet").startswith(
+      f"{good}: not a Parquet file")
+  assert tokenize_error(capsys, tmp_path, f"--input={binary}", "--kind=text").startswith(
+      f"{binary}: not a text file (NUL byte at offset 0)")
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=arrayrecord").startswith(
+      f"{good}: not an ArrayRecord file")
+  undecodable = tmp_path / "latin1.jsonl"
+  undecodable.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+  assert tokenize_error(capsys, tmp_path, f"--input={undecodable}", "--kind=jsonl") == \
+      f"{undecodable}:2: not UTF-8 text (byte 13) (set data.on_error=skip to skip such documents)"
+  broken = write_jsonl(tmp_path / "broken.jsonl", bad=[(3, '{"text": "unterminated')])
+  assert tokenize_error(capsys, tmp_path, f"--input={broken}", "--kind=jsonl").startswith(
+      f"{broken}:4: not valid JSON")
+  bad_json = tmp_path / "tokenizer.json"
+  bad_json.write_text("{}")
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=jsonl",
+                        "--tokenizer=huggingface", f"--tokenizer_path={bad_json}").startswith(
+      f"tokenizer file '{bad_json}' is not a Hugging Face tokenizer.json")
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--tokenizer=sentencepiece",
+                        f"--tokenizer_path={tmp_path / 'none.model'}") == \
+      f"tokenizer file '{tmp_path / 'none.model'}' not found (data.tokenizer_path)"
+  # policy skip: the bad lines are skipped and counted, the rest is tokenized
+  code, _ = run(capsys, "tokenize", f"--input={broken}", "--kind=jsonl", "--on_error=skip",
+                f"--output_dir={tmp_path / 'ok'}")
+  meta = json.loads((tmp_path / "ok" / "tokens.json").read_text())
+  assert code == 0 and meta["skipped_documents"] == 1 and meta["num_docs"] == 59
+  # an existing output directory is never overwritten
+  code, err = run(capsys, "tokenize", f"--input={good}", f"--output_dir={tmp_path / 'ok'}")
+  assert code == 2 and "exists" in err[0]
+  assert json.loads((tmp_path / "ok" / "tokens.json").read_text()) == meta
+
+
+@pytest.fixture(autouse=True)
+def _chdir_repo(monkeypatch):
+  from tests.conftest import ROOT
+  monkeypatch.chdir(ROOT)

@@ -1,0 +1,67 @@
+"""The tiny config trains end to end on the embedded corpus, and the run directory behaves."""
+
+from __future__ import annotations
+
+import json
+
+from absl import flags
+
+from launcher import config_loading
+from tests.conftest import ROOT, cli
+from trainer import config as config_lib, experiment, loop, meshes
+
+SHRINK = ["--config.trainer.max_steps=40", "--config.data.seq_len=128",
+          "--config.eval.every_steps=0", "--config.eval.num_batches=4"]
+
+
+def build(*overrides):
+  argv = ["axtrain", "--config=configs/tiny.py", *overrides]
+  fv = flags.FlagValues()
+  config_loading.define(fv, argv)
+  fv(argv)
+  return experiment.build(config_lib.parse(fv["config"].value), meshes.lookup("cpu"))
+
+
+def test_tiny_validation_loss_falls_by_1_5_nats():
+  exp = build(*SHRINK)
+  initial = loop.initial_eval_loss(exp)
+  result = loop.train(exp)
+  assert abs(initial - 5.55) < 0.3  # ~ln(256): uniform over bytes at init
+  assert result.final_eval_loss <= initial - 1.5, (initial, result.final_eval_loss)
+  logged = [r for r in result.records if "loss" in r]
+  assert [r["step"] for r in logged] == [10, 20, 30, 40]
+  for r in logged:
+    assert {"loss", "learning_rate", "grad_norm", "tokens_per_sec", "step_time_s"} <= set(r)
+
+
+def test_run_directory_lifecycle(tmp_path):
+  out = tmp_path / "run"
+  args = ["--config=configs/tiny.py", "--config.trainer.max_steps=3", "--config.trainer.log_every=1",
+          "--config.data.seq_len=32", "--config.eval.num_batches=1", f"--output_dir={out}"]
+  first = cli(*args)
+  assert first.returncode == 0, first.stderr
+  config = json.loads((out / "config.json").read_text())
+  assert config["trainer"]["max_steps"] == 3 and config["model"]["kind"] == "decoder_lm"
+  run = json.loads((out / "run.json").read_text())
+  assert run["status"] == "completed" and run["argv"][1:] == args
+  assert {"jax", "flax", "optax", "python"} <= set(run["versions"])
+  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+  assert "eval_loss" in records[-1]
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+  again = cli(*args)  # same command on a completed run: nothing to do
+  assert again.returncode == 0 and "already completed" in again.stderr
+
+  changed = cli(*args[:-1], "--config.optimizer.learning_rate=1e-2", f"--output_dir={out}")
+  assert changed.returncode == 2
+  assert changed.stderr.startswith("axtrain: error: ") and "optimizer.learning_rate" in changed.stderr
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing touched
+
+
+def test_default_output_dir_names_the_overrides(tmp_path):
+  result = cli(f"--config={ROOT / 'configs' / 'tiny.py'}", "--config.trainer.max_steps=1",
+               "--config.data.seq_len=32", "--config.eval.num_batches=1", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  expected = tmp_path / "runs" / "tiny" / "trainer.max_steps=1,data.seq_len=32,eval.num_batches=1"
+  assert (expected / "run.json").exists(), list((tmp_path / "runs").rglob("*"))
