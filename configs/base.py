@@ -12,7 +12,8 @@ import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers data sources)
 import trainer.optimizer  # noqa: F401  (registers optimizers)
 from modules.registry import registry
-from trainer.config import CheckpointConfig, EvalConfig, MeshConfig, TrainerConfig, section_node
+from trainer.config import (CheckpointConfig, EvalConfig, InitConfig, MeshConfig, TrainerConfig,
+                            section_node)
 
 
 def lm_config(model: ml_collections.ConfigDict, *, max_steps: int, learning_rate: float,
@@ -28,4 +29,5 @@ def lm_config(model: ml_collections.ConfigDict, *, max_steps: int, learning_rate
   cfg.eval = section_node(EvalConfig)
   cfg.mesh = section_node(MeshConfig)
   cfg.checkpoint = section_node(CheckpointConfig)
+  cfg.init = section_node(InitConfig)
   return cfg

@@ -16,6 +16,11 @@ Each run writes runs/<config>[/<overrides>]/ (or --output_dir): config.json,
 run.json and metrics.jsonl. Re-running a completed run does nothing; a
 different config in an existing run directory is refused unless --overwrite.
 Mistakes print one line `axtrain: error: ...` and exit with code 2.
+
+Re-running the command of an unfinished run resumes it from its last committed
+checkpoint (docs/fault_tolerance.md). Exit codes: 0 done, 1 failed (non-finite
+loss, no usable checkpoint), 2 usage error or run directory in use, 75
+preempted by SIGTERM/SIGINT with a checkpoint saved: retry the same command.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import sys
 
 from launcher.errors import UserError
 
+_LOCK = ".lock"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 
 
@@ -79,7 +80,7 @@ class RunDir:
       return "new"
     if not self.path.is_dir():
       raise UserError(f"--output_dir {self.path} exists and is not a directory")
-    if not any(self.path.iterdir()):
+    if not any(p.name != _LOCK for p in self.path.iterdir()):
       return "new"
     if overwrite:
       return "overwrite"
@@ -100,7 +101,9 @@ class RunDir:
 
   def start(self, resolved: dict, *, argv: list[str], fresh: bool, extra: dict) -> None:
     if fresh and self.path.exists():
-      shutil.rmtree(self.path)
+      for child in self.path.iterdir():  # the lock (launcher/run_lock.py) stays held
+        if child.name != _LOCK:
+          shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     self.path.mkdir(parents=True, exist_ok=True)
     write_json(self.config_json, resolved)
     previous = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import re
 import sys
 import traceback
@@ -11,10 +13,15 @@ import jax
 import ml_collections
 from absl import flags
 
-from launcher import config_loading, distributed, flat, run_dir as run_dir_lib
+from launcher import config_loading, distributed, flat, preemption, run_dir as run_dir_lib, run_lock
 from launcher.errors import UserError, suggest
-from trainer import config as config_lib, experiment as experiment_lib, loop, meshes
+from trainer import checkpoint, config as config_lib, experiment as experiment_lib, loop, meshes
 from trainer.progress import Progress
+
+
+EXIT_FAILED = 1  # non-finite loss, no usable checkpoint: retrying the same command will not help
+# Tests: hold the loop after this step until a signal arrives, so signals land at a known step.
+PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"
 
 
 def select_mesh(name: str) -> meshes.Entry:
@@ -85,33 +92,70 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(fv.output_dir or run_dir_lib.default_dir(config_value, items))
+  # restore_step picks where to resume; it is not part of what makes two runs the same run.
+  resolved.get("checkpoint", {}).pop("restore_step", None)
+  check_init_from(run_cfg.init.from_run)
+  main_process = jax.process_index() == 0
+  lock = run_lock.RunLock(rd.path) if main_process else None
+  if lock is not None:
+    lock.acquire()
+  try:
+    return _train(fv, argv, rd=rd, resolved=resolved, run_cfg=run_cfg, exp=exp, entry=entry,
+                  rule=rule, config_value=config_value, main_process=main_process)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def check_init_from(run_dir: str) -> None:
+  if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
+    raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
+                    f"axtrain or of `axtrain convert`")
+
+
+def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
+           main_process) -> int:
+  """Trains in a locked run directory: fresh, or resumed from its last committed checkpoint."""
   state = rd.prepare(resolved, overwrite=fv.overwrite)
   if state == "completed":
     print(f"axtrain: {rd.path} already completed; nothing to do (pass --overwrite to train again)",
           file=sys.stderr)
     return 0
-  main_process = jax.process_index() == 0
   if main_process:
     rd.start(resolved, argv=argv, fresh=state in ("new", "overwrite"),
              extra={"mesh": {"name": entry.name, "axes": dict(exp.mesh.shape), "rule": rule},
-                    "num_params": exp.num_params, "process_count": jax.process_count()})
+                    "num_params": exp.num_params, "process_count": jax.process_count(),
+                    "restore_step": run_cfg.checkpoint.restore_step})
   progress = Progress(run_cfg.trainer.max_steps, enabled=fv.progress and main_process)
   progress.message(f"axtrain: training {config_value} in {rd.path}")
+  finish = (lambda status, **kw: rd.finish(status, **kw)) if main_process else (lambda *a, **k: None)
+  stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
+  pause = os.environ.get(PAUSE_ENV)
   try:
-    result = loop.train(exp, metrics_path=rd.metrics_jsonl if main_process else None,
-                        progress=progress)
+    with stop.installed():
+      result = loop.train(exp, metrics_path=rd.metrics_jsonl if main_process else None,
+                          progress=progress, checkpoint_dir=rd.path / "checkpoints",
+                          stop_requested=stop.requested,
+                          pause_after_step=int(pause) if pause else None)
+  except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
+    finish("failed", error=str(e))
+    print(f"axtrain: error: {e}", file=sys.stderr)
+    return EXIT_FAILED
   except KeyboardInterrupt:
-    if main_process:
-      rd.finish("interrupted")
+    finish("interrupted")
     raise
   except Exception:
-    if main_process:
-      rd.finish("failed", error=traceback.format_exc(limit=-3))
+    finish("failed", error=traceback.format_exc(limit=-3))
     raise
-  if main_process:
-    last = next((r for r in reversed(result.records) if "loss" in r), {})
-    rd.finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
-              time_to_first_step_s=result.time_to_first_step_s)
+  if result.preempted:
+    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step)
+    print(f"axtrain: preempted after step {result.last_step}; checkpoint saved in "
+          f"{rd.path / 'checkpoints'}; re-run the same command to resume "
+          f"(exit {preemption.EXIT_PREEMPTED})", file=sys.stderr)
+    return preemption.EXIT_PREEMPTED
+  last = next((r for r in reversed(result.records) if "loss" in r), {})
+  finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
+         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step)
   progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
                    f"run directory {rd.path}")
   return 0

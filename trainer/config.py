@@ -7,6 +7,7 @@
     eval        held-out evaluation (EvalConfig)
     mesh        device mesh axes and per-mesh rules (MeshConfig)
     checkpoint  saving and restoring (CheckpointConfig)
+    init        where initial parameters come from (InitConfig)
 """
 
 from __future__ import annotations
@@ -26,11 +27,18 @@ class TrainerConfig:
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
   compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+  # A step whose loss or gradient is NaN/Inf: False stops the run (exit 1); True leaves the
+  # parameters and optimizer state unchanged for that step and counts it (metric nonfinite_skipped).
+  skip_nonfinite: bool = False
+  hang_timeout_s: float = 1800.0  # seconds without a finished step before all thread stacks are dumped to stderr; 0 = off
+  debug_nan_at_step: int = 0  # testing only: the batch of this step gets NaN loss weights; 0 = off
 
   def check(self):
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+    if self.hang_timeout_s < 0 or self.debug_nan_at_step < 0:
+      raise ConfigError("trainer: hang_timeout_s and debug_nan_at_step must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,12 +72,29 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-  every_steps: int = 0  # steps between checkpoints; 0 = only at the end
-  keep: int = 3  # most recent checkpoints kept
+  every_steps: int = 0  # steps between checkpoints; 0 = only at the end (and on preemption)
+  keep: int = 3  # most recent committed checkpoints kept
+  keep_every_steps: int = 0  # also keep every checkpoint whose step is a multiple of this; 0 = none
+  # Resume from this committed step instead of the latest (newer ones are set aside); 0 = latest.
+  # Not part of the run's identity: changing it does not make the run directory "different".
+  restore_step: int = 0
 
   def check(self):
     if self.every_steps < 0 or self.keep <= 0:
       raise ConfigError("checkpoint: every_steps must be >= 0 and keep positive")
+    if self.keep_every_steps < 0 or self.restore_step < 0:
+      raise ConfigError("checkpoint: keep_every_steps and restore_step must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InitConfig:
+  # A run directory (training run or `axtrain convert` output) whose latest checkpoint's
+  # parameters start this run; optimizer state and step start fresh. "" = random init.
+  # Ignored when the run resumes from its own checkpoint.
+  from_run: str = ""
+
+  def check(self):
+    pass
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +106,7 @@ class RunConfig:
   eval: EvalConfig
   mesh: MeshConfig
   checkpoint: CheckpointConfig
+  init: InitConfig
 
 
 _SECTIONS = {
@@ -91,6 +117,7 @@ _SECTIONS = {
     "eval": (None, EvalConfig),
     "mesh": (None, MeshConfig),
     "checkpoint": (None, CheckpointConfig),
+    "init": (None, InitConfig),
 }
 
 

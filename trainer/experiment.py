@@ -68,7 +68,8 @@ class Experiment:
   def step_fn(self):
     fn = functools.partial(train_step, model=self.model, optimizer=self.optimizer,
                            compute_dtype=self.compute_dtype,
-                           grad_accum_steps=self.run.trainer.grad_accum_steps)
+                           grad_accum_steps=self.run.trainer.grad_accum_steps,
+                           skip_nonfinite=self.run.trainer.skip_nonfinite)
     replicated = NamedSharding(self.mesh, PartitionSpec())
     return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
                    out_shardings=(self.state_shardings, replicated), donate_argnums=0)

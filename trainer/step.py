@@ -66,8 +66,13 @@ def _microbatches(batch, n: int):
 
 
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,
-               compute_dtype=jnp.float32, grad_accum_steps: int = 1):
-  """One optimizer step on a global batch; returns (new state, metrics of this step)."""
+               compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False):
+  """One optimizer step on a global batch; returns (new state, metrics of this step).
+
+  metrics["nonfinite"] is 1.0 when the loss or gradient norm is NaN/Inf; with
+  `skip_nonfinite` such a step keeps the old parameters and optimizer state
+  (the step counter still advances, so the data stream stays aligned).
+  """
   grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype),
                      has_aux=True)
   if grad_accum_steps == 1:
@@ -85,11 +90,18 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  loss, grad_norm = stats["loss_sum"] / denom, optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  if skip_nonfinite:
+    keep_old = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep_old, params, state.params)
+    opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
   metrics = {
-      "loss": stats["loss_sum"] / denom,
+      "loss": loss,
       "aux_loss": stats["aux_loss"],
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": grad_norm,
       "learning_rate": optimizer.schedule(state.step),
+      "nonfinite": 1.0 - finite.astype(jnp.float32),
   }
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

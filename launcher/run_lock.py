@@ -1,0 +1,51 @@
+"""One live process per run directory: `<run_dir>/.lock` holds its pid under an fcntl lock.
+
+The kernel drops the lock when the process dies however it dies, so a lock file
+left by a killed run is stale and simply taken over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+
+from launcher.errors import UserError
+
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+  def __init__(self, run_dir: pathlib.Path):
+    self.path = pathlib.Path(run_dir) / LOCK_NAME
+    self._fd: int | None = None
+
+  def acquire(self) -> "RunLock":
+    """Takes the lock or raises UserError naming the live process that holds it."""
+    if self.path.parent.exists() and not self.path.parent.is_dir():
+      raise UserError(f"--output_dir {self.path.parent} exists and is not a directory")
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+      os.close(fd)
+      raise UserError(f"{self.path.parent} is in use by another axtrain (pid {holder}); wait for "
+                      f"it to finish or stop it, or choose another --output_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()

@@ -1,0 +1,114 @@
+"""Helpers for the checkpoint / fault-tolerance tests: CLI runs that can be paused and signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from tests.conftest import ROOT
+
+CONFIG = str(ROOT / "tests" / "testdata" / "ckpt_lm.py")
+PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"  # launcher/session.py
+
+
+def env(cache_dir: pathlib.Path, devices: int | None = None, pause: int | None = None) -> dict:
+  out = dict(os.environ)
+  out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
+  out["JAX_PLATFORMS"] = "cpu"
+  # Runs of one config share compiled programs (same results, less CPU).
+  out["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+  out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  if devices is not None:
+    out["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  if pause is not None:
+    out[PAUSE_ENV] = str(pause)
+  return out
+
+
+def args(run_dir: pathlib.Path, *extra: str) -> list[str]:
+  return [sys.executable, "-m", "launcher", f"--config={CONFIG}", f"--output_dir={run_dir}",
+          *extra]
+
+
+def run(run_dir, cache_dir, *extra, devices=None) -> subprocess.CompletedProcess:
+  return subprocess.run(args(run_dir, *extra), env=env(cache_dir, devices), capture_output=True,
+                        text=True, timeout=600, cwd=ROOT)
+
+
+def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None) -> subprocess.Popen:
+  """Starts a run that holds after step `pause` (metrics logged, checkpoint dispatched)."""
+  proc = subprocess.Popen(args(run_dir, *extra), env=env(cache_dir, devices, pause), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 600
+  while pause not in losses(run_dir):
+    if proc.poll() is not None:
+      raise AssertionError(f"run exited with {proc.returncode} before step {pause}:\n"
+                           f"{proc.stderr.read()[-3000:]}")
+    assert time.monotonic() < deadline, "run did not reach the pause step"
+    time.sleep(0.05)
+  return proc
+
+
+def signal_and_wait(proc: subprocess.Popen, sig=signal.SIGTERM) -> tuple[int, str]:
+  proc.send_signal(sig)
+  _, err = proc.communicate(timeout=600)
+  return proc.returncode, err
+
+
+def losses(run_dir) -> dict[int, float]:
+  """step -> loss, the last record of each step (a resumed run logs redone steps again)."""
+  path = pathlib.Path(run_dir) / "metrics.jsonl"
+  out = {}
+  if path.exists():
+    for line in path.read_text().splitlines():
+      if line.endswith("}"):
+        record = json.loads(line)
+        if "loss" in record:
+          out[record["step"]] = record["loss"]
+  return out
+
+
+def status(run_dir) -> str:
+  return json.loads((pathlib.Path(run_dir) / "run.json").read_text())["status"]
+
+
+def steps(run_dir) -> list[int]:
+  return sorted(int(p.name) for p in (pathlib.Path(run_dir) / "checkpoints").iterdir()
+                if p.name.isdigit())
+
+
+def params(run_dir, step: int) -> dict:
+  """The saved parameters of a step as numpy arrays keyed by path."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(run_dir).absolute() / "checkpoints" / str(step) / "state"
+  with ocp.PyTreeCheckpointer() as reader:
+    tree = reader.restore(path)
+  leaves = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
+  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
+
+
+def copy_as_crashed(src, dst, *, upto: int) -> None:
+  """A copy of a finished run as if killed right after its checkpoint of step `upto`.
+
+  Later checkpoints and metrics records are dropped, so whatever the copy logs
+  past `upto` was computed by the run under test.
+  """
+  shutil.copytree(src, dst)
+  for step in steps(dst):
+    if step > upto:
+      shutil.rmtree(pathlib.Path(dst) / "checkpoints" / str(step))
+  metrics = pathlib.Path(dst) / "metrics.jsonl"
+  kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= upto]
+  metrics.write_text("".join(line + "\n" for line in kept))
+  info = json.loads((pathlib.Path(dst) / "run.json").read_text())
+  info["status"] = "running"
+  (pathlib.Path(dst) / "run.json").write_text(json.dumps(info))

@@ -1,0 +1,172 @@
+"""Exact resume after SIGKILL and SIGTERM, on another mesh, and past a corrupt checkpoint.
+
+All runs train tests/testdata/ckpt_lm.py (30 steps, checkpoints every 10, every
+step logged) in subprocesses and are compared with one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+
+import numpy as np
+import pytest
+
+from tests import ckpt_util as cu
+
+EXIT_PREEMPTED = 75  # launcher/preemption.py, docs/fault_tolerance.md
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return tmp_path_factory.mktemp("jax_cache")
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory, cache):
+  """The uninterrupted run."""
+  run_dir = tmp_path_factory.mktemp("ref") / "run"
+  result = cu.run(run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.status(run_dir) == "completed"
+  assert sorted(cu.losses(run_dir)) == list(range(1, 31))
+  assert cu.steps(run_dir) == [10, 20, 30]
+  return run_dir
+
+
+def assert_same_params(a, b, *, step=30):
+  pa, pb = cu.params(a, step), cu.params(b, step)
+  assert pa.keys() == pb.keys() and pa
+  for key in pa:
+    np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
+
+
+def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache):
+  run_dir = tmp_path / "run"
+  # SIGKILL after step 17: checkpoint 10 is committed, 11-17 are lost.
+  proc = cu.start_paused(run_dir, cache, 17)
+  # Meanwhile a second axtrain on the same directory is refused.
+  second = cu.run(run_dir, cache)
+  assert second.returncode == 2, second.stderr[-2000:]
+  assert "in use by another axtrain" in second.stderr
+  assert f"pid {proc.pid}" in second.stderr
+  rc, _ = cu.signal_and_wait(proc, signal.SIGKILL)
+  assert rc == -signal.SIGKILL
+  assert (run_dir / ".lock").exists()  # stale: its process is dead
+  assert cu.steps(run_dir) == [10]
+
+  # The same command resumes from 10; SIGTERM after step 24 saves step 24 and exits 75.
+  proc = cu.start_paused(run_dir, cache, 24)
+  rc, err = cu.signal_and_wait(proc, signal.SIGTERM)
+  assert rc == EXIT_PREEMPTED, err[-3000:]
+  assert "resumed from checkpoint step 10" in err
+  assert cu.status(run_dir) == "preempted"
+  assert 24 in cu.steps(run_dir)
+
+  # Again: resumes from 24 and completes.
+  result = cu.run(run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 24" in result.stderr
+  assert cu.status(run_dir) == "completed"
+  info = json.loads((run_dir / "run.json").read_text())
+  assert info["restarts"] == 2
+
+  want, got = cu.losses(ref), cu.losses(run_dir)
+  assert sorted(got) == list(range(1, 31))
+  assert {s: got[s] for s in range(1, 31)} == want  # bit for bit
+  assert_same_params(ref, run_dir)
+
+
+def test_resume_on_another_mesh(tmp_path, ref, cache):
+  """1 device -> 8 devices (fsdp=8) -> 1 device, via SIGTERM checkpoints at 12 and 23."""
+  run_dir = tmp_path / "run"
+  mesh = ("--config.mesh.data=1", "--config.mesh.fsdp=-1")
+  proc = cu.start_paused(run_dir, cache, 12, *mesh, devices=1)
+  assert cu.signal_and_wait(proc)[0] == EXIT_PREEMPTED
+  proc = cu.start_paused(run_dir, cache, 23, *mesh, devices=8)
+  rc, err = cu.signal_and_wait(proc)
+  assert rc == EXIT_PREEMPTED, err[-3000:]
+  assert "'fsdp': 8" in err and "resumed from checkpoint step 12" in err
+  result = cu.run(run_dir, cache, *mesh, devices=1)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 23" in result.stderr
+  want, got = cu.losses(ref), cu.losses(run_dir)
+  assert sorted(got) == list(range(1, 31))
+  for step in range(1, 31):
+    np.testing.assert_allclose(got[step], want[step], rtol=2e-4, err_msg=f"step {step}")
+  pa, pb = cu.params(ref, 30), cu.params(run_dir, 30)
+  for key in pa:
+    np.testing.assert_allclose(pb[key], pa[key], rtol=1e-3, atol=1e-5, err_msg=key)
+
+
+def _truncate_largest_file(step_dir: pathlib.Path) -> pathlib.Path:
+  biggest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  size = biggest.stat().st_size
+  with open(biggest, "r+b") as f:
+    f.truncate(size // 2)
+  return biggest
+
+
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=20)
+  # A run killed after its step-30 save committed, whose step-30 files were then damaged.
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(ref / "checkpoints" / "30", run_dir / "checkpoints" / "30")
+  _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
+  result = cu.run(run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert len(warnings) == 1, result.stderr[-3000:]
+  assert "checkpoints/30 is unreadable" in warnings[0] and "falling back to step 20" in warnings[0]
+  assert "resumed from checkpoint step 20" in result.stderr
+  assert (run_dir / "corrupt_checkpoints" / "30").is_dir()  # set aside, not deleted
+  got = cu.losses(run_dir)
+  assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
+  assert_same_params(ref, run_dir)
+
+  # No usable checkpoint at all: say so and exit 1 instead of starting over.
+  broken = tmp_path / "broken"
+  cu.copy_as_crashed(ref, broken, upto=20)
+  for step in (10, 20):
+    for path in (broken / "checkpoints" / str(step) / "state").rglob("*"):
+      if path.is_file() and path.parent.name == "d":
+        path.unlink()  # deleted array files
+  result = cu.run(broken, cache)
+  assert result.returncode == 1, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
+  assert len(errors) == 1 and "no usable checkpoint" in errors[0], result.stderr[-3000:]
+  assert cu.status(broken) == "failed"
+  assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
+
+
+def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
+  run_dir = tmp_path / "run"
+  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=13")
+  assert result.returncode == 1, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert "non-finite loss or gradient at step 13" in errors[0]
+  assert f"last good checkpoint: step 10 in {run_dir.absolute() / 'checkpoints'}" in errors[0]
+  assert "Traceback" not in result.stderr
+  assert cu.status(run_dir) == "failed"
+  assert cu.steps(run_dir) == [10]  # nothing non-finite was saved
+  assert max(cu.losses(run_dir)) == 13
+
+
+def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache):
+  """Also starts from the reference run's parameters (init.from_run)."""
+  run_dir = tmp_path / "run"
+  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=4",
+                  "--config.trainer.skip_nonfinite=True", f"--config.init.from_run={ref}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.status(run_dir) == "completed"
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  skipped = {r["step"]: r["nonfinite_skipped"] for r in records if "loss" in r}
+  assert skipped == {s: int(s >= 4) for s in range(1, 31)}
+  losses = cu.losses(run_dir)
+  assert losses[4] is None  # metrics.jsonl writes NaN as null
+  assert all(np.isfinite(losses[s]) for s in range(5, 31))
+  # Step 1 already uses the trained parameters: its loss is the reference's late loss range.
+  assert losses[1] < cu.losses(ref)[1] - 1.0
