@@ -1,6 +1,6 @@
 """The layer library. Importing it registers every component."""
 
-from modules import attention, block, decoder, embedding, mlp, norms, position  # noqa: F401
+from modules import attention, block, decoder, embedding, mlp, moe, norms, position  # noqa: F401
 from modules.decoder import MODELS
 from modules.registry import ConfigError, registry
 

@@ -36,3 +36,31 @@ class PreNormBlock(nn.Module):
     h = NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
     x_BxLxD = x_BxLxD + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h)
     return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelBlockConfig:
+  kind: str = "parallel"
+  attention: Any = child("attention")
+  ffn: Any = child("ffn")  # mlp or moe
+  norm: Any = child("norm")
+  # False: one norm feeds both branches (GPT-J, PaLM); True: one norm each (GPT-NeoX).
+  separate_norms: bool = False
+
+
+@BLOCKS.register("parallel", ParallelBlockConfig)
+class ParallelBlock(nn.Module):
+  """x += attn(norm(x)) + ffn(norm(x)): both branches read the same input (GPT-J, PaLM)."""
+  cfg: ParallelBlockConfig
+  dim: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+    cfg = self.cfg
+    h_attn = NORMS.build(cfg.norm, dim=self.dim, name="attention_norm")(x_BxLxD)
+    h_ffn = (NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
+             if cfg.separate_norms else h_attn)
+    attn = ATTENTION.build(cfg.attention, dim=self.dim, name="attention")(
+        h_attn, positions_BxL, segment_ids_BxL)
+    x_BxLxD = x_BxLxD + attn + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h_ffn)
+    return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))

@@ -3,6 +3,8 @@
 Shapes of the published models are copied from their Hugging Face `config.json`:
   1b  meta-llama/Llama-3.2-1B   3b  meta-llama/Llama-3.2-3B
   7b  meta-llama/Llama-2-7b-hf  8b  meta-llama/Meta-Llama-3-8B   70b meta-llama/Meta-Llama-3-70B
+`rope_scaling` is the published `rope_scaling` (LLaMA-3.2: factor 32, low 1, high 4, original
+8192; LLaMA-3-8B/70B and LLaMA-2 have none).
 `test` and `tiny` are ours (byte vocabulary, for tests and the demo); `125m` is the
 GPT-3 Small shape (Brown et al. 2020, Table 2.1) with LLaMA parts and a 32k vocabulary.
 """
@@ -25,14 +27,20 @@ class Size:
   rope_theta: float = 10_000.0
   tie_embeddings: bool = False
   norm_eps: float = 1e-5
+  head_dim: int | None = None  # None = dim // num_heads
+  # (factor, low_freq_factor, high_freq_factor, original_max_position) of LLaMA-3 RoPE scaling
+  rope_scaling: tuple[float, float, float, int] | None = None
+
+
+_LLAMA32_ROPE = (32.0, 1.0, 4.0, 8192)
 
 
 SIZES: dict[str, Size] = {
     "test": Size(64, 2, 4, 2, 128, 256),
     "tiny": Size(192, 4, 6, 6, 512, 256),
     "125m": Size(768, 12, 12, 12, 2048, 32_000),
-    "1b": Size(2048, 16, 32, 8, 8192, 128_256, 500_000.0, True),
-    "3b": Size(3072, 28, 24, 8, 8192, 128_256, 500_000.0, True),
+    "1b": Size(2048, 16, 32, 8, 8192, 128_256, 500_000.0, True, rope_scaling=_LLAMA32_ROPE),
+    "3b": Size(3072, 28, 24, 8, 8192, 128_256, 500_000.0, True, rope_scaling=_LLAMA32_ROPE),
     "7b": Size(4096, 32, 32, 32, 11_008, 32_000, 10_000.0, False),
     "8b": Size(4096, 32, 32, 8, 14_336, 128_256, 500_000.0, False),
     "70b": Size(8192, 80, 64, 8, 28_672, 128_256, 500_000.0, False),
@@ -46,14 +54,28 @@ def size(name: str) -> Size:
   return SIZES[name]
 
 
+def rope_node(s: Size):
+  if s.rope_scaling is None:
+    return registry("position").node("rope", theta=s.rope_theta)
+  factor, low, high, original = s.rope_scaling
+  return registry("position").node("rope_llama3", theta=s.rope_theta, factor=factor,
+                                   low_freq_factor=low, high_freq_factor=high,
+                                   original_max_position=original)
+
+
 def model_node(name: str):
   """The `model` config node of LLaMA size `name`: RMSNorm, RoPE, SwiGLU, GQA."""
-  s = size(name)
+  return node(size(name))
+
+
+def node(s: Size):
+  """The `model` config node of any LLaMA shape (a table row, or one read from a checkpoint)."""
   r = registry
   norm = r("norm").node("rmsnorm", eps=s.norm_eps)
+  head_dim = {} if s.head_dim is None else {"head_dim": s.head_dim}
   attention = r("attention").node(
-      "attention", num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-      position=r("position").node("rope", theta=s.rope_theta))
+      "attention", num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, position=rope_node(s),
+      **head_dim)
   block = r("block").node("pre_norm", attention=attention,
                           ffn=r("ffn").node("mlp", hidden_dim=s.hidden_dim, activation="silu",
                                             gated=True),

@@ -1,6 +1,7 @@
-"""Position encodings that attention owns: rotary (RoPE) or none."""
+"""Position encodings that attention owns: rotary (RoPE), LLaMA-3-scaled RoPE, or none."""
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -59,3 +60,46 @@ class Rope(nn.Module):
   def __call__(self, q_BxLxHxK, k_BxLxHxK, positions_BxL):
     inv_freq = self.inv_freq()
     return rotate(q_BxLxHxK, inv_freq, positions_BxL), rotate(k_BxLxHxK, inv_freq, positions_BxL)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeLlama3Config:
+  kind: str = "rope_llama3"
+  theta: float = 500_000.0  # base wavelength of the rotary frequencies
+  factor: float = 8.0  # long wavelengths are divided by this (context extension)
+  low_freq_factor: float = 1.0  # wavelengths above original_max_position / this are fully scaled
+  high_freq_factor: float = 4.0  # wavelengths below original_max_position / this are kept
+  original_max_position: int = 8192  # context length (tokens) of pre-training before scaling
+
+  def check(self, *, head_dim: int):
+    if head_dim % 2:
+      raise ConfigError(f"rope_llama3 needs an even head_dim, got {head_dim}")
+    if self.factor <= 0 or self.original_max_position <= 0:
+      raise ConfigError("rope_llama3: factor and original_max_position must be positive")
+    if self.high_freq_factor <= self.low_freq_factor:
+      raise ConfigError(f"rope_llama3: high_freq_factor ({self.high_freq_factor}) must exceed "
+                        f"low_freq_factor ({self.low_freq_factor})")
+
+
+@POSITIONS.register("rope_llama3", RopeLlama3Config)
+class RopeLlama3(Rope):
+  """RoPE with LLaMA-3.1 frequency scaling (Hugging Face `rope_type: llama3`).
+
+  Wavelengths longer than original_max_position / low_freq_factor are divided by
+  `factor`, those shorter than original_max_position / high_freq_factor kept, and
+  the band in between interpolated smoothly.
+  """
+  cfg: RopeLlama3Config
+
+  def inv_freq(self):
+    cfg = self.cfg
+    inv_freq = super().inv_freq()
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > cfg.original_max_position / cfg.low_freq_factor,
+                       inv_freq / cfg.factor, inv_freq)
+    smooth = ((cfg.original_max_position / wavelen - cfg.low_freq_factor)
+              / (cfg.high_freq_factor - cfg.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / cfg.factor + smooth * scaled
+    medium = ((wavelen >= cfg.original_max_position / cfg.high_freq_factor)
+              & (wavelen <= cfg.original_max_position / cfg.low_freq_factor))
+    return jnp.where(medium, smoothed, scaled)

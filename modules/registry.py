@@ -228,7 +228,7 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
       raise ConfigError(f"{path}: '{value}' is not one of {', '.join(map(str, choices))}"
                         f"{suggest(value, choices)}")
     return value
-  if origin in (tuple, list):
+  if origin in (tuple, list) or tp in (tuple, list):  # JSON gives lists for tuples
     if not isinstance(value, (tuple, list)):
       raise ConfigError(f"{path}: expected a sequence, got {value!r}")
     args = typing.get_args(tp)

@@ -1,0 +1,20 @@
+"""LLaMA-2-7B shape (6.74B parameters), synthetic tokens until a real tokenizer is set.
+
+    axtrain --config=configs/llm_7b.py --print_config
+    axtrain --config=configs/llm_7b.py --mesh=gpu-h100-8
+"""
+
+from configs.base import lm_config
+from launcher.config_args import parse_arg
+from modules import llama
+
+
+def get_config(arg=None):
+  parse_arg(arg)  # takes no arguments
+  cfg = lm_config(llama.model_node("7b"), max_steps=10_000, learning_rate=3e-4,
+                  batch_size=256, seq_len=4096, warmup_steps=2000, data_kind="synthetic")
+  cfg.model.remat = "dots_with_no_batch_dims_saveable"
+  cfg.trainer.log_every = 10
+  cfg.eval.every_steps = 1000
+  cfg.eval.batch_size = 64
+  return cfg

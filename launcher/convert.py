@@ -1,0 +1,344 @@
+"""`axtrain convert`: Hugging Face <-> axtrain run directory.
+
+    axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR
+    axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
+
+--from_hf reads config.json and *.safetensors (a single file or a sharded
+index) of a LlamaForCausalLM or GPT2LMHeadModel and writes a run directory:
+config.json (the resolved run config), config.py (whose get_config() loads it,
+so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR` fine-tunes from
+it), run.json, hf_config.json (the source's config, reused by --to_hf) and a
+step-0 checkpoint. --to_hf writes config.json + model.safetensors from the
+latest checkpoint of a run directory. Output goes to a temporary directory
+that is renamed into place at the end, so a mistake writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+from launcher.errors import UserError, suggest
+
+USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR | "
+         "axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--no_scan_layers]")
+_FLAGS = ("from_hf", "to_hf", "output_dir", "scan_layers", "no_scan_layers")
+
+CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
+
+    axtrain --config={run_dir}/config.py --output_dir={run_dir}
+"""
+
+import json
+import pathlib
+
+import ml_collections
+
+from launcher.config_args import parse_arg
+
+
+def get_config(arg=None):
+  parse_arg(arg)  # takes no arguments
+  text = (pathlib.Path(__file__).resolve().parent / "config.json").read_text()
+  return ml_collections.ConfigDict(json.loads(text))
+'''
+
+
+def parse_args(argv: list[str]) -> dict:
+  out: dict = {"scan_layers": True}
+  for arg in argv[1:]:
+    if arg in ("-h", "--help"):
+      sys.stdout.write(__doc__.strip() + "\n")
+      raise SystemExit(0)
+    name, sep, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("--") or name not in _FLAGS:
+      raise UserError(f"convert: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
+    if name in ("scan_layers", "no_scan_layers"):
+      out["scan_layers"] = name == "scan_layers"
+    elif not sep or not value:
+      raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
+    else:
+      out[name] = value
+  if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
+    raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
+  return out
+
+
+def main(argv: list[str]) -> int:
+  args = parse_args(argv)
+  output = pathlib.Path(args["output_dir"])
+  _check_empty(output)
+  if "from_hf" in args:
+    from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
+            argv=argv)
+  else:
+    to_hf(pathlib.Path(args["to_hf"]), output)
+  print(f"axtrain: wrote {output}", file=sys.stderr)
+  return 0
+
+
+def _check_empty(path: pathlib.Path) -> None:
+  if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    raise UserError(f"--output_dir {path} exists and is not empty; choose an empty or new "
+                    f"directory")
+
+
+class _Staging:
+  """A temporary sibling of `target`, renamed onto it on success and removed on failure."""
+
+  def __init__(self, target: pathlib.Path):
+    self.target = target
+
+  def __enter__(self) -> pathlib.Path:
+    self.target.parent.mkdir(parents=True, exist_ok=True)
+    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
+                                             dir=self.target.parent))
+    return self.tmp
+
+  def __exit__(self, exc_type, *_):
+    if exc_type is None:
+      if self.target.exists():
+        self.target.rmdir()  # empty, checked before we started
+      os.replace(self.tmp, self.target)
+    else:
+      shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# -- reading Hugging Face -------------------------------------------------------------------
+
+def _read_json(path: pathlib.Path, what: str) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except FileNotFoundError:
+    raise UserError(f"{path.parent} has no {path.name}; {what}") from None
+  except ValueError as e:
+    raise UserError(f"{path} is not valid JSON: {e}") from None
+
+
+def _family(hf_cfg: dict, hf_dir: pathlib.Path):
+  from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
+  by_type = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+  archs = hf_cfg.get("architectures") or [by_type.get(hf_cfg.get("model_type"), "")]
+  arch = archs[0]
+  if arch not in FAMILIES:
+    raise UserError(f"{hf_dir}: model '{arch or hf_cfg.get('model_type')}' is not supported; "
+                    f"supported: {', '.join(FAMILIES)}")
+  return FAMILIES[arch]
+
+
+class _SafetensorsDir:
+  """Lazy access to the tensors of a directory's safetensors file(s), by name."""
+
+  def __init__(self, hf_dir: pathlib.Path, family):
+    from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+    index = hf_dir / "model.safetensors.index.json"
+    if index.exists():
+      files = sorted(set(_read_json(index, "").get("weight_map", {}).values()))
+      missing = [f for f in files if not (hf_dir / f).exists()]
+      if missing:
+        raise UserError(f"{index} names {missing[0]}, which is not in {hf_dir}")
+    else:
+      files = sorted(p.name for p in hf_dir.glob("*.safetensors"))
+    if not files:
+      raise UserError(f"{hf_dir} holds no *.safetensors weights (pytorch .bin files are not read;"
+                      f" re-save with safe_serialization=True)")
+    self.handles = []
+    self.where: dict[str, tuple] = {}
+    for name in files:
+      try:
+        handle = safe_open(str(hf_dir / name), framework="numpy")
+      except Exception as e:  # pylint: disable=broad-except  (safetensors raises its own types)
+        raise UserError(f"{hf_dir / name}: not a readable safetensors file ({e})") from None
+      self.handles.append(handle)
+      for key in handle.keys():
+        ours = key
+        if family.name == "gpt2" and not key.startswith(("transformer.", "lm_head.")):
+          ours = "transformer." + key  # the original openai-community files have no prefix
+        self.where[ours] = (handle, key)
+
+  def shape(self, name: str) -> tuple:
+    handle, key = self.where[name]
+    return tuple(handle.get_slice(key).get_shape())
+
+  def dtype(self, name: str) -> str:
+    handle, key = self.where[name]
+    return handle.get_slice(key).get_dtype()
+
+  def get(self, name: str) -> np.ndarray:
+    handle, key = self.where[name]
+    return handle.get_tensor(key).astype(np.float32)
+
+
+def _check_tensors(st: _SafetensorsDir, family, hf_cfg: dict, hf_dir: pathlib.Path) -> None:
+  expected = family.hf_shapes(hf_cfg)
+  for name, shape in expected.items():
+    if name not in st.where:
+      raise UserError(f"{hf_dir}: missing tensor '{name}' (expected shape {shape} from "
+                      f"config.json)")
+    if st.shape(name) != tuple(shape):
+      raise UserError(f"{hf_dir}: tensor '{name}' has shape {st.shape(name)} but config.json "
+                      f"implies {tuple(shape)}")
+  tied_head = "lm_head.weight" not in expected  # some files keep a copy of the tied head
+  for name in st.where:
+    if name not in expected and not name.endswith(family.ignored) and not (
+        tied_head and name == "lm_head.weight"):
+      raise UserError(f"{hf_dir}: unexpected tensor '{name}' {st.shape(name)} for a "
+                      f"{family.architecture} with this config.json")
+
+
+# -- parameter trees -----------------------------------------------------------------------
+
+def stack_layers(params: dict, *, scan: bool) -> dict:
+  """{'layers': [layer, ...]} -> scanned ('layers' with a leading axis) or layers_i."""
+  import jax  # pylint: disable=import-outside-toplevel
+  out = {k: v for k, v in params.items() if k != "layers"}
+  if scan:
+    out["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *params["layers"])
+  else:
+    out.update({f"layers_{i}": layer for i, layer in enumerate(params["layers"])})
+  return out
+
+
+def split_layers(params: dict, num_layers: int) -> dict:
+  """The inverse of stack_layers, for either layout."""
+  import jax  # pylint: disable=import-outside-toplevel
+  out = {k: v for k, v in params.items() if k != "layers" and not k.startswith("layers_")}
+  if "layers" in params:
+    out["layers"] = [jax.tree.map(lambda x, i=i: x[i], params["layers"])
+                     for i in range(num_layers)]
+  else:
+    out["layers"] = [params[f"layers_{i}"] for i in range(num_layers)]
+  return out
+
+
+def _check_tree(params, abstract) -> None:
+  """Our converted tree against the model's own init shapes (a bug guard, not user input)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  got = {jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(params)}
+  want = {jax.tree_util.keystr(p): v.shape
+          for p, v in jax.tree_util.tree_leaves_with_path(abstract)}
+  for key in sorted(set(got) | set(want)):
+    if got.get(key) != want.get(key):
+      raise UserError(f"converted parameter {key} has shape {got.get(key)} but the model "
+                      f"expects {want.get(key)}")
+
+
+def _experiment_parts(cfg_dict: dict):
+  """(parsed run config, model, optimizer, abstract unboxed params) of a run config."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (all registries)
+  from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
+  from trainer.optimizer import OPTIMIZERS  # pylint: disable=import-outside-toplevel
+  run = config_lib.parse(cfg_dict)
+  model = MODELS.build(run.model)
+  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps)
+  abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
+                            jax.random.key(0))
+  return run, model, optimizer, nn.meta.unbox(abstract)
+
+
+# -- checkpoints (layout owned by trainer/checkpoint.py) -------------------------------------
+
+def _write_initial(run_dir: pathlib.Path, state) -> None:
+  from trainer.checkpoint import write_initial  # pylint: disable=import-outside-toplevel
+  write_initial(run_dir, state)
+
+
+def _load_params(run_dir: pathlib.Path, abstract_params):
+  import jax  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+                           abstract_params)
+  try:
+    return checkpoint.load_params(run_dir, abstract_params, shardings)
+  except checkpoint.CheckpointError as e:
+    raise UserError(str(e)) from None
+
+
+# -- the two directions --------------------------------------------------------------------
+
+def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
+            argv: list[str]) -> None:
+  if not hf_dir.is_dir():
+    raise UserError(f"--from_hf {hf_dir} is not a directory")
+  hf_cfg = _read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
+  family = _family(hf_cfg, hf_dir)
+  try:
+    node = family.model_node(hf_cfg)
+  except KeyError as e:
+    raise UserError(f"{hf_dir / 'config.json'}: missing field {e}") from None
+  node.scan_layers = scan_layers
+  st = _SafetensorsDir(hf_dir, family)
+  _check_tensors(st, family, hf_cfg, hf_dir)
+
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from configs.base import lm_config  # pylint: disable=import-outside-toplevel
+  from launcher import run_dir as run_dir_lib  # pylint: disable=import-outside-toplevel
+  from trainer.step import TrainState  # pylint: disable=import-outside-toplevel
+  max_length = hf_cfg.get("max_position_embeddings", hf_cfg.get("n_positions", 2048))
+  cfg = lm_config(node, max_steps=1000, learning_rate=1e-5, batch_size=8,
+                  seq_len=min(1024, max_length), warmup_steps=100, data_kind="synthetic")
+  resolved = json.loads(cfg.to_json_best_effort())
+  run, _, optimizer, abstract = _experiment_parts(resolved)
+
+  params = stack_layers(family.from_hf(st.get, hf_cfg), scan=scan_layers)
+  _check_tree(params, abstract)
+  params = jax.tree.map(jnp.asarray, params)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=optimizer.tx.init(params))
+  dtypes = sorted({st.dtype(n) for n in family.hf_shapes(hf_cfg)})
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  with _Staging(output) as tmp:
+    run_dir_lib.write_json(tmp / "config.json", resolved)
+    run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
+    (tmp / "config.py").write_text(CONFIG_PY.format(source=hf_dir, run_dir=output))
+    run_dir_lib.write_json(tmp / "run.json", {
+        "status": "converted", "converted_from": str(hf_dir.resolve()),
+        "architecture": family.architecture, "hf_dtype": dtypes[0] if len(dtypes) == 1 else "F32",
+        "num_params": num_params, "command": " ".join(["axtrain"] + argv),
+        "versions": run_dir_lib.versions()})
+    _write_initial(tmp, state)
+
+
+_NUMPY_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+
+  from modules.hf_maps import family_of_model  # pylint: disable=import-outside-toplevel
+  if not run_dir.is_dir():
+    raise UserError(f"--to_hf {run_dir} is not a directory")
+  cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
+  if not (run_dir / "checkpoints").is_dir():
+    raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
+  run, _, _, abstract = _experiment_parts(cfg)
+  family = family_of_model(run.model)
+  hf_cfg = family.hf_config(run.model)
+  source = run_dir / "hf_config.json"
+  hf_cfg = {**(_read_json(source, "") if source.exists() else {}), **hf_cfg}
+  info = _read_json(run_dir / "run.json", "") if (run_dir / "run.json").exists() else {}
+  dtype_name = _NUMPY_DTYPES.get(info.get("hf_dtype"), "float32")
+  dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.dtype(dtype_name)
+  hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
+
+  import jax  # pylint: disable=import-outside-toplevel
+  params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
+  tensors = family.to_hf(split_layers(params, run.model.num_layers), run.model)
+  tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
+  with _Staging(output) as tmp:
+    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

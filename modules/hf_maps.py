@@ -1,0 +1,328 @@
+"""Hugging Face <-> axtrain tensor maps for LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel).
+
+Pure numpy, no torch: each family says which HF config it accepts (`size_from_hf`),
+the config node it becomes, the HF tensor names and shapes its config implies,
+and how each tensor maps to our parameters (one layer at a time; the caller
+stacks layers for a scanned model). Every map is a reshape or a transpose, so
+a round trip reproduces each tensor bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from modules import gpt2, llama
+from modules.registry import ConfigError
+
+Tensors = Mapping[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  name: str
+  architecture: str  # HF `architectures[0]`
+  model_node: Callable[[dict], Any]  # HF config -> our model ConfigDict
+  hf_shapes: Callable[[dict], dict]  # HF config -> {tensor name: shape}
+  ignored: tuple[str, ...]  # suffixes of HF buffers that are not parameters
+  from_hf: Callable[[Callable[[str], np.ndarray], dict], dict]  # (get tensor, HF config) -> params
+  to_hf: Callable[[dict, Any], dict]  # (params, parsed model config) -> {name: tensor}
+  hf_config: Callable[[Any], dict]  # parsed model config -> HF config.json fields
+
+
+# -- LLaMA --------------------------------------------------------------------------------
+
+def _llama_rope(c: dict):
+  rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
+  theta = float(c.get("rope_theta", rope.get("rope_theta", 10_000.0)))
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind == "default":
+    return theta, None
+  if kind != "llama3":
+    raise ConfigError(f"config.json: rope type '{kind}' is not supported (default, llama3)")
+  return theta, (float(rope["factor"]), float(rope["low_freq_factor"]),
+                 float(rope["high_freq_factor"]),
+                 int(rope.get("original_max_position_embeddings", c["max_position_embeddings"])))
+
+
+def _llama_dims(c: dict):
+  d, h = c["hidden_size"], c["num_attention_heads"]
+  return d, h, c.get("num_key_value_heads") or h, c.get("head_dim") or d // h
+
+
+def llama_size(c: dict) -> llama.Size:
+  if c.get("hidden_act", "silu") != "silu":
+    raise ConfigError(f"config.json: hidden_act '{c['hidden_act']}' is not supported (silu)")
+  if c.get("partial_rotary_factor", 1.0) != 1.0:
+    raise ConfigError("config.json: partial_rotary_factor is not supported")
+  d, h, g, k = _llama_dims(c)
+  theta, scaling = _llama_rope(c)
+  return llama.Size(d, c["num_hidden_layers"], h, g, c["intermediate_size"], c["vocab_size"],
+                    theta, bool(c.get("tie_word_embeddings", False)),
+                    float(c.get("rms_norm_eps", 1e-6)), None if k == d // h else k, scaling)
+
+
+def _llama_node(c: dict):
+  node = llama.node(llama_size(c))
+  node.block.attention.qkv_bias = node.block.attention.out_bias = bool(
+      c.get("attention_bias", False))
+  node.block.ffn.use_bias = bool(c.get("mlp_bias", False))
+  return node
+
+
+def _llama_layer_shapes(c: dict) -> dict:
+  d, h, g, k = _llama_dims(c)
+  f = c["intermediate_size"]
+  out = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+         "self_attn.q_proj.weight": (h * k, d), "self_attn.k_proj.weight": (g * k, d),
+         "self_attn.v_proj.weight": (g * k, d), "self_attn.o_proj.weight": (d, h * k),
+         "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d),
+         "mlp.down_proj.weight": (d, f)}
+  if c.get("attention_bias"):
+    out.update({"self_attn.q_proj.bias": (h * k,), "self_attn.k_proj.bias": (g * k,),
+                "self_attn.v_proj.bias": (g * k,), "self_attn.o_proj.bias": (d,)})
+  if c.get("mlp_bias"):
+    out.update({"mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (d,)})
+  return out
+
+
+def _llama_hf_shapes(c: dict) -> dict:
+  d, v = c["hidden_size"], c["vocab_size"]
+  out = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+  if not c.get("tie_word_embeddings", False):
+    out["lm_head.weight"] = (v, d)
+  for i in range(c["num_hidden_layers"]):
+    out.update({f"model.layers.{i}.{k}": s for k, s in _llama_layer_shapes(c).items()})
+  return out
+
+
+def _llama_from_hf(get, c: dict) -> dict:
+  d, h, g, k = _llama_dims(c)
+  params = {"embedding": {"embedding": get("model.embed_tokens.weight")},
+            "final_norm": {"scale": get("model.norm.weight")}}
+  if not c.get("tie_word_embeddings", False):
+    params["head"] = get("lm_head.weight").T
+  layers = []
+  for i in range(c["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    attn = {"q": get(p + "self_attn.q_proj.weight").T.reshape(d, h, k),
+            "k": get(p + "self_attn.k_proj.weight").T.reshape(d, g, k),
+            "v": get(p + "self_attn.v_proj.weight").T.reshape(d, g, k),
+            "o": get(p + "self_attn.o_proj.weight").T.reshape(h, k, d)}
+    if c.get("attention_bias"):
+      for name, heads in (("q", h), ("k", g), ("v", g)):
+        attn[f"{name}_bias"] = get(p + f"self_attn.{name}_proj.bias").reshape(heads, k)
+      attn["o_bias"] = get(p + "self_attn.o_proj.bias")
+    ffn = {"wi": get(p + "mlp.gate_proj.weight").T, "wu": get(p + "mlp.up_proj.weight").T,
+           "wo": get(p + "mlp.down_proj.weight").T}
+    if c.get("mlp_bias"):
+      ffn.update(wi_bias=get(p + "mlp.gate_proj.bias"), wu_bias=get(p + "mlp.up_proj.bias"),
+                 wo_bias=get(p + "mlp.down_proj.bias"))
+    layers.append({"block": {"attention": attn, "ffn": ffn,
+                             "attention_norm": {"scale": get(p + "input_layernorm.weight")},
+                             "ffn_norm": {"scale": get(p + "post_attention_layernorm.weight")}}})
+  params["layers"] = layers
+  return params
+
+
+def _llama_to_hf(params: dict, m) -> dict:
+  out = {"model.embed_tokens.weight": params["embedding"]["embedding"],
+         "model.norm.weight": params["final_norm"]["scale"]}
+  if not m.tie_embeddings:
+    out["lm_head.weight"] = params["head"].T
+  for i, layer in enumerate(params["layers"]):
+    b, p = layer["block"], f"model.layers.{i}."
+    a = b["attention"]
+    for name in ("q", "k", "v"):
+      w = a[name]
+      out[p + f"self_attn.{name}_proj.weight"] = w.reshape(w.shape[0], -1).T
+      if f"{name}_bias" in a:
+        out[p + f"self_attn.{name}_proj.bias"] = a[f"{name}_bias"].reshape(-1)
+    out[p + "self_attn.o_proj.weight"] = a["o"].reshape(-1, a["o"].shape[-1]).T
+    if "o_bias" in a:
+      out[p + "self_attn.o_proj.bias"] = a["o_bias"]
+    for ours, theirs in (("wi", "gate_proj"), ("wu", "up_proj"), ("wo", "down_proj")):
+      out[p + f"mlp.{theirs}.weight"] = b["ffn"][ours].T
+      if f"{ours}_bias" in b["ffn"]:
+        out[p + f"mlp.{theirs}.bias"] = b["ffn"][f"{ours}_bias"]
+    out[p + "input_layernorm.weight"] = b["attention_norm"]["scale"]
+    out[p + "post_attention_layernorm.weight"] = b["ffn_norm"]["scale"]
+  return out
+
+
+def _llama_hf_config(m) -> dict:
+  b = m.block
+  a, f = b.attention, b.ffn
+  problems = [what for bad, what in (
+      (b.kind != "pre_norm", f"block kind '{b.kind}' (needs pre_norm)"),
+      (b.norm.kind != "rmsnorm" or m.final_norm.kind != "rmsnorm", "norms other than rmsnorm"),
+      (m.final_norm.eps != b.norm.eps, "different eps in final_norm and block norm"),
+      (m.position_embedding.kind != "none", "learned position embeddings"),
+      (a.position.kind not in ("rope", "rope_llama3"), f"position '{a.position.kind}'"),
+      (a.qkv_bias != a.out_bias, "qkv_bias != out_bias"),
+      (f.kind != "mlp" or not f.gated or f.activation != "silu", "an ffn other than SwiGLU"),
+  ) if bad]
+  if problems:
+    raise ConfigError(f"the model cannot be written as LlamaForCausalLM: {'; '.join(problems)}")
+  heads, kv, head_dim = a.heads(m.dim)
+  out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+         "hidden_size": m.dim, "intermediate_size": f.hidden_dim,
+         "num_hidden_layers": m.num_layers, "num_attention_heads": heads,
+         "num_key_value_heads": kv, "head_dim": head_dim, "vocab_size": m.vocab_size,
+         "rms_norm_eps": b.norm.eps, "rope_theta": a.position.theta, "rope_scaling": None,
+         "tie_word_embeddings": m.tie_embeddings, "attention_bias": a.qkv_bias,
+         "mlp_bias": f.use_bias}
+  if a.position.kind == "rope_llama3":
+    p = a.position
+    out["rope_scaling"] = {"rope_type": "llama3", "factor": p.factor,
+                           "low_freq_factor": p.low_freq_factor,
+                           "high_freq_factor": p.high_freq_factor,
+                           "original_max_position_embeddings": p.original_max_position}
+  return out
+
+
+# -- GPT-2 --------------------------------------------------------------------------------
+
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                     "relu": "relu"}
+
+
+def _gpt2_inner(c: dict) -> int:
+  return c.get("n_inner") or 4 * c["n_embd"]
+
+
+def gpt2_size(c: dict) -> gpt2.Size:
+  for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+    if c.get(key):
+      raise ConfigError(f"config.json: {key}=true is not supported")
+  if not c.get("scale_attn_weights", True):
+    raise ConfigError("config.json: scale_attn_weights=false is not supported")
+  if c.get("activation_function", "gelu_new") not in _GPT2_ACTIVATIONS:
+    raise ConfigError(f"config.json: activation_function '{c['activation_function']}' is not "
+                      f"supported ({', '.join(_GPT2_ACTIVATIONS)})")
+  if c["n_embd"] % c["n_head"]:
+    raise ConfigError(f"config.json: n_embd {c['n_embd']} is not divisible by n_head "
+                      f"{c['n_head']}")
+  return gpt2.Size(c["n_embd"], c["n_layer"], c["n_head"], c["vocab_size"], c["n_positions"],
+                   _gpt2_inner(c), float(c.get("layer_norm_epsilon", 1e-5)))
+
+
+def _gpt2_node(c: dict):
+  node = gpt2.node(gpt2_size(c))
+  node.block.ffn.activation = _GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")]
+  node.tie_embeddings = bool(c.get("tie_word_embeddings", True))
+  return node
+
+
+def _gpt2_hf_shapes(c: dict) -> dict:
+  d, f = c["n_embd"], _gpt2_inner(c)
+  out = {"transformer.wte.weight": (c["vocab_size"], d),
+         "transformer.wpe.weight": (c["n_positions"], d),
+         "transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+  if not c.get("tie_word_embeddings", True):
+    out["lm_head.weight"] = (c["vocab_size"], d)
+  for i in range(c["n_layer"]):
+    p = f"transformer.h.{i}."
+    out.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,), p + "ln_2.weight": (d,),
+                p + "ln_2.bias": (d,), p + "attn.c_attn.weight": (d, 3 * d),
+                p + "attn.c_attn.bias": (3 * d,), p + "attn.c_proj.weight": (d, d),
+                p + "attn.c_proj.bias": (d,), p + "mlp.c_fc.weight": (d, f),
+                p + "mlp.c_fc.bias": (f,), p + "mlp.c_proj.weight": (f, d),
+                p + "mlp.c_proj.bias": (d,)})
+  return out
+
+
+def _gpt2_from_hf(get, c: dict) -> dict:
+  d, h = c["n_embd"], c["n_head"]
+  k = d // h
+  params = {"embedding": {"embedding": get("transformer.wte.weight")},
+            "position_embedding": {"embedding": get("transformer.wpe.weight")},
+            "final_norm": {"scale": get("transformer.ln_f.weight"),
+                           "bias": get("transformer.ln_f.bias")}}
+  if not c.get("tie_word_embeddings", True):
+    params["head"] = get("lm_head.weight").T
+  layers = []
+  for i in range(c["n_layer"]):
+    p = f"transformer.h.{i}."
+    # Conv1D weights are [in, out]; c_attn's output is [q | k | v], each heads-major.
+    qkv_w = get(p + "attn.c_attn.weight").reshape(d, 3, h, k)
+    qkv_b = get(p + "attn.c_attn.bias").reshape(3, h, k)
+    attn = {"q": qkv_w[:, 0], "k": qkv_w[:, 1], "v": qkv_w[:, 2],
+            "q_bias": qkv_b[0], "k_bias": qkv_b[1], "v_bias": qkv_b[2],
+            "o": get(p + "attn.c_proj.weight").reshape(h, k, d),
+            "o_bias": get(p + "attn.c_proj.bias")}
+    ffn = {"wi": get(p + "mlp.c_fc.weight"), "wi_bias": get(p + "mlp.c_fc.bias"),
+           "wo": get(p + "mlp.c_proj.weight"), "wo_bias": get(p + "mlp.c_proj.bias")}
+    norms = {name: {"scale": get(p + f"{theirs}.weight"), "bias": get(p + f"{theirs}.bias")}
+             for name, theirs in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2"))}
+    layers.append({"block": {"attention": attn, "ffn": ffn, **norms}})
+  params["layers"] = layers
+  return params
+
+
+def _gpt2_to_hf(params: dict, m) -> dict:
+  out = {"transformer.wte.weight": params["embedding"]["embedding"],
+         "transformer.wpe.weight": params["position_embedding"]["embedding"],
+         "transformer.ln_f.weight": params["final_norm"]["scale"],
+         "transformer.ln_f.bias": params["final_norm"]["bias"]}
+  if not m.tie_embeddings:
+    out["lm_head.weight"] = params["head"].T
+  for i, layer in enumerate(params["layers"]):
+    b, p = layer["block"], f"transformer.h.{i}."
+    a = b["attention"]
+    d = a["q"].shape[0]
+    out[p + "attn.c_attn.weight"] = np.stack([a["q"], a["k"], a["v"]], axis=1).reshape(d, -1)
+    out[p + "attn.c_attn.bias"] = np.stack([a["q_bias"], a["k_bias"], a["v_bias"]]).reshape(-1)
+    out[p + "attn.c_proj.weight"] = a["o"].reshape(-1, d)
+    out[p + "attn.c_proj.bias"] = a["o_bias"]
+    out[p + "mlp.c_fc.weight"], out[p + "mlp.c_fc.bias"] = b["ffn"]["wi"], b["ffn"]["wi_bias"]
+    out[p + "mlp.c_proj.weight"], out[p + "mlp.c_proj.bias"] = b["ffn"]["wo"], b["ffn"]["wo_bias"]
+    for name, theirs in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+      out[p + f"{theirs}.weight"] = b[name]["scale"]
+      out[p + f"{theirs}.bias"] = b[name]["bias"]
+  return out
+
+
+def _gpt2_hf_config(m) -> dict:
+  b = m.block
+  a, f = b.attention, b.ffn
+  activation = {v: k for k, v in reversed(_GPT2_ACTIVATIONS.items())}.get(f.activation)
+  problems = [what for bad, what in (
+      (b.kind != "pre_norm", f"block kind '{b.kind}' (needs pre_norm)"),
+      (b.norm.kind != "layernorm" or m.final_norm.kind != "layernorm"
+       or not (b.norm.use_bias and m.final_norm.use_bias), "norms other than layernorm with bias"),
+      (m.final_norm.eps != b.norm.eps, "different eps in final_norm and block norm"),
+      (m.position_embedding.kind != "learned", "no learned position embeddings"),
+      (a.position.kind != "none", f"position '{a.position.kind}' in attention"),
+      (not (a.qkv_bias and a.out_bias), "attention without biases"),
+      (a.heads(m.dim)[1] != a.num_heads or a.heads(m.dim)[2] * a.num_heads != m.dim,
+       "grouped-query heads or a head_dim other than dim / num_heads"),
+      (f.kind != "mlp" or f.gated or not f.use_bias or activation is None,
+       "an ffn other than a plain MLP with biases"),
+  ) if bad]
+  if problems:
+    raise ConfigError(f"the model cannot be written as GPT2LMHeadModel: {'; '.join(problems)}")
+  return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": m.dim,
+          "n_layer": m.num_layers, "n_head": a.num_heads, "n_inner": f.hidden_dim,
+          "n_positions": m.position_embedding.max_length, "vocab_size": m.vocab_size,
+          "layer_norm_epsilon": b.norm.eps, "activation_function": activation,
+          "tie_word_embeddings": m.tie_embeddings}
+
+
+FAMILIES = {
+    "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
+                               (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
+                               _llama_hf_config),
+    "GPT2LMHeadModel": Family("gpt2", "GPT2LMHeadModel", _gpt2_node, _gpt2_hf_shapes,
+                              (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
+                              _gpt2_hf_config),
+}
+
+
+def family_of_model(m) -> Family:
+  """The family a parsed model config can be written as (GPT-2 if learned positions)."""
+  return FAMILIES["GPT2LMHeadModel" if m.position_embedding.kind == "learned"
+                  else "LlamaForCausalLM"]

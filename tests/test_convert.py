@@ -1,0 +1,176 @@
+"""`axtrain convert` without torch: a hand-written GPT-2 directory, both layouts, and bad input."""
+
+import json
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from launcher import main as main_lib
+from tests.conftest import cli
+
+D, F, V, P = 8, 32, 16, 8  # width, MLP width (4 * D), vocabulary, positions
+
+
+def _gpt2_tensors(rng) -> dict:
+  """The tensors of a 1-layer GPT2LMHeadModel, named as in openai-community/gpt2 (no prefix)."""
+  shapes = {"wte.weight": (V, D), "wpe.weight": (P, D), "ln_f.weight": (D,), "ln_f.bias": (D,),
+            "h.0.ln_1.weight": (D,), "h.0.ln_1.bias": (D,), "h.0.ln_2.weight": (D,),
+            "h.0.ln_2.bias": (D,), "h.0.attn.c_attn.weight": (D, 3 * D),
+            "h.0.attn.c_attn.bias": (3 * D,), "h.0.attn.c_proj.weight": (D, D),
+            "h.0.attn.c_proj.bias": (D,), "h.0.mlp.c_fc.weight": (D, F), "h.0.mlp.c_fc.bias": (F,),
+            "h.0.mlp.c_proj.weight": (F, D), "h.0.mlp.c_proj.bias": (D,)}
+  return {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+
+
+def _write_hf(path: pathlib.Path, tensors: dict, **config) -> pathlib.Path:
+  path.mkdir(parents=True)
+  cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": D, "n_layer": 1,
+         "n_head": 2, "n_positions": P, "vocab_size": V, "layer_norm_epsilon": 1e-5,
+         "activation_function": "gelu_new", **config}
+  (path / "config.json").write_text(json.dumps(cfg))
+  save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+  return path
+
+
+def _convert(capsys, *args) -> tuple[int, str]:
+  code = main_lib.main(["axtrain", "convert", *map(str, args)])
+  return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tensors():
+  return _gpt2_tensors(np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("layout,dtype", [("--scan_layers", np.float32),
+                                          ("--no_scan_layers", ml_dtypes.bfloat16)])
+def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout, dtype):
+  tensors = {k: v.astype(dtype) for k, v in tensors.items()}
+  hf = _write_hf(tmp_path / "hf", tensors)
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}", layout)[0] == 0
+  cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert cfg["model"]["scan_layers"] == (layout == "--scan_layers")
+  assert (tmp_path / "run" / "checkpoints" / "0").is_dir()
+  assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "converted"
+  back_dir = tmp_path / "back"
+  assert _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={back_dir}")[0] == 0
+  back = load_file(str(tmp_path / "back" / "model.safetensors"))
+  assert sorted(back) == sorted(f"transformer.{k}" for k in tensors)
+  for name, value in tensors.items():
+    assert back[f"transformer.{name}"].dtype == dtype
+    np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)
+  hf_cfg = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert hf_cfg["architectures"] == ["GPT2LMHeadModel"] and hf_cfg["n_embd"] == D
+
+
+def _refused(tmp_path, capsys, hf, *extra):
+  out = tmp_path / "out"
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}", *extra)
+  assert code == 2
+  assert err.startswith("axtrain: error: ") and err.count("\n") == 1, err
+  assert not out.exists() and not list(tmp_path.glob(".out.*")), "something was written"
+  return err
+
+
+def test_unsupported_model(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors, architectures=["BertModel"])
+  assert "model 'BertModel' is not supported" in _refused(tmp_path, capsys, hf)
+
+
+def test_missing_tensor(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", {k: v for k, v in tensors.items() if k != "h.0.ln_2.bias"})
+  err = _refused(tmp_path, capsys, hf)
+  assert "missing tensor 'transformer.h.0.ln_2.bias' (expected shape (8,)" in err
+
+
+def test_shape_disagrees_with_config(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors, n_layer=1, vocab_size=20)
+  err = _refused(tmp_path, capsys, hf)
+  assert "tensor 'transformer.wte.weight' has shape (16, 8) but config.json implies (20, 8)" in err
+
+
+def test_no_safetensors_and_not_a_directory(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  (hf / "model.safetensors").unlink()
+  assert "holds no *.safetensors" in _refused(tmp_path, capsys, hf)
+  assert "is not a directory" in _refused(tmp_path, capsys, tmp_path / "nowhere")
+
+
+def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "keep.txt").write_text("mine")
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
+  assert code == 2 and "exists and is not empty" in err
+  assert [p.name for p in out.iterdir()] == ["keep.txt"]
+  assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_bad_arguments(capsys):
+  code, err = _convert(capsys, "--from_hf=x")
+  assert code == 2 and "give exactly one of --from_hf / --to_hf, and --output_dir" in err
+  code, err = _convert(capsys, "--form_hf=x", "--output_dir=y")
+  assert code == 2 and "did you mean 'from_hf'" in err
+
+
+def test_cli_resumes_from_run_dir_and_refuses_bad_configs(tmp_path, capsys, tensors):
+  """One subprocess each: the converted run's config.py, and two incompatible compositions."""
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  result = cli(f"--config={run}/config.py", f"--output_dir={run}", "--print_config")
+  assert result.returncode == 0, result.stderr
+  expected = sum(v.size for v in tensors.values())
+  assert f"# parameters: {expected:,}" in result.stdout
+
+  for args, message in (
+      (["--config=configs/tiny.py", "--config.model.block.attention.num_kv_heads=4"],
+       "attention: num_heads 6 is not a multiple of num_kv_heads 4"),
+      (["--config=configs/moe_tiny.py", "--config.model.block.ffn.top_k=9"],
+       "moe: top_k 9 must be between 1 and num_experts 8"),
+  ):
+    result = cli(*args, "--print_config")
+    assert result.returncode == 2
+    assert result.stderr == f"axtrain: error: {message}\n"
+
+
+def test_sharded_index_and_a_stray_tied_head_copy(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", {})
+  (hf / "model.safetensors").unlink()
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:7],
+            "model-00002-of-00002.safetensors": names[7:]}
+  for file, keys in shards.items():
+    extra = {"lm_head.weight": tensors["wte.weight"]} if file.startswith("model-00002") else {}
+    save_file({**{k: tensors[k] for k in keys}, **extra}, str(hf / file))
+  weight_map = {k: f for f, keys in shards.items() for k in keys}
+  (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  assert _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")[0] == 0
+  back = load_file(str(tmp_path / "back" / "model.safetensors"))
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)
+
+
+def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_path, capsys,
+                                                                          tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  cfg = json.loads((run / "config.json").read_text())
+  cfg["model"]["block"]["kind"] = "parallel"
+  (run / "config.json").write_text(json.dumps(cfg))
+  code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and err == ("axtrain: error: the model cannot be written as GPT2LMHeadModel: "
+                               "block kind 'parallel' (needs pre_norm)\n")
+  (tmp_path / "empty_run").mkdir()
+  (tmp_path / "empty_run" / "config.json").write_text(json.dumps(cfg))
+  code, err = _convert(capsys, f"--to_hf={tmp_path / 'empty_run'}",
+                       f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and "holds no checkpoints/ directory" in err
+  assert not (tmp_path / "back").exists()

@@ -1,0 +1,85 @@
+"""Every size row of every family builds abstract shapes with the published parameter count."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+import modules  # noqa: F401  (registers the layer library)
+from modules import gpt2, llama
+from modules.decoder import MODELS
+
+# Dimensions as published in each model's Hugging Face config.json (hidden_size,
+# num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
+# vocab_size, tie_word_embeddings), typed in again here rather than read from
+# modules/llama.py so that a wrong table row fails.
+LLAMA_PUBLISHED = {
+    "1b": (2048, 16, 32, 8, 8192, 128_256, True),  # meta-llama/Llama-3.2-1B
+    "3b": (3072, 28, 24, 8, 8192, 128_256, True),  # meta-llama/Llama-3.2-3B
+    "7b": (4096, 32, 32, 32, 11_008, 32_000, False),  # meta-llama/Llama-2-7b-hf
+    "8b": (4096, 32, 32, 8, 14_336, 128_256, False),  # meta-llama/Meta-Llama-3-8B
+    "70b": (8192, 80, 64, 8, 28_672, 128_256, False),  # meta-llama/Meta-Llama-3-70B
+    "test": (64, 2, 4, 2, 128, 256, False),
+    "tiny": (192, 4, 6, 6, 512, 256, False),
+    "125m": (768, 12, 12, 12, 2048, 32_000, False),
+}
+# Rounded counts stated by the publishers (model cards / papers), in billions.
+LLAMA_STATED_B = {"1b": 1.24, "3b": 3.21, "7b": 6.74, "8b": 8.03, "70b": 70.55}
+# openai-community/gpt2*: (n_embd, n_layer), n_head irrelevant to the count; and the
+# exact counts that `transformers` reports for GPT2LMHeadModel (tied head).
+GPT2_PUBLISHED = {"small": (768, 12), "medium": (1024, 24), "large": (1280, 36), "xl": (1600, 48)}
+GPT2_EXACT = {"small": 124_439_808, "medium": 354_823_168, "large": 774_030_080,
+              "xl": 1_557_611_200}
+
+
+def llama_count(d, layers, heads, kv_heads, ffn, vocab, tied):
+  head_dim = d // heads
+  attention = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2  # q, o + k, v
+  per_layer = attention + 3 * d * ffn + 2 * d  # SwiGLU + two RMSNorm scales
+  return vocab * d * (1 if tied else 2) + layers * per_layer + d
+
+
+def gpt2_count(d, layers, vocab=50_257, positions=1024):
+  per_layer = (3 * d * d + 3 * d) + (d * d + d) + (8 * d * d + 5 * d) + 4 * d
+  return vocab * d + positions * d + layers * per_layer + 2 * d
+
+
+def count(node) -> int:
+  model = MODELS.build(MODELS.parse(node, "model"))
+  shapes = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32)), jax.random.key(0))
+  return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
+
+
+@pytest.mark.parametrize("name", list(llama.SIZES))
+def test_llama_rows(name):
+  assert set(llama.SIZES) == set(LLAMA_PUBLISHED)
+  got = count(llama.model_node(name))
+  assert got == llama_count(*LLAMA_PUBLISHED[name])
+  if name in LLAMA_STATED_B:
+    assert round(got / 1e9, 2) == LLAMA_STATED_B[name]
+  if name == "1b":
+    assert got == 1_235_814_400  # transformers' num_parameters() for Llama-3.2-1B
+
+
+@pytest.mark.parametrize("name", list(gpt2.SIZES))
+def test_gpt2_rows(name):
+  got = count(gpt2.model_node(name))
+  assert got == gpt2_count(*GPT2_PUBLISHED[name]) == GPT2_EXACT[name]
+
+
+def test_unknown_size_suggests():
+  with pytest.raises(modules.ConfigError, match="did you mean 'medium'"):
+    gpt2.model_node("meduim")
+
+
+def test_config_files_build_and_count():
+  from configs import gpt2 as gpt2_config
+  from configs import llm_7b, llm_70b
+  assert count(llm_7b.get_config().model) == llama_count(*LLAMA_PUBLISHED["7b"])
+  assert count(llm_70b.get_config().model) == llama_count(*LLAMA_PUBLISHED["70b"])
+  assert count(gpt2_config.get_config("size=xl").model) == GPT2_EXACT["xl"]
+  assert count(gpt2_config.get_config(None).model) == GPT2_EXACT["small"]
+  with pytest.raises(modules.ConfigError, match="size=larg: unknown .did you mean 'large'"):
+    gpt2_config.get_config("size=larg")
+  with pytest.raises(modules.ConfigError, match="unknown key 'sise'"):
+    gpt2_config.get_config("sise=small")

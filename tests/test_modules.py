@@ -1,0 +1,231 @@
+"""Layer-level properties: RoPE (plain and LLaMA-3 scaled), causality, shapes, scan vs unrolled."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import modules  # noqa: F401  (registers the layer library)
+from modules import llama
+from modules.decoder import MODELS
+from modules.position import POSITIONS
+from modules.registry import ConfigError, registry
+
+
+def _position(kind, head_dim=64, **values):
+  cfg = POSITIONS.parse(registry("position").node(kind, **values), "position")
+  return POSITIONS.build(cfg, head_dim=head_dim)
+
+
+def _meta_llama3_scaling(freqs, *, factor, low, high, original):
+  """Meta's reference `apply_scaling` (llama-models, llama3/reference_impl/model.py)."""
+  out = []
+  for freq in freqs:
+    wavelen = 2 * math.pi / freq
+    if wavelen < original / high:
+      out.append(freq)
+    elif wavelen > original / low:
+      out.append(freq / factor)
+    else:
+      smooth = (original / wavelen - low) / (high - low)
+      out.append((1 - smooth) * freq / factor + smooth * freq)
+  return np.array(out)
+
+
+def test_rope_llama3_matches_meta_reference():
+  head_dim, theta = 64, 500_000.0
+  rope = _position("rope_llama3", head_dim, theta=theta, factor=32.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position=8192)
+  plain = theta ** -(np.arange(0, head_dim, 2) / head_dim)
+  expected = _meta_llama3_scaling(plain, factor=32.0, low=1.0, high=4.0, original=8192)
+  got = np.asarray(rope.inv_freq())
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  # all three bands are exercised at this head_dim
+  assert (got == np.float32(plain)).any() and (got < plain / 31).any()
+  assert ((got > plain / 31) & (got < plain * 0.999)).any()
+
+
+@pytest.mark.parametrize("kind", ["rope", "rope_llama3"])
+def test_rope_dot_product_depends_only_on_offset(kind):
+  rope = _position(kind, 16)
+  key = jax.random.key(0)
+  q = jax.random.normal(key, (1, 1, 1, 16))
+  k = jax.random.normal(jax.random.key(1), (1, 1, 1, 16))
+
+  @jax.jit
+  def dot(pq, pk):
+    rq, _ = rope(q, q, jnp.reshape(pq, (1, 1)))
+    rk, _ = rope(k, k, jnp.reshape(pk, (1, 1)))
+    return jnp.sum(rq * rk)
+
+  def score(pq, pk):
+    return float(dot(pq, pk))
+
+  base = score(7, 3)
+  for shift in (1, 50, 1000):
+    assert score(7 + shift, 3 + shift) == pytest.approx(base, abs=1e-4)
+  assert abs(score(8, 3) - base) > 1e-3  # the offset itself does change it
+
+
+def test_rope_needs_even_head_dim():
+  with pytest.raises(ConfigError, match="even head_dim"):
+    _position("rope_llama3", 15)
+
+
+def test_llama32_rows_use_scaled_rope_and_others_do_not():
+  assert llama.model_node("1b").block.attention.position.kind == "rope_llama3"
+  assert llama.model_node("3b").block.attention.position.factor == 32.0
+  for name in ("7b", "8b", "70b"):
+    assert llama.model_node(name).block.attention.position.kind == "rope"
+
+
+# -- whole models ------------------------------------------------------------------------
+
+from modules import gpt2  # noqa: E402
+
+TOKENS = jax.random.randint(jax.random.key(7), (2, 16), 0, 128)
+
+
+def _gpt2_test():
+  return gpt2.node(gpt2.Size(32, 2, 4, vocab_size=128, max_length=64))
+
+
+def _parallel_moe():
+  node = llama.model_node("test")
+  node.block.kind = "parallel"
+  node.block.separate_norms = False
+  node.block.ffn = registry("ffn").node("moe", num_experts=4, top_k=2, hidden_dim=32,
+                                        capacity_factor=0.0)
+  return node
+
+
+MODELS_UNDER_TEST = {"llama": lambda: llama.model_node("test"), "gpt2": _gpt2_test,
+                     "parallel_moe": _parallel_moe}
+
+
+def random_params(module, *inputs, seed=0, std=0.1):
+  """Parameters of `module` drawn with numpy from its abstract shapes.
+
+  Tests use this instead of `module.init`: compiling flax's random initialisers
+  costs seconds of CPU per model, drawing the same shapes with numpy nothing.
+  Norm scales start near one so activations keep their size.
+  """
+  rng = np.random.default_rng(seed)
+  abstract = nn.meta.unbox(jax.eval_shape(module.init, jax.random.key(0), *inputs)["params"])
+
+  def draw(path, leaf):
+    noise = rng.normal(0.0, std, leaf.shape).astype(np.float32)
+    return jnp.asarray(noise + 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else noise)
+
+  return jax.tree_util.tree_map_with_path(draw, abstract)
+
+
+def _model(node, **changes):
+  for key, value in changes.items():
+    node[key] = value
+  return MODELS.build(MODELS.parse(node, "model"))
+
+
+@pytest.fixture(scope="module", params=list(MODELS_UNDER_TEST))
+def model_and_params(request):
+  model = _model(MODELS_UNDER_TEST[request.param]())
+  params = random_params(model, TOKENS)
+  return request.param, model, params, jax.jit(model.apply)
+
+
+def test_output_shape_and_dtype(model_and_params):
+  name, model, params, apply = model_and_params
+  logits = apply({"params": params}, TOKENS)
+  assert logits.shape == (2, 16, model.cfg.vocab_size) and logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_changing_a_future_token_never_changes_earlier_logits(model_and_params):
+  _, _, params, apply = model_and_params
+  before = apply({"params": params}, TOKENS)
+  for t in (5, 15):
+    changed = TOKENS.at[:, t].set((TOKENS[:, t] + 1) % 128)
+    after = apply({"params": params}, changed)
+    np.testing.assert_array_equal(before[:, :t], after[:, :t])
+    assert not np.allclose(before[:, t:], after[:, t:])
+
+
+def _unstack(params, num_layers):
+  out = {k: v for k, v in params.items() if k != "layers"}
+  for i in range(num_layers):
+    out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], params["layers"])
+  return out
+
+
+def test_scan_and_unrolled_agree_on_outputs_and_gradients():
+  model = _model(llama.model_node("test"))
+  params = random_params(model, TOKENS)
+  unrolled = _model(llama.model_node("test"), scan_layers=False)
+  flat = _unstack(params, model.cfg.num_layers)
+  assert (jax.tree.structure(nn.meta.unbox(jax.eval_shape(unrolled.init, jax.random.key(0),
+                                                          TOKENS)["params"]))
+          == jax.tree.structure(flat))
+
+  def loss(m):
+    def fn(p):
+      logits, state = m.apply({"params": p}, TOKENS, mutable=["losses"])
+      aux = sum(jnp.sum(v) for v in jax.tree.leaves(state.get("losses", {})))
+      return jnp.mean(jax.nn.log_softmax(logits)[..., 3]) + aux
+    return fn
+
+  (ls, gs), (lu, gu) = (jax.jit(jax.value_and_grad(loss(model)))(params),
+                        jax.jit(jax.value_and_grad(loss(unrolled)))(flat))
+  np.testing.assert_allclose(ls, lu, rtol=1e-6)
+  gs = _unstack(gs, model.cfg.num_layers)
+  assert jax.tree.structure(gs) == jax.tree.structure(gu)
+  for a, b in zip(jax.tree.leaves(gs), jax.tree.leaves(gu)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def _attention(implementation):
+  from modules.attention import ATTENTION
+  node = registry("attention").node("attention", num_heads=4, num_kv_heads=2,
+                                    implementation=implementation,
+                                    position=registry("position").node("rope"))
+  return ATTENTION.build(ATTENTION.parse(node, "attention"), dim=32)
+
+
+def test_attention_implementations_agree():
+  xla, other = _attention("xla"), _attention("dot_product")
+  x = jax.random.normal(jax.random.key(0), (2, 16, 32))
+  pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+  params = {"params": random_params(xla, x, pos, None)}
+  segments = jnp.repeat(jnp.array([[0, 1]]), 8, axis=1).repeat(2, axis=0)
+  for seg in (None, segments):
+    np.testing.assert_allclose(jax.jit(xla.apply)(params, x, pos, seg),
+                               jax.jit(other.apply)(params, x, pos, seg), rtol=1e-4, atol=1e-5)
+
+
+def test_parallel_block_sums_both_branches_of_one_input():
+  from modules.attention import ATTENTION
+  from modules.block import BLOCKS
+  from modules.mlp import FFN
+  node = registry("block").node(
+      "parallel", attention=registry("attention").node("attention", num_heads=4,
+                                                       position=registry("position").node("rope")),
+      ffn=registry("ffn").node("mlp", hidden_dim=32), norm=registry("norm").node("rmsnorm"))
+  block = BLOCKS.build(BLOCKS.parse(node, "block"), dim=16)
+  x = jax.random.normal(jax.random.key(0), (1, 6, 16))
+  pos = jnp.arange(6)[None]
+
+  p = random_params(block, x, pos, None)
+
+  @jax.jit
+  def both(x):
+    h = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5) * p["attention_norm"]["scale"]
+    attn = ATTENTION.build(block.cfg.attention, dim=16).apply({"params": p["attention"]}, h,
+                                                              pos, None)
+    ffn = FFN.build(block.cfg.ffn, dim=16).apply({"params": p["ffn"]}, h)
+    return block.apply({"params": p}, x, pos, None), x + attn + ffn
+
+  y, expected = both(x)
+  np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+  assert "ffn_norm" not in p
