@@ -37,6 +37,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "model"),
     ("mlp", "model"),
     ("experts", None),
+    ("act_experts", None),
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
