@@ -25,8 +25,11 @@ PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"
 
 
 def select_mesh(name: str) -> meshes.Entry:
+  """--mesh=NAME from the registry (it must fit the devices JAX sees), or auto-detected."""
   if name != "auto":
-    return meshes.lookup(name)
+    entry = meshes.lookup(name)
+    meshes.check_devices(entry, jax.device_count())
+    return entry
   device = jax.devices()[0]
   return meshes.auto(device.platform, device.device_kind, jax.device_count(),
                      jax.process_count())

@@ -24,6 +24,15 @@ REMAT_POLICIES = {
     "save_attn_out": jax.checkpoint_policies.save_only_these_names("qkv_proj", "attn_out"),
 }
 REMAT_NAMES = ("none", *REMAT_POLICIES)
+# Activations tagged with checkpoint_name in the layer library (modules/attention.py);
+# `remat` may also be a comma-separated list of these, saved and the rest recomputed.
+CHECKPOINT_NAMES = ("qkv_proj", "attn_out")
+
+
+def remat_policy(name: str):
+  if name in REMAT_POLICIES:
+    return REMAT_POLICIES[name]
+  return jax.checkpoint_policies.save_only_these_names(*name.split(","))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,7 +42,7 @@ class DecoderLMConfig:
   dim: int = REQUIRED  # model width (residual stream)
   num_layers: int = REQUIRED  # decoder blocks
   scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
-  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out
+  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | tagged names, e.g. "qkv_proj,attn_out"
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
   embedding: Any = child("embedding")
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
@@ -44,8 +53,10 @@ class DecoderLMConfig:
     for name in ("vocab_size", "dim", "num_layers"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
-    if self.remat not in REMAT_NAMES:
-      raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}")
+    if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
+      raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
+                        f", or tagged activations to save (comma-separated): "
+                        f"{', '.join(CHECKPOINT_NAMES)}")
 
 
 class _Layer(nn.Module):
@@ -80,7 +91,7 @@ class DecoderLM(nn.Module):
 
     layer = _Layer
     if cfg.remat != "none":
-      layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+      layer = nn.remat(layer, policy=remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
       stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -48,7 +49,10 @@ class Experiment:
 
   @property
   def num_params(self) -> int:
-    return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(self.abstract_state.params)))
+    # Not nn.meta.unbox: under context() that would apply the boxes' sharding constraints.
+    leaves = jax.tree.leaves(self.abstract_state.params,
+                             is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+    return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
 
   def context(self):
     """Mesh + logical rules, needed while tracing (activation constraints)."""
@@ -76,8 +80,9 @@ class Experiment:
     return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
 
   def init(self) -> TrainState:
-    with self.context():
-      return self.init_fn(jax.random.key(self.run.trainer.seed))
+    # No logical rules here: the activation constraints would apply to init's dummy
+    # batch of one; the parameters land in their shardings through out_shardings.
+    return self.init_fn(jax.random.key(self.run.trainer.seed))
 
   def global_batch(self, local: dict) -> dict:
     """Process-local numpy slices -> global arrays sharded over the batch axes."""
@@ -91,7 +96,9 @@ class _Context:
     self._stack = []
 
   def __enter__(self):
-    for cm in (self._mesh, nn.logical_axis_rules(self._rules)):
+    # jax.set_mesh (not `with mesh:`) defines the abstract mesh that flax's
+    # with_logical_constraint needs; without it every activation constraint is a no-op.
+    for cm in (jax.set_mesh(self._mesh), nn.logical_axis_rules(self._rules)):
       cm.__enter__()
       self._stack.append(cm)
     return self
@@ -119,10 +126,16 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   batch_sharding = sharding.batch_sharding(mesh, rules)
   accum = run.trainer.grad_accum_steps
   shards = sharding.num_shards(batch_sharding, dim=0)
+  over = sharding.describe_axes(batch_sharding, dim=0)
   if source.batch_size % accum or (source.batch_size // accum) % shards:
     raise ConfigError(f"data.batch_size {source.batch_size} must split into "
                       f"trainer.grad_accum_steps={accum} microbatches, each divisible by the "
-                      f"{shards} batch shards of the mesh")
+                      f"{shards} batch shards of the mesh ({over}); change the batch size, "
+                      f"grad_accum_steps or --config.mesh.*")
+  if run.eval.batch_size % shards:
+    raise ConfigError(f"eval.batch_size {run.eval.batch_size} is not divisible by the {shards} "
+                      f"batch shards of the mesh ({over}); change eval.batch_size or "
+                      f"--config.mesh.*")
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,
                     batch_sharding=batch_sharding,

@@ -6,8 +6,9 @@ FLOP/s, HBM bytes, devices per host, interconnect). Multi-host GPU and Trainium
 meshes take a host-count suffix: `gpu-h100-8x4` is four 8-GPU hosts.
 
 To add an entry, add a row to `_GPU`, `_TPU` or `_NEURON` below (or an `Entry`
-to `_OTHER`), run `UPDATE_GOLDEN=1 make test`, and check the table that
-`docs/meshes.md` shows.
+to `_OTHER`), then regenerate the table in docs/meshes.md with
+`python -m trainer.meshes --write-docs` (tests/test_meshes.py fails while the
+table and this file disagree).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "model"),
     ("mlp", "model"),
     ("experts", None),
+    ("act_experts", None),
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
@@ -70,21 +72,25 @@ GiB = 1024 ** 3
 GB = 1000 ** 3
 
 # (name, device_kind regex, devices/host, peak bf16 FLOP/s, HBM bytes, interconnect)
-# Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity).
+# Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity); the A100
+# row is the 80 GB part. `\b` keeps "GH200" (Grace Hopper) from matching H200.
 _GPU = (
-    ("gpu-a100-8", r"A100", 8, 312e12, 80 * GB, "NVLink3 600 GB/s per GPU"),
-    ("gpu-h100-8", r"H100", 8, 989e12, 80 * GB, "NVLink4 900 GB/s per GPU"),
-    ("gpu-h200-8", r"H200", 8, 989e12, 141 * GB, "NVLink4 900 GB/s per GPU"),
-    ("gpu-b200-8", r"B200", 8, 2250e12, 180 * GB, "NVLink5 1.8 TB/s per GPU"),
+    ("gpu-a100-8", r"\bA100", 8, 312e12, 80 * GB, "NVLink3 600 GB/s per GPU"),
+    ("gpu-h100-8", r"\bH100", 8, 989e12, 80 * GB, "NVLink4 900 GB/s per GPU"),
+    ("gpu-h200-8", r"\bH200", 8, 989e12, 141 * GB, "NVLink4 900 GB/s per GPU"),
+    ("gpu-b200-8", r"\bB200", 8, 2250e12, 180 * GB, "NVLink5 1.8 TB/s per GPU"),
 )
-# (family, device_kind regex, chips per host, peak bf16 FLOP/s per chip, HBM per chip,
-#  interconnect, slice sizes). Slice names follow Cloud TPU: v4 and v5p count
-#  TensorCores (2 per chip), v5e and v6e count chips. Source: Cloud TPU system docs.
+# (family, device_kind regex, chips on a single-host slice, chips per host of a
+#  multi-host slice, peak bf16 FLOP/s per chip, HBM per chip, interconnect,
+#  TensorCores per chip in the name, slice sizes). Slice names follow Cloud TPU:
+#  v4 and v5p count TensorCores (2 per chip, one jax device per chip), v5e and v6e
+#  count chips (v5litepod-8 / v6e-8 are one 8-chip host; larger slices use 4-chip
+#  hosts). Source: Cloud TPU system-architecture docs.
 _TPU = (
-    ("tpu-v4", r"TPU v4", 4, 275e12, 32 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
-    ("tpu-v5e", r"TPU v5 ?lite|TPU v5e", 8, 197e12, 16 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
-    ("tpu-v5p", r"TPU v5p|TPU v5$", 4, 459e12, 95 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288)),
-    ("tpu-v6e", r"TPU v6 ?lite|TPU v6e", 8, 918e12, 32 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
+    ("tpu-v4", r"TPU v4", 4, 4, 275e12, 32 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
+    ("tpu-v5e", r"TPU v5 ?lite|TPU v5e", 8, 4, 197e12, 16 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
+    ("tpu-v5p", r"TPU v5p|TPU v5$", 4, 4, 459e12, 95 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288)),
+    ("tpu-v6e", r"TPU v6 ?lite|TPU v6e", 8, 4, 918e12, 32 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
 )
 # Trainium: one jax device per (logical) NeuronCore. trn1.32xlarge: 16 chips x 2 cores,
 # 190 TFLOP/s bf16 and 32 GiB per chip. trn2.48xlarge: 16 chips x 4 logical cores
@@ -112,11 +118,12 @@ def _build_table() -> dict[str, Entry]:
     # Within a host FSDP over NVLink; across hosts data parallel (hybrid sharding).
     table[name] = Entry(name, Hardware("gpu", kind, per_host, flops, hbm, link),
                         (("data", 1), ("fsdp", -1), ("model", 1)))
-  for family, kind, per_host, flops, hbm, link, cores_per_chip, sizes in _TPU:
+  for family, kind, single_host, multi_host, flops, hbm, link, cores_per_chip, sizes in _TPU:
     for size in sizes:
       chips = size // cores_per_chip
-      hosts = max(1, chips // per_host)
-      hw = Hardware("tpu", kind, min(per_host, chips), flops, hbm, link)
+      per_host = chips if chips <= single_host else multi_host
+      hosts = chips // per_host
+      hw = Hardware("tpu", kind, per_host, flops, hbm, link)
       table[f"{family}-{size}"] = Entry(f"{family}-{size}", hw,
                                         (("data", 1), ("fsdp", -1), ("model", 1)), hosts)
   for name, kind, per_host, flops, hbm, link in _NEURON:
@@ -151,18 +158,80 @@ def lookup(name: str) -> Entry:
                     f" or --mesh=auto")
 
 
+def check_devices(entry: Entry, device_count: int) -> None:
+  """A named entry with a fixed size must match the devices JAX sees."""
+  if entry.num_devices is not None and entry.num_devices != device_count:
+    hw = entry.hardware
+    raise ConfigError(f"--mesh={entry.name} is {entry.num_devices} devices ({hw.devices_per_host}"
+                      f" per host x {entry.num_hosts} hosts) but JAX sees {device_count}; pick "
+                      f"the entry for these devices (docs/meshes.md) or --mesh=auto")
+
+
 def auto(platform: str, device_kind: str, device_count: int, process_count: int) -> Entry:
-  """The entry for the devices JAX sees: a named one when kind and count match, else generic."""
+  """The entry for the devices JAX sees: a named one when kind and count match, else generic.
+
+  Several full GPU/Trainium hosts give `NAMExHOSTS`. Devices of a known kind in
+  another count (a partial host) get the generic platform entry, carrying that
+  kind's hardware facts with the devices actually present.
+  """
+  partial = None
   for entry in MESHES.values():
     hw = entry.hardware
     if (hw.platform == platform and hw.devices_per_host > 0
         and re.search(hw.device_kind, device_kind, re.IGNORECASE)):
       if entry.num_devices == device_count:
         return entry
-      if platform in ("gpu", "neuron") and device_count <= hw.devices_per_host * process_count:
-        return with_hosts(entry, process_count)  # also a host with fewer devices than a full one
-  generic = platform if platform in MESHES else None
-  if generic is None:
+      if (platform in ("gpu", "neuron") and process_count > 1
+          and device_count == hw.devices_per_host * process_count):
+        return with_hosts(entry, process_count)
+      partial = partial or hw
+  if platform not in MESHES:
     raise ConfigError(f"--mesh=auto: no mesh for platform '{platform}' ({device_kind});"
                       f" pass --mesh=NAME")
-  return MESHES[generic]
+  generic = MESHES[platform]
+  if partial is None:
+    return generic
+  hw = dataclasses.replace(partial, devices_per_host=-1)  # not a fixed-size entry
+  return dataclasses.replace(generic, hardware=hw)
+
+
+def markdown_table() -> str:
+  """The docs/meshes.md table: one row per registry entry."""
+  def num(x, unit, scale):
+    return "-" if x is None else f"{x / scale:g} {unit}"
+  rows = ["| name | platform | device kind (regex) | devices | hosts | axes | peak bf16 / device "
+          "| HBM / device | interconnect |",
+          "|---|---|---|---|---|---|---|---|---|"]
+  for e in MESHES.values():
+    hw = e.hardware
+    devices = "all" if e.num_devices is None else str(e.num_devices)
+    hosts = "any" if e.num_devices is None else str(e.num_hosts)
+    axes = ", ".join(f"{a}={n}" for a, n in e.axes)
+    kind = hw.device_kind.replace("|", "\\|")
+    rows.append(f"| `{e.name}` | {hw.platform} | `{kind}` | {devices} | {hosts} | {axes} | "
+                f"{num(hw.peak_bf16_flops, 'TFLOP/s', 1e12)} | {num(hw.hbm_bytes, *(('GiB', GiB) if (hw.hbm_bytes or 0) % GiB == 0 else ('GB', GB)))} | "
+                f"{hw.interconnect} |")
+  return "\n".join(rows) + "\n"
+
+
+DOCS_START = "<!-- mesh-table:start (generated: python -m trainer.meshes --write-docs) -->\n"
+DOCS_END = "<!-- mesh-table:end -->"
+
+
+def docs_with_table(text: str) -> str:
+  """`text` (docs/meshes.md) with the generated table between its markers."""
+  head, sep, rest = text.partition(DOCS_START)
+  _, sep2, tail = rest.partition(DOCS_END)
+  if not sep or not sep2:
+    raise ValueError("docs/meshes.md lacks the mesh-table markers")
+  return head + DOCS_START + markdown_table() + DOCS_END + tail
+
+
+if __name__ == "__main__":
+  import pathlib
+  import sys
+  docs = pathlib.Path(__file__).resolve().parents[1] / "docs" / "meshes.md"
+  if sys.argv[1:] == ["--write-docs"]:
+    docs.write_text(docs_with_table(docs.read_text()))
+  else:
+    sys.stdout.write(markdown_table())

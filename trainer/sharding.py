@@ -7,7 +7,8 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from modules.registry import ConfigError
 from trainer.config import MeshConfig
@@ -43,9 +44,54 @@ def _show(sizes: dict[str, int]) -> str:
 
 
 def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
-  shape = tuple(sizes[a] for a in AXES)
-  return Mesh(np.asarray(devices).reshape(shape), AXES)
+  """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast.
+
+  Axis types are Auto: shardings come from in/out shardings and the logical
+  constraints, and XLA propagates the rest.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  grid = device_grid(tuple(sizes[a] for a in AXES), devices)
+  return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
+  """Devices arranged as `shape` (axes ordered data, fsdp, model: slowest link first).
+
+  TPU slices: the ICI torus order (mesh_utils). Several TPU slices, or several
+  processes on other platforms (GPU hosts over the network): each granule (slice
+  or process) is one block of the outer axes, so that `data` (then `fsdp`) spans
+  hosts and the fast axes stay inside one, as in hybrid sharded data parallel.
+  """
+  if devices[0].platform == "tpu" and len({d.slice_index for d in devices}) > 1:
+    attr = "slice_index"
+  elif devices[0].platform != "tpu" and len({d.process_index for d in devices}) > 1:
+    attr = "process_index"
+  else:
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  granules = len({getattr(d, attr) for d in devices})
+  outer = split_outer(shape, granules)
+  if outer is None:
+    raise ConfigError(f"mesh: axes {dict(zip(AXES, shape))} cannot be laid over {granules} "
+                      f"{'slices' if attr == 'slice_index' else 'hosts'} of "
+                      f"{len(devices) // granules} devices each: the data and fsdp axes (outer "
+                      f"first) must factor into the host count")
+  inner = tuple(n // o for n, o in zip(shape, outer))
+  return mesh_utils.create_hybrid_device_mesh(inner, outer, devices,
+                                              process_is_granule=attr == "process_index",
+                                              allow_split_physical_axes=True)
+
+
+def split_outer(shape: tuple[int, ...], granules: int) -> tuple[int, ...] | None:
+  """How many granules each axis spans: `data` first, then `fsdp`; never `model`.
+
+  None when the granules do not factor that way (the model axis would cross hosts).
+  """
+  outer, left = [], granules
+  for axis, n in zip(AXES, shape):
+    take = math.gcd(n, left) if axis != "model" else 1
+    outer.append(take)
+    left //= take
+  return tuple(outer) if left == 1 else None
 
 
 def logical_shardings(abstract_tree, mesh: Mesh, rules):
@@ -82,3 +128,10 @@ def num_shards(named: NamedSharding, *, dim: int) -> int:
     return 1
   axes = (axes,) if isinstance(axes, str) else axes
   return math.prod(named.mesh.shape[a] for a in axes)
+
+
+def describe_axes(named: NamedSharding, *, dim: int) -> str:
+  """`data=2 x fsdp=4` for the mesh axes that dimension `dim` is split over."""
+  axes = named.spec[dim] if dim < len(named.spec) else None
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+  return " x ".join(f"{a}={named.mesh.shape[a]}" for a in axes) or "not split"

@@ -54,7 +54,15 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype) -> tuple[jax.Ar
 
 
 def _microbatches(batch, n: int):
-  return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+  """[B, ...] -> [n, B/n, ...] where microbatch i takes rows i, i + n, ...
+
+  Strided, not contiguous: each device then holds its share of every microbatch
+  (a contiguous split would put a microbatch on only 1/n of the batch shards).
+  """
+  def split(x):
+    x = x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+    return nn.with_logical_constraint(x, (None, "batch", *(None,) * (x.ndim - 2)))
+  return jax.tree.map(split, batch)
 
 
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,

@@ -1,0 +1,139 @@
+"""Run by tests/test_sharding.py in a subprocess with 8 fake CPU devices; prints one JSON object.
+
+Trains the `test`-size LLaMA on one device and on several meshes through the
+same recipe the CLI uses (trainer.experiment.build), and reports losses, the
+bytes each device holds, and the compiler's memory analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# Fake devices must exist before jax is imported. Optimisation level 0 makes the
+# CPU compiles several times faster; every run here uses the same flags.
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
+                           "--xla_backend_optimization_level=0")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs.base import lm_config  # noqa: E402
+from modules import llama  # noqa: E402
+from trainer import config as config_lib, experiment, meshes  # noqa: E402
+
+STEPS = 10
+MESHES = {"data=8": dict(data=8, fsdp=1, model=1),
+          "fsdp=8": dict(data=1, fsdp=8, model=1),
+          "fsdp=4,model=2": dict(data=1, fsdp=4, model=2),
+          "data=2,fsdp=2,model=2": dict(data=2, fsdp=2, model=2)}
+
+
+def run_config(mesh: dict, *, remat="none", accum=1):
+  cfg = lm_config(llama.model_node("test"), max_steps=STEPS, learning_rate=1e-2, batch_size=8,
+                  seq_len=32, warmup_steps=2, data_kind="stdlib")
+  cfg.model.remat = remat
+  cfg.trainer.grad_accum_steps = accum
+  cfg.eval.batch_size = 8
+  for axis, n in mesh.items():
+    cfg.mesh[axis] = n
+  return config_lib.parse(cfg)
+
+
+def build(mesh: dict, devices, **kw):
+  return experiment.build(run_config(mesh, **kw), meshes.lookup("cpu"), devices=devices)
+
+
+def batches(exp):
+  data = exp.source.train_iterator(process_index=0, process_count=1)
+  return [exp.global_batch(next(data)) for _ in range(STEPS)]
+
+
+def train(exp, state=None, steps=STEPS):
+  t = time.process_time()
+  try:
+    return _train(exp, state, steps)
+  finally:
+    print(f"{dict(exp.mesh.shape)} {time.process_time() - t:.1f}s", file=sys.stderr)
+
+
+def _train(exp, state=None, steps=STEPS):
+  """(losses, compiled step) for `steps` steps from a fresh init (or a copy of `state`)."""
+  state = exp.init() if state is None else jax.tree.map(lambda x: x.copy(), state)
+  with exp.context():
+    data = batches(exp)
+    compiled = exp.step_fn.lower(state, data[0]).compile()
+    losses = []
+    for batch in data[:steps]:
+      state, metrics = compiled(state, batch)
+      losses.append(float(metrics["loss"]))
+  return losses, compiled
+
+
+def nbytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def device_bytes(tree, device) -> int:
+  """Bytes of `tree`'s shards that live on `device`."""
+  return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
+             if s.device == device)
+
+
+def main() -> None:
+  devices = jax.devices()
+  out = {"device_count": len(devices)}
+  one = build({"data": 1, "fsdp": 1, "model": 1}, devices[:1])
+  one_state = one.init()
+  losses, one_step = train(one, state=one_state)
+  out["losses"] = {"1": losses}
+  for name, mesh in MESHES.items():
+    exp = build(mesh, devices)
+    if name in ("data=8", "fsdp=4,model=2"):  # init under a mesh: checked by the other two
+      out["losses"][name] = train(exp, state=jax.device_put(one_state, exp.state_shardings))[0]
+      continue
+    if name != "fsdp=8":
+      out["losses"][name] = train(exp)[0]
+      continue
+    with exp.context():
+      init = exp.init_fn.lower(jax.random.key(0)).compile()
+      state = init(jax.random.key(0))
+    out["losses"][name], step = train(exp, state=state)
+    with exp.context():
+      lowered = exp.step_fn.lower(state, batches(exp)[0]).as_text()
+    init_mem, step_mem = init.memory_analysis(), step.memory_analysis()
+    out["fsdp8"] = {
+        "params_bytes": nbytes(state.params), "opt_state_bytes": nbytes(state.opt_state),
+        "state_bytes": nbytes(state), "batch_bytes": nbytes(batches(exp)[0]),
+        "per_device": [{"params": device_bytes(state.params, d),
+                        "opt_state": device_bytes(state.opt_state, d)} for d in devices],
+        "step_argument_bytes": step_mem.argument_size_in_bytes,
+        "init_output_bytes": init_mem.output_size_in_bytes,
+        "init_temp_bytes": init_mem.temp_size_in_bytes,
+        "mesh": dict(exp.mesh.shape),
+        # Activation constraints in the lowered step (Shardy or GSPMD spelling).
+        "activation_constraints": lowered.count("sdy.sharding_constraint")
+                                  + lowered.count("@Sharding"),
+    }
+
+  # Gradient accumulation: 4 microbatches of 2 on a 4-device fsdp=2,model=2 mesh.
+  accum = build({"data": 1, "fsdp": 2, "model": 2}, devices[:4], accum=4)
+  out["losses"]["accum=4 (fsdp=2,model=2)"] = train(
+      accum, state=jax.device_put(one_state, accum.state_shardings))[0]
+
+  # Remat: the one-device run again under other policies, from the same parameters.
+  out["remat"] = {"none": {"losses": out["losses"]["1"][:3],
+                           "temp_bytes": one_step.memory_analysis().temp_size_in_bytes}}
+  for policy in ("full", "qkv_proj,attn_out"):
+    losses, compiled = train(build({"data": 1, "fsdp": 1, "model": 1}, devices[:1],
+                                   remat=policy), state=one_state, steps=3)
+    out["remat"][policy] = {"losses": losses,
+                            "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
+  json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+  main()

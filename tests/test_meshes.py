@@ -1,0 +1,271 @@
+"""The mesh registry, mesh selection and mesh rules; mesh mistakes through the CLI."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from configs import tiny
+from launcher import session
+from launcher.errors import UserError
+from modules.registry import ConfigError
+from tests.conftest import ROOT, cli
+from trainer import meshes, sharding
+from trainer.config import MeshConfig
+
+
+# --- registry ----------------------------------------------------------------------------
+
+def test_issue_names_exist():
+  for name in ("cpu", "gpu-a100-8", "gpu-h100-8", "gpu-h200-8", "gpu-b200-8", "tpu-v4-8",
+               "tpu-v5e-8", "tpu-v5p-8", "tpu-v6e-8", "neuron-trn1-32", "neuron-trn2-64"):
+    assert meshes.lookup(name).name == name
+
+
+@pytest.mark.parametrize("name,devices,hosts", [
+    ("tpu-v4-8", 4, 1),  # v4 names count TensorCores; one jax device per 2-core chip
+    ("tpu-v4-32", 16, 4),
+    ("tpu-v5p-128", 64, 16),
+    ("tpu-v5e-8", 8, 1),  # v5e / v6e names count chips; 8 on one host
+    ("tpu-v5e-16", 16, 4),  # larger slices are 4-chip hosts
+    ("tpu-v6e-256", 256, 64),
+    ("gpu-h100-8", 8, 1),
+    ("neuron-trn1-32", 32, 1),
+])
+def test_devices_and_hosts(name, devices, hosts):
+  entry = meshes.lookup(name)
+  assert (entry.num_devices, entry.num_hosts) == (devices, hosts)
+
+
+def test_host_suffix_puts_data_across_hosts():
+  entry = meshes.lookup("gpu-h100-8x4")
+  assert entry.name == "gpu-h100-8x4"
+  assert (entry.num_devices, entry.num_hosts) == (32, 4)
+  assert dict(entry.axes) == {"data": 4, "fsdp": -1, "model": 1}
+  assert sharding.resolve_axes(entry, MeshConfig(), 32) == {"data": 4, "fsdp": 8, "model": 1}
+
+
+@pytest.mark.parametrize("name,message", [
+    ("gpu-h100", "did you mean 'gpu-h100-8'"),
+    ("tpu-v4-8x2", "unknown mesh"),  # several TPU slices are not a host suffix
+    ("gpu-h100-8x0", "at least 1"),
+])
+def test_lookup_errors(name, message):
+  with pytest.raises(ConfigError, match=message):
+    meshes.lookup(name)
+
+
+@pytest.mark.parametrize("platform,kind,count,processes,name", [
+    ("cpu", "cpu", 8, 1, "cpu"),
+    ("gpu", "NVIDIA H100 80GB HBM3", 8, 1, "gpu-h100-8"),
+    ("gpu", "NVIDIA H100 80GB HBM3", 16, 2, "gpu-h100-8x2"),
+    ("gpu", "NVIDIA H200", 8, 1, "gpu-h200-8"),
+    ("gpu", "NVIDIA GH200 480GB", 1, 1, "gpu"),  # Grace Hopper is not an H200 host
+    ("tpu", "TPU v5 lite", 8, 1, "tpu-v5e-8"),
+    ("tpu", "TPU v4", 16, 4, "tpu-v4-32"),
+    ("tpu", "TPU v5", 4, 1, "tpu-v5p-8"),
+])
+def test_auto(platform, kind, count, processes, name):
+  assert meshes.auto(platform, kind, count, processes).name == name
+
+
+def test_auto_partial_host_keeps_the_hardware_facts():
+  entry = meshes.auto("gpu", "NVIDIA H100 80GB HBM3", 4, 1)
+  assert entry.name == "gpu" and entry.num_devices is None
+  assert entry.hardware.hbm_bytes == meshes.lookup("gpu-h100-8").hardware.hbm_bytes
+
+
+def test_auto_unknown_platform():
+  with pytest.raises(ConfigError, match="no mesh for platform 'metal'"):
+    meshes.auto("metal", "Apple M3", 1, 1)
+
+
+def test_named_mesh_must_fit_the_devices():
+  meshes.check_devices(meshes.lookup("gpu-h100-8"), 8)
+  meshes.check_devices(meshes.lookup("cpu"), 3)
+  with pytest.raises(ConfigError, match="is 8 devices .* JAX sees 4"):
+    meshes.check_devices(meshes.lookup("gpu-h100-8"), 4)
+
+
+def test_docs_table_is_generated_from_the_registry():
+  path = ROOT / "docs" / "meshes.md"
+  text = path.read_text()
+  expected = meshes.docs_with_table(text)
+  if os.environ.get("UPDATE_GOLDEN") and text != expected:
+    path.write_text(expected)
+    text = expected
+  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes --write-docs"
+  for name in meshes.MESHES:
+    assert f"| `{name}` |" in text
+
+
+# --- axis sizes and device layout --------------------------------------------------------
+
+def test_resolve_axes_fill_and_overrides():
+  cpu = meshes.lookup("cpu")
+  assert sharding.resolve_axes(cpu, MeshConfig(), 8) == {"data": 8, "fsdp": 1, "model": 1}
+  assert sharding.resolve_axes(cpu, MeshConfig(model=2), 8) == {"data": 4, "fsdp": 1, "model": 2}
+  assert sharding.resolve_axes(cpu, MeshConfig(data=2, fsdp=-1, model=2), 8) == {
+      "data": 2, "fsdp": 2, "model": 2}
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (MeshConfig(data=3), "data=3,fsdp=1,model=1 needs 3 devices but 8 are available"),
+    (MeshConfig(data=-1, fsdp=-1), "at most one -1"),
+    (MeshConfig(model=0), "must be positive"),
+    (MeshConfig(model=3), "8 is not divisible by 3"),
+])
+def test_resolve_axes_errors(cfg, message):
+  with pytest.raises(ConfigError, match=message):
+    sharding.resolve_axes(meshes.lookup("cpu"), cfg, 8)
+
+
+def fake_devices(hosts: int, per_host: int, *, shuffle: bool = False):
+  devices = [types.SimpleNamespace(id=i, process_index=i // per_host, platform="gpu",
+                                   device_kind="fake", slice_index=0)
+             for i in range(hosts * per_host)]
+  return devices[::-1] if shuffle else devices
+
+
+def hosts_of(grid):
+  return [[d.process_index for d in row] for row in grid.reshape(grid.shape[0], -1)]
+
+
+def test_device_grid_puts_hosts_on_the_data_axis():
+  grid = sharding.device_grid((2, 4, 1), fake_devices(2, 4, shuffle=True))
+  assert hosts_of(grid) == [[0, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_device_grid_fsdp_across_hosts_keeps_model_inside_one():
+  grid = sharding.device_grid((1, 4, 2), fake_devices(2, 4))
+  assert [[d.process_index for d in row] for row in grid[0]] == [[0, 0], [0, 0], [1, 1], [1, 1]]
+  with pytest.raises(ConfigError, match="cannot be laid over 2 hosts of 4 devices"):
+    sharding.device_grid((1, 1, 8), fake_devices(2, 4))
+
+
+def test_make_mesh_single_process():
+  import jax  # pylint: disable=import-outside-toplevel
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "model": 1}
+  assert all(str(t) == "AxisType.Auto" for t in mesh.axis_types)
+
+
+# --- mesh rules --------------------------------------------------------------------------
+
+RULES = (
+    ("gpu-h100-.*", {"mesh.data": 2, "mesh.fsdp": -1, "trainer.grad_accum_steps": 2}),
+    ("gpu-.*", {"mesh.model": 2, "model.remat": "full"}),
+    ("cpu", {"mesh.data": 1}),
+)
+
+
+def rules_config():
+  cfg = tiny.get_config()
+  cfg.mesh.rules = RULES
+  return cfg
+
+
+def test_first_matching_rule_wins():
+  cfg = rules_config()
+  assert session.apply_mesh_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
+  assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model) == (2, -1, None)
+  assert cfg.trainer.grad_accum_steps == 2 and cfg.model.remat == "none"
+
+  cfg = rules_config()
+  assert session.apply_mesh_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
+  assert (cfg.mesh.data, cfg.mesh.model, cfg.model.remat) == (None, 2, "full")
+
+
+def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
+  cfg = rules_config()
+  assert session.apply_mesh_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
+  cfg = rules_config()
+  assert session.apply_mesh_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
+  assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
+
+
+def test_bad_rule():
+  cfg = tiny.get_config()
+  cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
+  with pytest.raises(UserError, match="bad regex 'gpu-\\('"):
+    session.apply_mesh_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
+  with pytest.raises(UserError, match="did you mean 'mesh.data'|did you mean 'data'"):
+    session.apply_mesh_rules(cfg, "cpu", set())
+
+
+def test_select_mesh_in_process():
+  assert session.select_mesh("auto").name == "cpu"
+  assert session.select_mesh("cpu").name == "cpu"
+  with pytest.raises(ConfigError, match="JAX sees 1"):
+    session.select_mesh("gpu-h100-8")
+
+
+# --- through the CLI (8 fake devices) ----------------------------------------------------
+
+def test_cli_auto_and_rules_with_explicit_override(tmp_path):
+  result = cli("--config=configs/tiny.py", "--print_config", devices=8)
+  assert result.returncode == 0, result.stderr
+  assert "# mesh: cpu {'data': 8, 'fsdp': 1, 'model': 1}\n" in result.stdout
+
+  config = tmp_path / "ruled.py"
+  config.write_text("from configs import tiny\n\n\ndef get_config(arg=None):\n"
+                    "  cfg = tiny.get_config(arg)\n"
+                    f"  cfg.mesh.rules = {RULES!r}\n  return cfg\n")
+  result = cli(f"--config={config}", "--mesh=gpu-h100-8", "--config.mesh.data=4",
+               "--print_config", devices=8)
+  assert result.returncode == 0, result.stderr
+  assert ("# mesh: gpu-h100-8 {'data': 4, 'fsdp': 2, 'model': 1} (rule 'gpu-h100-.*')\n"
+          in result.stdout)
+  assert "trainer.grad_accum_steps: 2\n" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config.mesh.data=3"], "data=3,fsdp=1,model=1 needs 3 devices but 8 are available"),
+    (["--config.data.batch_size=12"], "data.batch_size 12 must split into"
+                                      " trainer.grad_accum_steps=1 microbatches, each divisible"
+                                      " by the 8 batch shards of the mesh (data=8 x fsdp=1)"),
+    (["--config.mesh.model=8", "--config.mesh.data=1"],
+     "dimension 6 is not divisible by mesh axes model=8"),
+    (["--mesh=gpu-h100"], "unknown mesh (did you mean 'gpu-h100-8'?)"),
+    (["--mesh=gpu-h100-8x2"], "--mesh=gpu-h100-8x2 is 16 devices (8 per host x 2 hosts) but JAX"
+                              " sees 8"),
+])
+def test_cli_mesh_errors_are_one_line(args, message):
+  result = cli("--config=configs/tiny.py", *args, "--print_config", devices=8)
+  assert result.returncode == 2, result.stderr[-2000:]
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("axtrain: error: "), result.stderr[-2000:]
+  assert message in lines[0]
+
+
+# --- logical names -> mesh axes ----------------------------------------------------------
+
+def test_rules_give_megatron_tensor_parallel_and_fsdp():
+  import functools  # pylint: disable=import-outside-toplevel
+
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from modules import llama  # pylint: disable=import-outside-toplevel
+  from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
+  from modules.registry import registry  # pylint: disable=import-outside-toplevel
+
+  model = MODELS.build(registry("model").parse(llama.model_node("test").to_dict(), "model"))
+  abstract = jax.eval_shape(functools.partial(model.init, tokens_BxL=jax.numpy.zeros(
+      (1, 8), jax.numpy.int32)), jax.random.key(0))["params"]
+  specs = nn.logical_to_mesh(nn.get_partition_spec(abstract), meshes.DEFAULT_RULES)
+  layer = specs["layers"]["block"]
+  # Scanned layers lead with the (replicated) layer axis.
+  for name in ("q", "k", "v"):  # [layers, embed, heads, head_dim]: split by output (column)
+    assert tuple(layer["attention"][name]) == (None, "fsdp", "model", None)
+  assert tuple(layer["attention"]["o"]) == (None, "model", None, "fsdp")  # by input (row)
+  for name in ("wi", "wu"):
+    assert tuple(layer["ffn"][name]) == (None, "fsdp", "model")
+  assert tuple(layer["ffn"]["wo"]) == (None, "model", "fsdp")
+  assert tuple(specs["embedding"]["embedding"]) == ("model", "fsdp")
+  assert tuple(specs["head"]) == ("fsdp", "model")
+  assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
+      ("data", "fsdp"), None)

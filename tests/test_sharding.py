@@ -1,0 +1,121 @@
+"""Sharded training on 8 fake CPU devices: DP / FSDP / TP agree with one device, FSDP really
+shards the state, gradient accumulation and remat change nothing but memory, and the CLI
+trains on all local devices.
+
+The 8-device work runs once, in tests/sharding_worker.py (a subprocess: fake devices must be
+configured before jax is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, cli
+
+REL_TOL = 1e-5  # float32 losses: the meshes only reorder sums
+MESHES = ("data=8", "fsdp=8", "fsdp=4,model=2", "data=2,fsdp=2,model=2")
+
+
+@pytest.fixture(scope="module")
+def worker_process():
+  """The worker, started once; the CLI tests below run beside it (one core each)."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "sharding_worker.py")], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  yield proc
+  if proc.poll() is None:
+    proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def worker(worker_process) -> dict:
+  stdout, stderr = worker_process.communicate(timeout=900)
+  assert worker_process.returncode == 0, stderr[-3000:]
+  return json.loads(stdout)
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices, worker_process):
+  del worker_process  # started first so that it runs while this test does
+  out = tmp_path / "run"
+  result = cli("--config=configs/tiny.py", "--mesh=cpu", "--config.trainer.max_steps=3",
+               "--config.data.seq_len=32", "--config.data.batch_size=8",
+               "--config.eval.batch_size=8", "--config.eval.num_batches=1",
+               f"--output_dir={out}", "--noprogress", devices=devices,
+               env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+                                 "--xla_backend_optimization_level=0"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  run = json.loads((out / "run.json").read_text())
+  assert run["status"] == "completed"
+  assert run["mesh"] == {"name": "cpu", "axes": {"data": devices, "fsdp": 1, "model": 1},
+                         "rule": None}
+  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [3]
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+  assert len(a) == len(b)
+  return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def test_worker_saw_eight_devices(worker):
+  assert worker["device_count"] == 8
+  assert worker["fsdp8"]["mesh"] == {"data": 1, "fsdp": 8, "model": 1}
+
+
+def test_activation_constraints_reach_the_compiled_step(worker):
+  # embeddings, q/k/v, MLP hidden, block output and logits: flax drops them silently
+  # unless the mesh is set with jax.set_mesh.
+  assert worker["fsdp8"]["activation_constraints"] >= 5
+
+
+def test_one_device_run_learns(worker):
+  losses = worker["losses"]["1"]
+  assert len(losses) == 10
+  assert losses[-1] < losses[0] - 0.5  # the comparison below is between runs that train
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_mesh_matches_one_device(worker, mesh):
+  assert max_rel_diff(worker["losses"][mesh], worker["losses"]["1"]) <= REL_TOL
+
+
+def test_fsdp_shards_hold_an_eighth_of_params_and_optimizer_state(worker):
+  f = worker["fsdp8"]
+  for held in f["per_device"]:
+    # Only the norm scales (a few hundred floats) are replicated.
+    assert held["params"] / f["params_bytes"] == pytest.approx(1 / 8, rel=0.1)
+    assert held["opt_state"] / f["opt_state_bytes"] == pytest.approx(1 / 8, rel=0.1)
+
+
+def test_fsdp_compiled_step_takes_an_eighth_per_device(worker):
+  f = worker["fsdp8"]
+  total = f["state_bytes"] + f["batch_bytes"]
+  assert f["step_argument_bytes"] == pytest.approx(total / 8, rel=0.1)
+
+
+def test_fsdp_init_never_holds_a_full_copy(worker):
+  f = worker["fsdp8"]
+  assert f["init_output_bytes"] == pytest.approx(f["state_bytes"] / 8, rel=0.1)
+  # A full copy on one device would need at least the whole state in output + temp.
+  assert f["init_output_bytes"] + f["init_temp_bytes"] < f["state_bytes"] / 2
+
+
+def test_grad_accumulation_equals_one_batch(worker):
+  got = worker["losses"]["accum=4 (fsdp=2,model=2)"]
+  assert max_rel_diff(got, worker["losses"]["1"]) <= REL_TOL
+
+
+def test_remat_changes_memory_not_results(worker):
+  remat = worker["remat"]
+  for policy in ("full", "qkv_proj,attn_out"):
+    assert max_rel_diff(remat[policy]["losses"], remat["none"]["losses"]) <= 1e-6
+  temp = {p: r["temp_bytes"] for p, r in remat.items()}
+  assert temp["full"] < temp["qkv_proj,attn_out"] < temp["none"], temp
