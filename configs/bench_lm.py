@@ -30,6 +30,7 @@ def get_config(arg=None):
   parse_arg(arg)  # takes no arguments
   cfg = lm_config(model_node(), max_steps=100, learning_rate=3e-4, batch_size=8, seq_len=256,
                   warmup_steps=10, data_kind="synthetic")
+  cfg.model.scan_layers = False  # 4 layers: unrolled, like tiny.py and like the plain-JAX loop
   cfg.optimizer.state_dtype = "float32"
   cfg.trainer.compute_dtype = "float32"
   cfg.trainer.log_every = 10
