@@ -4,7 +4,8 @@ Epoch e lays the documents end to end in a seeded random order (each
 document already ends with the EOS separator) and cuts the stream into rows
 of seq_len + 1 tokens at stride seq_len (the last token of a row is the first
 of the next: every token is a target once). Row k of the endless stream is row
-k % R of epoch k // R (R rows per epoch), so any row can be computed without
+perm_e(k % R) of epoch e = k // R (R rows per epoch, perm_e a seeded permutation
+when training, so a batch mixes windows from many documents), so any row can be computed without
 reading the rows before it: that makes the data order a function of seed and
 step, resume exact, and process slices independent.
 
@@ -79,25 +80,29 @@ class Packer:
                         f"a row needs {seq_len + 1}: add data or lower data.seq_len")
     self.corpus, self.seq_len, self.seed = corpus, seq_len, tuple(seed)
     self.shuffle, self.pad = shuffle, pad
-    self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    self._epochs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     span = corpus.num_tokens - 1
     self.rows_per_epoch = -(-span // seq_len) if pad else span // seq_len
 
-  def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(document order, start of each document in the epoch's stream; one extra = end)."""
+  def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(document order, start of each document in the epoch's stream (one extra = end),
+    row order: which row of the stream is the epoch's k-th (None: in stream order))."""
     if epoch not in self._epochs:
       if len(self._epochs) >= 2:  # a batch spans at most two epochs
         self._epochs.pop(min(self._epochs))
       self._epochs[epoch] = self._make_epoch(epoch)
     return self._epochs[epoch]
 
-  def _make_epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+  def _make_epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     n = self.corpus.num_docs
-    order = (np.random.default_rng([*self.seed, epoch]).permutation(n) if self.shuffle
-             else np.arange(n))
+    rng = np.random.default_rng([*self.seed, epoch])
+    order = rng.permutation(n) if self.shuffle else np.arange(n)
     starts = np.zeros(n + 1, np.int64)
     np.cumsum(self.corpus.doc_len[order], out=starts[1:])
-    return order, starts
+    # Rows are also visited in a seeded order: consecutive rows of the stream are neighbouring
+    # windows of one document, and a batch of them would be one document's worth of gradient.
+    row_order = rng.permutation(self.rows_per_epoch) if self.shuffle else None
+    return order, starts, row_order
 
   def rows(self, index: np.ndarray) -> Batch:
     """Rows `index` (int array [B]) of the endless stream."""
@@ -113,8 +118,9 @@ class Packer:
       epochs = np.zeros_like(epochs)
     for epoch in np.unique(epochs):
       sel = epochs == epoch
-      order, starts = self._epoch(int(epoch))
-      row_start = (index[sel] % self.rows_per_epoch) * L
+      order, starts, row_order = self._epoch(int(epoch))
+      row = index[sel] % self.rows_per_epoch
+      row_start = (row if row_order is None else row_order[row]) * L
       p = row_start[:, None] + np.arange(L + 1)  # stream positions [b, L + 1]
       valid[sel] &= p < starts[-1]
       p = np.minimum(p, starts[-1] - 1)
