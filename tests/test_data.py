@@ -119,7 +119,9 @@ def test_an_epoch_is_every_document_once_in_seeded_order(corpus):
   src = source("jsonl", path=str(path), seq_len=16, batch_size=4, eval_percent=5)
   c = src.train.corpus
   train_docs = [bytes(c.shards[0][s:s + n]) for s, n in zip(c.doc_start, c.doc_len)]
-  stream = src.train.rows(np.arange(src.train.rows_per_epoch))
+  row_order = src.train._epoch(0)[2]  # index k of the epoch is stream row row_order[k]
+  assert not np.array_equal(row_order, np.arange(len(row_order)))  # rows visited shuffled
+  stream = src.train.rows(np.argsort(row_order))  # back in stream order
   # rows overlap by one token: all inputs, then the last target, are the epoch's stream
   flat = np.concatenate([*stream["inputs"], stream["targets"][-1][-1:]])
   assert len(flat) > c.num_tokens - 16
