@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -54,9 +55,15 @@ class Experiment:
                              is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
     return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
 
+  @contextlib.contextmanager
   def context(self):
-    """Mesh + logical rules, needed while tracing (activation constraints)."""
-    return _Context(self.mesh, self.rules)
+    """Mesh + logical rules, needed while tracing (activation constraints).
+
+    jax.set_mesh (not `with mesh:`) defines the abstract mesh that flax's
+    with_logical_constraint needs; without it every activation constraint is a no-op.
+    """
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield self
 
   @functools.cached_property
   def init_fn(self):
@@ -88,24 +95,6 @@ class Experiment:
     """Process-local numpy slices -> global arrays sharded over the batch axes."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
             for k, v in local.items()}
-
-
-class _Context:
-  def __init__(self, mesh, rules):
-    self._mesh, self._rules = mesh, rules
-    self._stack = []
-
-  def __enter__(self):
-    # jax.set_mesh (not `with mesh:`) defines the abstract mesh that flax's
-    # with_logical_constraint needs; without it every activation constraint is a no-op.
-    for cm in (jax.set_mesh(self._mesh), nn.logical_axis_rules(self._rules)):
-      cm.__enter__()
-      self._stack.append(cm)
-    return self
-
-  def __exit__(self, *exc):
-    while self._stack:
-      self._stack.pop().__exit__(*exc)
 
 
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:

@@ -97,10 +97,3 @@ def process_rows(step: int, *, batch_size: int, process_index: int,
   """Global row indices of this process's slice of the batch at `step`."""
   local = batch_size // process_count
   return step * batch_size + process_index * local + np.arange(local)
-
-
-def crops(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
-  """inputs/targets/weights for windows tokens[s : s + seq_len + 1]."""
-  window = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
-  return {"inputs": window[:, :-1], "targets": window[:, 1:],
-          "weights": np.ones((len(starts), seq_len), np.float32)}
