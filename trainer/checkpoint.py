@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import pathlib
 import shutil
+import sys
 from typing import Any, Callable
 
 import jax
@@ -43,10 +44,28 @@ class Restored:
   skipped: list[tuple[int, str]]  # (step, reason) of newer checkpoints that could not be read
 
 
+def _ignore_late_reads(unraisable, default=sys.unraisablehook) -> None:
+  """sys.unraisablehook that drops the late callbacks of an abandoned restore.
+
+  When one array of a restore fails to read, Orbax's event loop stops and
+  closes while TensorStore still has the other reads in flight; each of those
+  finishing later calls `loop.call_soon_threadsafe` on the closed loop and
+  reports "RuntimeError: Event loop is closed" from its own thread, dozens of
+  tracebacks interleaved with the one-line warning that already says which
+  checkpoint was unreadable. Only that exact error is dropped.
+  """
+  exc = unraisable.exc_value
+  if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+    return
+  default(unraisable)
+
+
 class Checkpointer:
   """Saves and restores one run's checkpoints; every process of a run makes one."""
 
   def __init__(self, directory: pathlib.Path | str, cfg, *, read_only: bool = False):
+    if sys.unraisablehook is sys.__unraisablehook__:
+      sys.unraisablehook = _ignore_late_reads
     self.directory = pathlib.Path(directory).absolute()
     self.cfg = cfg
     keep = [policies.LatestN(n=cfg.keep)]
