@@ -91,7 +91,10 @@ def params(run_dir, step: int) -> dict:
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   path = pathlib.Path(run_dir).absolute() / "checkpoints" / str(step) / "state"
   with ocp.PyTreeCheckpointer() as reader:
-    tree = reader.restore(path)
+    # Read as numpy: the saving run's devices (maybe 8, or two processes) need not exist here.
+    meta = reader.metadata(path).item_metadata.tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    tree = reader.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
   leaves = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
   return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
 
