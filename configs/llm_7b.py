@@ -16,5 +16,6 @@ def get_config(arg=None):
   cfg.model.remat = "dots_with_no_batch_dims_saveable"
   cfg.trainer.log_every = 10
   cfg.eval.every_steps = 1000
+  cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
   cfg.eval.batch_size = 64
   return cfg
