@@ -128,3 +128,47 @@ os.kill(os.getpid(), signal.SIGKILL)  # while step 2 is being written
     assert ckpt.all_steps() == [1, 2]
   ckpt.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]  # no temporaries
+
+
+_LATE_REPORTS = """
+import asyncio, gc, logging, sys
+from trainer import checkpoint
+logging.basicConfig()  # as absl does: the asyncio logger reaches stderr
+if sys.argv[1] == "quiet":
+  checkpoint._quiet_abandoned_reads()
+
+class ClosedLoopCallback:  # what TensorStore's late callbacks raise, unraisably
+  def __del__(self):
+    raise RuntimeError("Event loop is closed")
+
+async def fails():
+  raise ValueError("a read of an abandoned restore")
+
+async def never_awaited():
+  pass
+
+loop = asyncio.new_event_loop()
+task = loop.create_task(fails())
+loop.run_until_complete(asyncio.sleep(0.01))
+loop.close()
+del task
+coro = never_awaited()
+del coro
+ClosedLoopCallback()
+gc.collect()
+print("done")
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "default"])
+def test_late_reports_of_an_abandoned_restore_are_dropped(mode):
+  """The three ways the reads of a failed restore report late print nothing once quieted."""
+  done = subprocess.run([sys.executable, "-c", _LATE_REPORTS, mode], capture_output=True,
+                        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                        timeout=120)
+  assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+  reports = ("Event loop is closed", "Task exception was never retrieved", "was never awaited")
+  if mode == "quiet":
+    assert done.stderr == ""
+  else:  # the control: without it, each report reaches stderr
+    assert all(r in done.stderr for r in reports), done.stderr

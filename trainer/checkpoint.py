@@ -19,6 +19,7 @@ import logging
 import pathlib
 import shutil
 import sys
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -44,28 +45,44 @@ class Restored:
   skipped: list[tuple[int, str]]  # (step, reason) of newer checkpoints that could not be read
 
 
-def _ignore_late_reads(unraisable, default=sys.unraisablehook) -> None:
-  """sys.unraisablehook that drops the late callbacks of an abandoned restore.
+def _quiet_abandoned_reads() -> None:
+  """Silences the late reports of the reads a failed restore left in flight.
 
   When one array of a restore fails to read, Orbax's event loop stops and
-  closes while TensorStore still has the other reads in flight; each of those
-  finishing later calls `loop.call_soon_threadsafe` on the closed loop and
-  reports "RuntimeError: Event loop is closed" from its own thread, dozens of
-  tracebacks interleaved with the one-line warning that already says which
-  checkpoint was unreadable. Only that exact error is dropped.
+  closes while TensorStore still has the other reads in flight. They report
+  afterwards, from other threads or when garbage-collected, in three ways:
+  "RuntimeError: Event loop is closed" through sys.unraisablehook, "Task
+  exception was never retrieved" on the asyncio logger, and "coroutine ... was
+  never awaited" RuntimeWarnings: dozens of tracebacks interleaved with the one
+  warning that already names the unreadable checkpoint (CI saw them garble
+  it). Only those exact reports are dropped, in processes that restore.
   """
-  exc = unraisable.exc_value
-  if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+  global _QUIET
+  if _QUIET:
     return
-  default(unraisable)
+  _QUIET = True
+  default_hook = sys.unraisablehook
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+      default_hook(unraisable)
+
+  sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(
+      lambda record: not str(record.msg).startswith(("Task exception was never retrieved",
+                                                     "Future exception was never retrieved")))
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                          category=RuntimeWarning)
+
+
+_QUIET = False
 
 
 class Checkpointer:
   """Saves and restores one run's checkpoints; every process of a run makes one."""
 
   def __init__(self, directory: pathlib.Path | str, cfg, *, read_only: bool = False):
-    if sys.unraisablehook is sys.__unraisablehook__:
-      sys.unraisablehook = _ignore_late_reads
     self.directory = pathlib.Path(directory).absolute()
     self.cfg = cfg
     keep = [policies.LatestN(n=cfg.keep)]
@@ -121,6 +138,7 @@ class Checkpointer:
     next older one is tried. Raises CheckpointError when checkpoints exist
     but none reads back.
     """
+    _quiet_abandoned_reads()  # before the first read: late reports may race the exception
     steps = self.all_steps()
     if step is not None:
       if step not in steps:
