@@ -1,5 +1,5 @@
 """Loader throughput: tokens/s of the data iterator alone, on the embedded corpus and on a
-generated JSONL corpus, at the shapes of configs/tiny.py (batch 16 x 256 tokens).
+generated JSONL corpus, at the batch shape of configs/tiny.py.
 
     PYTHONPATH=. python -m benchmarks.bench_data
 
@@ -17,11 +17,13 @@ import time
 import numpy as np
 
 import trainer.data  # noqa: F401  (registers the sources)
+from configs import tiny
 from modules.registry import registry
 from trainer.data.base import DATA
 
-BATCH, SEQ_LEN = 16, 256  # configs/tiny.py
-STEPS = 200
+_TINY = tiny.get_config().data
+BATCH, SEQ_LEN = _TINY.batch_size, _TINY.seq_len
+STEPS = 200 * 16 * 256 // (BATCH * SEQ_LEN)  # the same bytes whatever tiny's batch shape
 
 
 def _source(kind: str, **values):

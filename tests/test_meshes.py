@@ -215,7 +215,7 @@ def test_cli_auto_and_rules_with_explicit_override(tmp_path):
                     "  cfg = tiny.get_config(arg)\n"
                     f"  cfg.mesh.rules = {RULES!r}\n  return cfg\n")
   result = cli(f"--config={config}", "--mesh=gpu-h100-8", "--config.mesh.data=4",
-               "--print_config", devices=8)
+               "--config.data.batch_size=16", "--print_config", devices=8)
   assert result.returncode == 0, result.stderr
   assert ("# mesh: gpu-h100-8 {'data': 4, 'fsdp': 2, 'model': 1} (rule 'gpu-h100-.*')\n"
           in result.stdout)
