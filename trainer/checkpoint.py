@@ -19,6 +19,7 @@ import logging
 import pathlib
 import shutil
 import sys
+import types
 import warnings
 from typing import Any, Callable
 
@@ -50,9 +51,10 @@ def _quiet_abandoned_reads() -> None:
 
   When one array of a restore fails to read, Orbax's event loop stops and
   closes while TensorStore still has the other reads in flight. They report
-  afterwards, from other threads or when garbage-collected, in three ways:
-  "RuntimeError: Event loop is closed" through sys.unraisablehook, "Task
-  exception was never retrieved" on the asyncio logger, and "coroutine ... was
+  afterwards, from other threads or when garbage-collected, in four ways:
+  "RuntimeError: Event loop is closed" and a suspended read's coroutine
+  raising as the GC closes it, both through sys.unraisablehook; "Task
+  exception was never retrieved" on the asyncio logger; and "coroutine ... was
   never awaited" RuntimeWarnings: dozens of tracebacks interleaved with the one
   warning that already names the unreadable checkpoint (CI saw them garble
   it). Only those exact reports are dropped, in processes that restore.
@@ -65,7 +67,12 @@ def _quiet_abandoned_reads() -> None:
 
   def hook(unraisable):
     exc = unraisable.exc_value
-    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+    loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+    # A suspended read collected by the GC is closed with GeneratorExit, which Orbax's
+    # `except BaseException` turns into an Exception: "Exception ignored in: <coroutine ...>".
+    closed_read = (isinstance(unraisable.object, types.CoroutineType)
+                   and isinstance(exc.__cause__ or exc.__context__, GeneratorExit))
+    if not (loop_closed or closed_read):
       default_hook(unraisable)
 
   sys.unraisablehook = hook
