@@ -70,7 +70,7 @@ def _quiet_abandoned_reads() -> None:
     loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
     # A suspended read collected by the GC is closed with GeneratorExit, which Orbax's
     # `except BaseException` turns into an Exception: "Exception ignored in: <coroutine ...>".
-    closed_read = (isinstance(unraisable.object, types.CoroutineType)
+    closed_read = (isinstance(unraisable.object, types.CoroutineType) and exc is not None
                    and isinstance(exc.__cause__ or exc.__context__, GeneratorExit))
     if not (loop_closed or closed_read):
       default_hook(unraisable)
