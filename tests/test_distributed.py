@@ -65,8 +65,9 @@ def test_two_processes_train_like_one_and_resume_on_one(tmp_path, cache):
   assert sorted(got) == list(range(1, 13))
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=1e-5)
+  theirs = cu.params(two, 12)
   for key, value in cu.params(one, 12).items():
-    np.testing.assert_allclose(cu.params(two, 12)[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(theirs[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
   # Only process 0 writes the run's files: one record per step, not one per process.
   assert len((two / "metrics.jsonl").read_text().splitlines()) == len(
       (one / "metrics.jsonl").read_text().splitlines())
