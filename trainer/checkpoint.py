@@ -15,6 +15,7 @@ newer one commits: the latest `keep` stay, plus every step divisible by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pathlib
 import shutil
@@ -46,6 +47,7 @@ class Restored:
   skipped: list[tuple[int, str]]  # (step, reason) of newer checkpoints that could not be read
 
 
+@functools.cache  # installs once per process
 def _quiet_abandoned_reads() -> None:
   """Silences the late reports of the reads a failed restore left in flight.
 
@@ -59,10 +61,6 @@ def _quiet_abandoned_reads() -> None:
   warning that already names the unreadable checkpoint (CI saw them garble
   it). Only those exact reports are dropped, in processes that restore.
   """
-  global _QUIET
-  if _QUIET:
-    return
-  _QUIET = True
   default_hook = sys.unraisablehook
 
   def hook(unraisable):
@@ -81,9 +79,6 @@ def _quiet_abandoned_reads() -> None:
                                                      "Future exception was never retrieved")))
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
                           category=RuntimeWarning)
-
-
-_QUIET = False
 
 
 class Checkpointer:
