@@ -55,11 +55,12 @@ def _quiet_abandoned_reads() -> None:
   closes while TensorStore still has the other reads in flight. They report
   afterwards, from other threads or when garbage-collected, in four ways:
   "RuntimeError: Event loop is closed" and a suspended read's coroutine
-  raising as the GC closes it, both through sys.unraisablehook; "Task
-  exception was never retrieved" on the asyncio logger; and "coroutine ... was
-  never awaited" RuntimeWarnings: dozens of tracebacks interleaved with the one
-  warning that already names the unreadable checkpoint (CI saw them garble
-  it). Only those exact reports are dropped, in processes that restore.
+  raising as the GC closes it, both through sys.unraisablehook; "Task (or
+  _GatheringFuture) exception was never retrieved" on the asyncio logger;
+  and "coroutine ... was never awaited" RuntimeWarnings: dozens of
+  tracebacks interleaved with the one warning that already names the
+  unreadable checkpoint (CI saw them garble it). Only those exact reports
+  are dropped, in processes that restore.
   """
   default_hook = sys.unraisablehook
 
@@ -74,9 +75,10 @@ def _quiet_abandoned_reads() -> None:
       default_hook(unraisable)
 
   sys.unraisablehook = hook
+  # "<class> exception was never retrieved": Task, Future, _GatheringFuture (asyncio.gather).
   logging.getLogger("asyncio").addFilter(
-      lambda record: not str(record.msg).startswith(("Task exception was never retrieved",
-                                                     "Future exception was never retrieved")))
+      lambda record: not str(record.msg).partition("\n")[0].endswith(
+          " exception was never retrieved"))
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
                           category=RuntimeWarning)
 
