@@ -18,7 +18,7 @@ import numpy as np
 
 import trainer.data  # noqa: F401  (registers the sources)
 from configs import tiny
-from modules.registry import registry
+from core.registry import registry
 from trainer.data.base import DATA
 
 _TINY = tiny.get_config().data

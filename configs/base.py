@@ -11,7 +11,7 @@ import ml_collections
 import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers data sources)
 import trainer.optimizer  # noqa: F401  (registers optimizers)
-from modules.registry import registry
+from core.registry import registry
 from trainer.config import (CheckpointConfig, EvalConfig, InitConfig, MeshConfig, TrainerConfig,
                             section_node)
 

@@ -7,8 +7,8 @@ RoPE, untied embeddings; sequence 256, global batch 8; AdamW in float32.
 """
 
 from configs.base import lm_config
-from launcher.config_args import parse_arg
-from modules.registry import registry as r
+from core.config_args import parse_arg
+from core.registry import registry as r
 
 
 def model_node():

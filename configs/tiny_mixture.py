@@ -8,9 +8,9 @@ see docs/data.md.
 """
 
 from configs.base import lm_config
-from launcher.config_args import parse_arg
+from core.config_args import parse_arg
 from modules import llama
-from modules.registry import registry
+from core.registry import registry
 
 
 def get_config(arg=None):

@@ -59,7 +59,7 @@ def check_file(value: str | None) -> None:
 def _last_line(text: str) -> str:
   lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
   line = lines[-1] if lines else text
-  # "modules.registry.ConfigError: message" -> "message"
+  # "core.registry.ConfigError: message" -> "message"
   return re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", line)
 
 

@@ -40,7 +40,7 @@ import pathlib
 
 import ml_collections
 
-from launcher.config_args import parse_arg
+from core.config_args import parse_arg
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 """User mistakes: printed as one `axtrain: error: ...` line with exit code 2."""
 
-from modules.registry import ConfigError, suggest
+from core.registry import ConfigError, suggest
 
 EXIT_USAGE = 2
 

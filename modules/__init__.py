@@ -2,6 +2,6 @@
 
 from modules import attention, block, decoder, embedding, mlp, moe, norms, position  # noqa: F401
 from modules.decoder import MODELS
-from modules.registry import ConfigError, registry
+from core.registry import ConfigError, registry
 
 __all__ = ["MODELS", "ConfigError", "registry"]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from modules.position import POSITIONS
-from modules.registry import REQUIRED, ConfigError, Registry, child
+from core.registry import REQUIRED, ConfigError, Registry, child
 
 ATTENTION = Registry("attention")
 

@@ -8,7 +8,7 @@ import flax.linen as nn
 from modules.attention import ATTENTION
 from modules.mlp import FFN
 from modules.norms import NORMS
-from modules.registry import Registry, child
+from core.registry import Registry, child
 
 BLOCKS = Registry("block")
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from modules.block import BLOCKS
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
-from modules.registry import REQUIRED, ConfigError, Registry, child
+from core.registry import REQUIRED, ConfigError, Registry, child
 
 MODELS = Registry("model")
 

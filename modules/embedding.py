@@ -5,7 +5,7 @@ import dataclasses
 import flax.linen as nn
 import jax.numpy as jnp
 
-from modules.registry import ConfigError, Registry
+from core.registry import ConfigError, Registry
 
 EMBEDDINGS = Registry("embedding")
 POSITION_EMBEDDINGS = Registry("position_embedding")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from modules import gpt2, llama
-from modules.registry import ConfigError
+from core.registry import ConfigError
 
 Tensors = Mapping[str, np.ndarray]
 

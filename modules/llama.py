@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from modules.registry import ConfigError, registry, suggest
+from core.registry import ConfigError, registry, suggest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from modules.registry import REQUIRED, ConfigError, Registry
+from core.registry import REQUIRED, ConfigError, Registry
 
 FFN = Registry("ffn")
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from modules.mlp import ACTIVATIONS, FFN
-from modules.registry import REQUIRED, ConfigError
+from core.registry import REQUIRED, ConfigError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

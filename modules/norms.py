@@ -5,7 +5,7 @@ import dataclasses
 import flax.linen as nn
 import jax.numpy as jnp
 
-from modules.registry import Registry
+from core.registry import Registry
 
 NORMS = Registry("norm")
 

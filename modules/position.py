@@ -6,7 +6,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from modules.registry import ConfigError, Registry
+from core.registry import ConfigError, Registry
 
 POSITIONS = Registry("position")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import trainer.data  # noqa: F401  (registers the sources)
-from modules.registry import ConfigError, registry
+from core.registry import ConfigError, registry
 from tests.conftest import ROOT
 from trainer.data import tokenizers
 from trainer.data.base import DATA

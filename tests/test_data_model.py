@@ -12,7 +12,7 @@ import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401
 from modules import llama
 from modules.decoder import MODELS
-from modules.registry import registry
+from core.registry import registry
 from trainer.data.base import DATA
 
 

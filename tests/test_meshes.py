@@ -10,7 +10,7 @@ import pytest
 from configs import tiny
 from launcher import session
 from launcher.errors import UserError
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from tests.conftest import ROOT, cli
 from trainer import meshes, sharding
 from trainer.config import MeshConfig
@@ -251,7 +251,7 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
 
   from modules import llama  # pylint: disable=import-outside-toplevel
   from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
-  from modules.registry import registry  # pylint: disable=import-outside-toplevel
+  from core.registry import registry  # pylint: disable=import-outside-toplevel
 
   model = MODELS.build(registry("model").parse(llama.model_node("test").to_dict(), "model"))
   abstract = jax.eval_shape(functools.partial(model.init, tokens_BxL=jax.numpy.zeros(

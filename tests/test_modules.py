@@ -12,7 +12,7 @@ import modules  # noqa: F401  (registers the layer library)
 from modules import llama
 from modules.decoder import MODELS
 from modules.position import POSITIONS
-from modules.registry import ConfigError, registry
+from core.registry import ConfigError, registry
 
 
 def _position(kind, head_dim=64, **values):

@@ -8,7 +8,7 @@ import pytest
 
 import modules  # noqa: F401  (registers the layer library)
 from modules.mlp import FFN
-from modules.registry import ConfigError, registry
+from core.registry import ConfigError, registry
 from tests.test_modules import random_params
 
 DIM = 16

@@ -7,7 +7,7 @@ import numpy as np
 
 from benchmarks import compare, plain_jax
 from configs.base import lm_config
-from modules.registry import registry as r
+from core.registry import registry as r
 from trainer import config as config_lib, experiment, meshes
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import ml_collections
 
-from modules.registry import ConfigError, parse_dataclass, registry, suggest
+from core.registry import ConfigError, parse_dataclass, registry, suggest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

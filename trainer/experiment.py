@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers the data sources)
 from modules.decoder import MODELS
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer import sharding
 from trainer.config import RunConfig
 from trainer.data.base import DATA, Source

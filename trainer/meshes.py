@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from modules.registry import ConfigError, suggest
+from core.registry import ConfigError, suggest
 
 AXES = ("data", "fsdp", "model")
 

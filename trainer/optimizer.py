@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from modules.registry import REQUIRED, ConfigError, Registry, child
+from core.registry import REQUIRED, ConfigError, Registry, child
 
 OPTIMIZERS = Registry("optimizer")
 SCHEDULES = Registry("schedule")

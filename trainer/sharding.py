@@ -10,7 +10,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer.config import MeshConfig
 from trainer.meshes import AXES, Entry
 

@@ -4,7 +4,7 @@
 """
 
 from configs.base import lm_config
-from launcher.config_args import parse_arg
+from core.config_args import parse_arg
 from modules import llama
 
 

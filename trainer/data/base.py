@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from modules.registry import ConfigError, Registry
+from core.registry import ConfigError, Registry
 
 DATA = Registry("data")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from modules.registry import ConfigError, suggest
+from core.registry import ConfigError, suggest
 
 FILE_KINDS = ("text", "jsonl", "parquet", "arrayrecord")
 TOKENIZER_FIELDS = ("tokenizer", "tokenizer_path", "add_bos", "add_eos")

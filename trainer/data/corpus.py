@@ -17,7 +17,7 @@ import zlib
 
 import numpy as np
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer.data import documents, tokenizers
 from trainer.data.config import DataConfig
 from trainer.data.packing import TokenCorpus

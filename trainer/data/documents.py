@@ -17,7 +17,7 @@ import os
 import pathlib
 from collections.abc import Iterator
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, check_batch_split
 from trainer.data.config import DataConfig, component
 from trainer.data.sources import CorpusSource

@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer.data.base import Batch
 
 

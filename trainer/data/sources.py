@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from modules.registry import ConfigError
+from core.registry import ConfigError
 from trainer.data import corpus as corpus_lib
 from trainer.data.base import (DATA, Batch, Source, StepIndexedIterator, check_batch_split,
                                process_rows)

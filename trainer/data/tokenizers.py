@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-from modules.registry import ConfigError, Registry, suggest
+from core.registry import ConfigError, Registry, suggest
 
 TOKENIZERS = Registry("tokenizer")
 

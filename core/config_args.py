@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modules.registry import ConfigError, suggest
+from core.registry import ConfigError, suggest
 
 
 def parse_arg(arg: str | None, **defaults) -> dict:
