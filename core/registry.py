@@ -15,6 +15,10 @@ optax transform, a data source...). Each kind of component has its own
     @ATTENTION.register("attention", AttentionConfig)
     class Attention(nn.Module): ...
 
+`Registry.node(kind)` gives a ConfigDict with every field of `kind` (config
+files start from it), `Registry.switched(node, kind)` replaces a node by another
+kind's, carrying over the fields both kinds have (core/paths.py:switch_kind does
+it at a dotted path, which is what `--config.<path>.kind=K` runs).
 `Registry.parse` turns a ConfigDict node into the frozen dataclass (unknown,
 missing or mistyped fields raise `ConfigError` naming the path), and
 `Registry.build(cfg, **inputs)` constructs the component after its config's
@@ -35,6 +39,7 @@ import ml_collections
 
 REQUIRED: Any = dataclasses.MISSING
 _REGISTRY_KEY = "axtrain_registry"
+_DEFAULT_KIND_KEY = "axtrain_default_kind"
 
 
 class ConfigError(ValueError):
@@ -47,12 +52,21 @@ def suggest(name: str, choices) -> str:
   return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def child(registry: str, default: Any = REQUIRED) -> Any:
-  """Declares a config field that holds a child node of `registry`."""
-  kwargs = {"metadata": {_REGISTRY_KEY: registry}}
+def child(registry: str, default: Any = REQUIRED, *, kind: str | None = None) -> Any:
+  """Declares a config field that holds a child node of `registry`.
+
+  `kind`: the child's default kind; `node()` then fills the field with that kind's node.
+  """
+  kwargs: dict[str, Any] = {"metadata": {_REGISTRY_KEY: registry, _DEFAULT_KIND_KEY: kind}}
   if default is not REQUIRED:
     kwargs["default"] = default
   return dataclasses.field(**kwargs)
+
+
+def child_registry(f: dataclasses.Field) -> Registry | None:
+  """The registry of a `child()` field, else None."""
+  name = f.metadata.get(_REGISTRY_KEY)
+  return None if name is None else _ALL[name]
 
 
 _ALL: dict[str, Registry] = {}
@@ -64,7 +78,7 @@ def registry(name: str) -> Registry:
 
 
 @dataclasses.dataclass(frozen=True)
-class Entry:
+class Component:
   kind: str
   config_cls: type
   target: Any  # what `build` constructs: a module class or a factory function
@@ -77,7 +91,7 @@ class Registry:
     if name in _ALL:
       raise ValueError(f"registry {name!r} exists already")
     self.name = name
-    self._entries: dict[str, Entry] = {}
+    self._entries: dict[str, Component] = {}
     _ALL[name] = self
 
   def register(self, kind: str, config_cls: type) -> Callable[[Any], Any]:
@@ -87,7 +101,7 @@ class Registry:
     def decorator(target):
       if kind in self._entries:
         raise ValueError(f"{self.name} kind {kind!r} registered twice")
-      self._entries[kind] = Entry(kind, config_cls, target)
+      self._entries[kind] = Component(kind, config_cls, target)
       return target
 
     return decorator
@@ -95,7 +109,7 @@ class Registry:
   def kinds(self) -> list[str]:
     return sorted(self._entries)
 
-  def entry(self, kind: str, *, path: str = "") -> Entry:
+  def entry(self, kind: str, *, path: str = "") -> Component:
     if kind not in self._entries:
       where = f"{path}.kind" if path else f"{self.name} kind"
       raise ConfigError(
@@ -109,22 +123,50 @@ class Registry:
     """A ConfigDict with every field of `kind`, defaults filled in.
 
     Config files call this so that every option is visible (and overridable)
-    in the resolved config. Child fields must be given as nodes.
+    in the resolved config. Child fields must be given as nodes unless the
+    field names a default kind (`child(..., kind=...)`).
     """
-    entry = self.entry(kind)
-    out: dict[str, Any] = {"kind": kind}
-    fields = {f.name: f for f in dataclasses.fields(entry.config_cls) if f.name != "kind"}
-    hints = typing.get_type_hints(entry.config_cls)
+    return self._node(self.entry(kind), values, partial=False)
+
+  def switched(self, old: Any, kind: str, **values) -> ml_collections.ConfigDict:
+    """`kind`'s node in place of `old`: each field of `old` that `kind` also has (same
+    name, value valid for `kind`) is carried over, `values` are set, the rest of
+    `kind`'s fields take their defaults and `old`'s other fields are dropped.
+
+    A required field that nothing sets becomes a typed placeholder (None), which
+    `parse` reports as missing unless an override sets it. `old` may be None.
+    """
+    component = self.entry(kind)
+    fields = _fields(component.config_cls)
+    hints = typing.get_type_hints(component.config_cls)
+    carried = {}
+    items = old.items() if isinstance(old, (Mapping, ml_collections.ConfigDict)) else ()
+    for name, value in items:
+      if name in fields and name != "kind" and _valid(fields[name], hints[name], value):
+        carried[name] = value
+    return self._node(component, {**carried, **values}, partial=True)
+
+  def _node(self, component: Component, values: dict, *, partial: bool):
+    kind = component.kind
+    fields = {n: f for n, f in _fields(component.config_cls).items() if n != "kind"}
+    hints = typing.get_type_hints(component.config_cls)
     for key in values:
       if key not in fields:
-        raise ConfigError(f"{self.name} '{kind}' has no field '{key}'{suggest(key, fields)}")
+        raise ConfigError(f"{self.name} '{kind}' has no field '{key}'{suggest(key, fields)};"
+                          f" fields: {', '.join(sorted(fields))}")
+    out: dict[str, Any] = {"kind": kind}
     for name, f in fields.items():
+      default_kind = f.metadata.get(_DEFAULT_KIND_KEY)
       if name in values:
-        out[name] = values[name]
+        out[name] = _placeholder_or(hints[name], values[name])
       elif f.default is not dataclasses.MISSING:
         out[name] = _placeholder_or(hints[name], f.default)
       elif f.default_factory is not dataclasses.MISSING:
         out[name] = f.default_factory()
+      elif default_kind is not None:
+        out[name] = child_registry(f).node(default_kind)
+      elif partial:
+        out[name] = _placeholder_or(hints[name], None)
       else:
         raise ConfigError(f"{self.name} '{kind}': field '{name}' is required")
     return ml_collections.ConfigDict(out)
@@ -151,9 +193,22 @@ class Registry:
       inputs["name"] = name
     return entry.target(cfg=cfg, **inputs)
 
-  def target(self, cfg: Any) -> Any:
-    """The registered class or factory for `cfg`'s kind (e.g. to wrap it in nn.scan)."""
-    return self.entry(cfg.kind).target
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+  return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _valid(f: dataclasses.Field, tp: Any, value: Any) -> bool:
+  """Whether `value` may fill field `f` (of type `tp`) of another kind's node."""
+  reg = child_registry(f)
+  if reg is not None:
+    return value is None or (isinstance(value, (Mapping, ml_collections.ConfigDict))
+                             and value.get("kind") in reg.kinds())
+  try:
+    check_type(value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value, tp, "")
+  except ConfigError:
+    return False
+  return True
 
 
 def _placeholder_or(tp: Any, default: Any) -> Any:
@@ -188,12 +243,12 @@ def parse_dataclass(cls: type, node: Mapping, path: str, *, what: str) -> Any:
     if name not in node or (node[name] is None and f.default is REQUIRED
                             and f.default_factory is dataclasses.MISSING):
       if f.default is REQUIRED and f.default_factory is dataclasses.MISSING:
-        raise ConfigError(f"{sub}: required field of {what} is missing")
+        raise ConfigError(f"{sub}: required field of {what} is missing (set --config.{sub}=...)")
       continue
     value = node[name]
-    reg = f.metadata.get(_REGISTRY_KEY)
+    reg = child_registry(f)
     if reg is not None:
-      values[name] = None if value is None else _ALL[reg].parse(value, sub)
+      values[name] = None if value is None else reg.parse(value, sub)
     else:
       values[name] = check_type(value, hints[name], sub)
   return cls(**values)

@@ -1,5 +1,11 @@
 """Loading `--config=FILE[:arg]` with config_flags (locked), with one-line errors.
 
+Between loading the file and applying the `--config.*` overrides, every kind switch
+`--config.<path>.kind=K` replaces the node at <path> by K's node (parents before
+children, whatever the order on the command line; trainer.config.switch_kind), so
+that the other overrides may then set K's fields. Every override path is checked
+against the switched config before config_flags sees it.
+
 ml_collections reports mistakes as long tracebacks or bare KeyErrors; this
 module turns each into a UserError that says what is wrong and how to fix it.
 """
@@ -13,8 +19,11 @@ import sys
 import ml_collections
 from absl import flags
 from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from launcher.errors import UserError, suggest
+from core import paths
+from launcher.errors import ConfigError, UserError, suggest
+from trainer.config import switch_kind
 
 
 def define(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -27,6 +36,44 @@ def define(fv: flags.FlagValues, argv: list[str]) -> None:
       "config", None, "Python config file with get_config(arg=None), optionally FILE:key=value,"
       " ...; override fields with --config.a.b=value.", flag_values=fv, lock_config=True,
       sys_argv=argv)
+  fv["config"].parser = _SwitchingParser(argv)
+
+
+class Refused(flags.Error):
+  """A ConfigError found while loading (absl would wrap a ValueError in its flag message)."""
+
+
+class _SwitchingParser(ConfigFileFlagParser):
+  """config_flags' file parser, plus the kind switches and override checks before locking."""
+
+  def __init__(self, argv: list[str]):
+    super().__init__(name="config", lock_config=False)  # locked below, after the switches
+    self._argv = argv
+
+  def parse(self, path):
+    cfg = super().parse(path)
+    if isinstance(cfg, ml_collections.ConfigDict):
+      try:
+        prepare(cfg, overrides(self._argv))
+      except ConfigError as e:
+        raise Refused(str(e)) from None
+      cfg.lock()
+    return cfg
+
+
+def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> None:
+  """Applies the kind switches among `items`, then checks that every override path names
+  a field (not a section) of the switched config."""
+  switches = {path[:-len(".kind")]: value for path, value in items if path.endswith(".kind")}
+  for path in sorted(switches, key=lambda p: p.count(".")):  # parents first
+    try:
+      paths.get_path(cfg, f"{path}.kind")
+    except ConfigError:
+      continue  # not a component: reported below as an unknown key
+    switch_kind(cfg, path, switches[path])
+  message = bad_override(cfg, items)
+  if message:
+    raise ConfigError(message)
 
 
 def overrides(argv: list[str]) -> list[tuple[str, str]]:
@@ -73,25 +120,25 @@ def load_plain(value: str) -> ml_collections.ConfigDict:
 
 
 def bad_override(config: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> str | None:
-  """A message for the first override whose path is not in `config`."""
-  for path, _ in items:
-    node, walked = config, []
-    for part in path.split("."):
-      keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      if part not in keys:
-        where = ".".join(walked) or "the config"
-        if not keys:
-          return f"--config.{path}: '{'.'.join(walked)}' is a value, not a section"
-        return (f"--config.{path}: unknown key '{part}' in {where}{suggest(part, keys)}"
-                f"; see --print_config")
-      node = node[part]
-      walked.append(part)
+  """A message for the first override whose path is not a field of `config`."""
+  for path, value in items:
+    try:
+      target = paths.get_path(config, path)
+    except ConfigError as e:
+      return f"--config.{path}: {e}"
+    if isinstance(target, ml_collections.ConfigDict):
+      fields = ", ".join(sorted(target.keys()))
+      return (f"--config.{path}={value}: '{path}' is a section, not a value; set its fields "
+              f"(--config.{path}.FIELD=VALUE{', or its kind' if 'kind' in target else ''}):"
+              f" {fields}")
   return None
 
 
 def translate(error: BaseException, argv: list[str]) -> UserError:
   """A one-line UserError for an exception raised while parsing the flags."""
   value = config_file_arg(argv)
+  if isinstance(error, Refused):
+    return UserError(str(error))
   if isinstance(error, flags.UnrecognizedFlagError):
     return UserError(f"unknown flag --{error.flagname}{suggest(error.flagname, _FLAG_NAMES)};"
                      f" see --help")
@@ -115,6 +162,8 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
         r"could not convert string to (\w+)", reason)
     if kind:
       reason = f"expected a value of type {kind[1]}"
+    elif reason.startswith("('Non-boolean argument"):
+      reason = "expected true or false"
     return UserError(f"{m[1]}={m[2]}: {reason}")
   return UserError(_last_line(text))
 

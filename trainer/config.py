@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Literal
 
 import ml_collections
 
-from core.registry import ConfigError, parse_dataclass, registry, suggest
+from core import paths
+from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,9 +101,9 @@ class InitConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
-  model: Any
-  optimizer: Any
-  data: Any
+  model: Any = child("model")
+  optimizer: Any = child("optimizer")
+  data: Any = child("data")
   trainer: TrainerConfig
   eval: EvalConfig
   mesh: MeshConfig
@@ -109,16 +111,7 @@ class RunConfig:
   init: InitConfig
 
 
-_SECTIONS = {
-    "model": ("model", None),
-    "optimizer": ("optimizer", None),
-    "data": ("data", None),
-    "trainer": (None, TrainerConfig),
-    "eval": (None, EvalConfig),
-    "mesh": (None, MeshConfig),
-    "checkpoint": (None, CheckpointConfig),
-    "init": (None, InitConfig),
-}
+_SECTIONS = [f.name for f in dataclasses.fields(RunConfig)]
 
 
 def section_node(cls: type, **values) -> ml_collections.ConfigDict:
@@ -146,12 +139,21 @@ def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
       raise ConfigError(f"unknown config section '{key}'{suggest(key, _SECTIONS)};"
                         f" sections: {', '.join(_SECTIONS)}")
   values = {}
-  for name, (reg, cls) in _SECTIONS.items():
+  hints = typing.get_type_hints(RunConfig)
+  for f in dataclasses.fields(RunConfig):
+    name, reg = f.name, child_registry(f)
     if name not in root:
       raise ConfigError(f"config has no '{name}' section")
     if reg is not None:
-      values[name] = registry(reg).parse(root[name], name)
+      values[name] = reg.parse(root[name], name)
     else:
-      values[name] = parse_dataclass(cls, root[name], name, what=f"section '{name}'")
+      values[name] = parse_dataclass(hints[name], root[name], name, what=f"section '{name}'")
       values[name].check()
   return RunConfig(**values)
+
+
+def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str,
+                **values) -> ml_collections.ConfigDict:
+  """Replaces the component at `path` of a run config by `kind`'s node, carrying over the
+  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node."""
+  return paths.switch_kind(cfg, path, kind, schema=RunConfig, **values)

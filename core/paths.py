@@ -1,0 +1,97 @@
+"""Dotted paths in a config (`model.block.ffn.hidden_dim`): get, set, and switch a node's kind.
+
+One walker serves the command line's overrides, the mesh rules and config files,
+so every unknown key is reported the same way: the key, where, a did-you-mean and,
+in a component node, the fields of its kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import ml_collections
+
+from core.registry import ConfigError, Registry, child_registry, suggest
+
+
+def _keys(node: Any) -> list[str]:
+  return list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+
+
+def _unknown(part: str, node: Any, walked: list[str]) -> str:
+  where = ".".join(walked) or "the config"
+  keys = _keys(node)
+  if "kind" in keys:
+    return (f"unknown field '{part}' of {where} (kind '{node['kind']}'){suggest(part, keys)};"
+            f" its fields: {', '.join(sorted(keys))}")
+  return f"unknown key '{part}' in {where}{suggest(part, keys)}; see --print_config"
+
+
+def parent_of(cfg: ml_collections.ConfigDict, path: str) -> tuple[ml_collections.ConfigDict, str]:
+  """(node holding the last key, last key) of `path`; ConfigError when a key is unknown."""
+  parts = path.split(".")
+  node, walked = cfg, []
+  for i, part in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict):
+      raise ConfigError(f"'{'.'.join(walked)}' is a value, not a section")
+    if part not in _keys(node):
+      raise ConfigError(_unknown(part, node, walked))
+    if i == len(parts) - 1:
+      return node, part
+    node = node[part]
+    walked.append(part)
+  raise ConfigError("empty config path")
+
+
+def get_path(cfg: ml_collections.ConfigDict, path: str) -> Any:
+  node, key = parent_of(cfg, path)
+  return node[key]
+
+
+def set_path(cfg: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets an existing field; ConfigError names the path when the key or type is wrong."""
+  node, key = parent_of(cfg, path)
+  try:
+    node[key] = value
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"{path}={value!r}: {' '.join(str(e).split())}") from None
+
+
+def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema: type,
+                **values) -> ml_collections.ConfigDict:
+  """Replaces the component node at `path` by `kind`'s node (Registry.switched); returns it.
+
+  `schema` is the dataclass of `cfg` (e.g. trainer.config.RunConfig); the registry of
+  each node on the way comes from its parent's `child()` field, so this works for every
+  registry without knowing any of them.
+  """
+  parts = path.split(".")
+  node: Any = cfg
+  for i, part in enumerate(parts):
+    where = ".".join(parts[:i + 1])
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    if part not in fields or part not in _keys(node):
+      raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i]))
+    reg = child_registry(fields[part])
+    if i == len(parts) - 1:
+      if reg is None:
+        raise ConfigError(f"{where}.kind: {where} is not a component with a kind")
+      reg.entry(kind, path=where)  # an unknown kind is reported with its path
+      new = reg.switched(node[part], kind, **values)
+      node[part] = new
+      return new
+    node = node[part]
+    schema = _schema(reg, typing.get_type_hints(schema)[part], node, where)
+  raise ConfigError("empty config path")
+
+
+def _schema(reg: Registry | None, hint: Any, node: Any, where: str) -> type:
+  if reg is not None:
+    if not isinstance(node, ml_collections.ConfigDict) or "kind" not in node:
+      raise ConfigError(f"{where}: expected a {reg.name} node with a 'kind' field")
+    return reg.entry(node["kind"], path=where).config_cls
+  if dataclasses.is_dataclass(hint) and isinstance(node, ml_collections.ConfigDict):
+    return hint
+  raise ConfigError(f"'{where}' is a value, not a section")
