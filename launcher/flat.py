@@ -15,6 +15,9 @@ def flatten(cfg, prefix: str = "") -> dict:
     path = f"{prefix}{key}"
     if isinstance(value, Mapping) and value:
       out.update(flatten(value, path + "."))
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
+      for i, item in enumerate(value):  # e.g. a mixture's components: data.sources[0].kind
+        out.update(flatten(item, f"{path}[{i}]."))
     else:
       out[path] = value
   return out

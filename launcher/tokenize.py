@@ -14,6 +14,7 @@ never overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -23,16 +24,13 @@ import numpy as np
 from absl import flags
 
 from launcher.errors import UserError
-from trainer.data import corpus as corpus_lib, documents
-from trainer.data.config import DataConfig
-
-_FILE_KINDS = ("text", "jsonl", "parquet", "arrayrecord")
+from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 
 
 def _flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus file, glob or directory.", flag_values=fv)
-  flags.DEFINE_enum("kind", "text", _FILE_KINDS, "Format of the input files.", flag_values=fv)
+  flags.DEFINE_enum("kind", "text", documents.FILE_KINDS, "Format of the input files.", flag_values=fv)
   flags.DEFINE_string("field", "text", "jsonl key / parquet column with the text.", flag_values=fv)
   flags.DEFINE_string("tokenizer", "bytes", "bytes | sentencepiece | huggingface.", flag_values=fv)
   flags.DEFINE_string("tokenizer_path", None, "SentencePiece .model or tokenizer.json.",
@@ -63,22 +61,18 @@ def main(argv: list[str]) -> int:
   out = pathlib.Path(fv.output_dir)
   if out.exists():
     raise UserError(f"--output_dir '{out}' exists; choose a new directory")
-  cfg = DataConfig(kind=fv.kind, path=fv.input, field=fv.field, tokenizer=fv.tokenizer,
-                   tokenizer_path=fv.tokenizer_path, add_bos=fv.add_bos, add_eos=fv.add_eos,
-                   on_error=fv.on_error)
-  cfg.check(vocab_size=0, seed=0)
-  tokenizer = corpus_lib.tokenizer_for(cfg)
-  files = documents.expand(cfg.path, what="--input")
-  errors = documents.Errors(cfg.on_error)
+  tokenizer = _tokenizer(fv)
+  files = documents.expand(fv.input, what="--input")
+  errors = documents.Errors(fv.on_error)
   partial = out.with_name(out.name + ".partial")
   if partial.exists():
     shutil.rmtree(partial)  # our own leftover from an interrupted run
   partial.mkdir(parents=True)
   writer = _ShardWriter(partial, fv.format, tokenizer.dtype, fv.shard_tokens)
   batch = []
-  for _, _, doc in documents.READERS[cfg.kind](files, errors=errors, field=cfg.field):
+  for _, _, doc in documents.READERS[fv.kind](files, errors=errors, field=fv.field):
     batch.append(doc)
-    if len(batch) == 512:
+    if len(batch) == corpus_lib.ENCODE_CHUNK:
       writer.add(tokenizer.encode(batch))
       batch = []
   writer.add(tokenizer.encode(batch))
@@ -89,7 +83,7 @@ def main(argv: list[str]) -> int:
   meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name, "shards": writer.names,
           "tokenizer": tokenizer.describe(), "num_docs": writer.num_docs,
           "num_tokens": writer.num_tokens, "skipped_documents": errors.skipped,
-          "source": {"kind": cfg.kind, "input": cfg.path, "field": cfg.field}}
+          "source": {"kind": fv.kind, "input": fv.input, "field": fv.field}}
   (partial / corpus_lib.META).write_text(json.dumps(meta, indent=1) + "\n")
   partial.rename(out)
   print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
@@ -97,6 +91,22 @@ def main(argv: list[str]) -> int:
         + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"
            if errors.skipped else ""))
   return 0
+
+
+def _tokenizer(fv: flags.FlagValues) -> tokenizers.Tokenizer:
+  reads = {f.name for f in dataclasses.fields(DATA.entry(fv.kind).config_cls)}
+  if fv["field"].present and "field" not in reads:
+    raise UserError(f"--field is not read by --kind={fv.kind} (only by jsonl and parquet)")
+  fields = {"add_bos": fv.add_bos, "add_eos": fv.add_eos}
+  if fv.tokenizer == "bytes":
+    if fv.tokenizer_path is not None:
+      raise UserError("--tokenizer_path is not used by the bytes tokenizer; set --tokenizer="
+                      "sentencepiece or huggingface, or drop the path")
+  elif fv.tokenizer_path is None:
+    raise UserError(f"--tokenizer={fv.tokenizer} needs --tokenizer_path (the model file)")
+  else:
+    fields["path"] = fv.tokenizer_path
+  return tokenizers.build(fv.tokenizer, **fields)
 
 
 class _ShardWriter:

@@ -17,6 +17,7 @@ from core.registry import ConfigError, registry
 from tests.conftest import ROOT
 from trainer.data import tokenizers
 from trainer.data.base import DATA
+from trainer.data.config import component
 from trainer.data.mixture import allocate
 
 ETX = 3  # the bytes tokenizer's EOS
@@ -53,7 +54,9 @@ def corpus(tmp_path_factory):
   return root
 
 
-def source(kind="jsonl", *, vocab_size=256, seed=0, **values):
+def source(kind="jsonl", *, vocab_size=256, seed=0, tokenizer=None, **values):
+  if tokenizer is not None:  # (kind, path)
+    values["tokenizer"] = registry("tokenizer").node(tokenizer[0], path=tokenizer[1])
   node = registry("data").node(kind, **{"seq_len": 32, "batch_size": 8, **values})
   return DATA.build(registry("data").parse(node, "data"), vocab_size=vocab_size, seed=seed)
 
@@ -215,8 +218,8 @@ def test_mixture_takes_rows_by_weight(corpus, tmp_path):
   (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": "B" * 50}) + "\n"
                                             for _ in range(30)))
   src = source("mixture", batch_size=8, sources=(
-      {"kind": "jsonl", "path": str(corpus / "c.jsonl"), "field": "body", "weight": 3},
-      {"kind": "jsonl", "path": str(tmp_path / "b.jsonl"), "weight": 1, "eval_percent": 20}))
+      component("jsonl", path=str(corpus / "c.jsonl"), field="body", weight=3),
+      component("jsonl", path=str(tmp_path / "b.jsonl"), weight=1, eval_percent=20)))
   got, state = batches(src, 3)
   for batch in got:
     only_b = [np.all(np.isin(r, [ord("B"), ETX])) for r in batch["inputs"]]
@@ -261,7 +264,7 @@ def hf_json(corpus):
 
 
 def test_bytes_tokenizer():
-  tok = tokenizers.build(kind="bytes", path=None, add_bos=True, add_eos=True)
+  tok = tokenizers.build("bytes", add_bos=True, add_eos=True)
   ids = tok.encode(["hé"])[0]
   assert ids.tolist() == [2, 104, 195, 169, 3] and tok.vocab_size == 256
 
@@ -269,7 +272,7 @@ def test_bytes_tokenizer():
 def test_sentencepiece_tokenizer_round_trip_and_specials(spm_model):
   import sentencepiece as spm
   sp = spm.SentencePieceProcessor(model_file=spm_model)
-  tok = tokenizers.build(kind="sentencepiece", path=spm_model, add_bos=True, add_eos=True)
+  tok = tokenizers.build("sentencepiece", path=spm_model, add_bos=True, add_eos=True)
   ids = tok.encode([TEXTS[5]])[0]
   assert ids[0] == sp.bos_id() and ids[-1] == sp.eos_id()
   assert sp.decode(ids[1:-1].tolist()) == TEXTS[5]
@@ -279,7 +282,7 @@ def test_sentencepiece_tokenizer_round_trip_and_specials(spm_model):
 def test_huggingface_tokenizer_round_trip_and_specials(hf_json):
   from tokenizers import Tokenizer
   ref = Tokenizer.from_file(hf_json)
-  tok = tokenizers.build(kind="huggingface", path=hf_json, add_bos=True, add_eos=True)
+  tok = tokenizers.build("huggingface", path=hf_json, add_bos=True, add_eos=True)
   ids = tok.encode([TEXTS[7]])[0]
   assert ids[0] == ref.token_to_id("<s>") and ids[-1] == ref.token_to_id("</s>")
   assert ref.decode(ids[1:-1].tolist()) == TEXTS[7]
@@ -288,14 +291,14 @@ def test_huggingface_tokenizer_round_trip_and_specials(hf_json):
 @pytest.mark.parametrize("which", ["sentencepiece", "huggingface"])
 def test_sources_with_trained_tokenizers(corpus, spm_model, hf_json, which):
   path = spm_model if which == "sentencepiece" else hf_json
-  src = source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer=which,
-               tokenizer_path=path, vocab_size=512)
+  src = source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer=(which, path),
+               vocab_size=512)
   (batch,), _ = batches(src, 1)
   assert batch["inputs"].max() < src.vocab_size <= 512
   with pytest.raises(ConfigError, match=f"model.vocab_size is 40; set --config.model.vocab_size="
                                         f"{src.vocab_size}"):
-    source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer=which,
-           tokenizer_path=path, vocab_size=40)
+    source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer=(which, path),
+           vocab_size=40)
 
 
 # -- pre-tokenized shards -------------------------------------------------------------------
@@ -313,8 +316,8 @@ def test_tokenize_then_train_on_tokens_matches_on_the_fly(corpus, hf_json, tmp_p
   meta = json.loads((out / "tokens.json").read_text())
   assert len(meta["shards"]) > 1 and meta["num_docs"] == len(TEXTS)
   tokens = source("tokens", path=str(out), vocab_size=512, eval_percent=10)
-  live = source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer="huggingface",
-                tokenizer_path=hf_json, vocab_size=512, eval_percent=10)
+  live = source("jsonl", path=str(corpus / "c.jsonl"), field="body",
+                tokenizer=("huggingface", hf_json), vocab_size=512, eval_percent=10)
   (a,), _ = batches(tokens, 1)
   assert tokens.vocab_size == live.vocab_size
   # same documents, so the pre-tokenized rows are pieces of the on-the-fly documents
@@ -331,16 +334,36 @@ def test_tokenize_then_train_on_tokens_matches_on_the_fly(corpus, hf_json, tmp_p
 # -- config validation ----------------------------------------------------------------------
 
 
-def test_fields_unused_by_the_kind_are_refused(corpus):
-  with pytest.raises(ConfigError, match="data.field is not used by data kind 'text'"):
+def test_each_kind_has_only_the_fields_it_reads(corpus):
+  with pytest.raises(ConfigError, match="data 'text' has no field 'field'"):
     source("text", path=str(corpus / "txt"), field="body")
-  with pytest.raises(ConfigError, match="data.path is not used by data kind 'stdlib'"):
+  with pytest.raises(ConfigError, match="data 'stdlib' has no field 'path'"):
     source("stdlib", path="x.txt")
-  with pytest.raises(ConfigError, match="needs data.path"):
+  with pytest.raises(ConfigError, match="data 'tokens' has no field 'tokenizer'"):
+    source("tokens", path="x", tokenizer=("huggingface", "t.json"))
+  with pytest.raises(ConfigError, match="field 'path' is required"):
     source("jsonl")
-  with pytest.raises(ConfigError, match="unknown tokenizer 'sentencepeice'.*did you mean"):
-    source("jsonl", path=str(corpus / "c.jsonl"), field="body", tokenizer="sentencepeice",
-           tokenizer_path=str(corpus / "c.jsonl"))
+  with pytest.raises(ConfigError, match="unknown tokenizer kind 'sentencepeice'.*did you mean"):
+    source("jsonl", path=str(corpus / "c.jsonl"), field="body",
+           tokenizer=("sentencepeice", str(corpus / "c.jsonl")))
+  with pytest.raises(ConfigError, match="tokenizer 'bytes' has no field 'path'"):
+    source("jsonl", path=str(corpus / "c.jsonl"), tokenizer=("bytes", "x.model"))
+  assert set(registry("data").node("synthetic")) == {"kind", "seq_len", "batch_size"}
+  assert set(registry("data").node("jsonl", path="x")) == {
+      "kind", "seq_len", "batch_size", "path", "eval_path", "eval_percent", "on_error", "field",
+      "tokenizer"}
+
+
+def test_mixture_components_are_nodes_of_corpus_kinds(corpus):
+  good = component("jsonl", path=str(corpus / "c.jsonl"), field="body", weight=1)
+  with pytest.raises(ConfigError, match=r"sources\[1\].seq_len: a component takes seq_len"):
+    source("mixture", sources=(good, {**good, "seq_len": 16}))
+  with pytest.raises(ConfigError, match=r"sources\[0\].kind: 'synthetic' is not a corpus kind"):
+    source("mixture", sources=({"kind": "synthetic", "weight": 1},))
+  with pytest.raises(ConfigError, match=r"sources\[0\].weight must be a positive number"):
+    source("mixture", sources=({**good, "weight": 0},))
+  with pytest.raises(ConfigError, match=r"sources\[0\].field: unknown field of data 'text'"):
+    source("mixture", sources=({**good, "kind": "text"},))
 
 
 def test_moving_the_corpus_keeps_split_and_batches(corpus, tmp_path):

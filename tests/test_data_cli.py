@@ -71,14 +71,14 @@ def test_bad_input_at_start_up(capsys, tmp_path):
   assert train_error(capsys, tmp_path, "--config.data.kind=text",
                      f"--config.data.path={tmp_path}/*.md") == \
       f"data.path '{tmp_path}/*.md': no files match the glob"
-  assert "data.field is not used by data kind 'stdlib'" in train_error(
-      capsys, tmp_path, "--config.data.field=body")
+  assert train_error(capsys, tmp_path, "--config.data.field=body").startswith(
+      "--config.data.field: unknown field 'field' of data (kind 'stdlib'); its fields: ")
   corpus = write_jsonl(tmp_path / "c.jsonl")
   bad_model = tmp_path / "bad.model"
   bad_model.write_text("not a model")
   assert train_error(capsys, tmp_path, "--config.data.kind=jsonl", f"--config.data.path={corpus}",
-                     "--config.data.tokenizer=sentencepiece",
-                     f"--config.data.tokenizer_path={bad_model}").startswith(
+                     "--config.data.tokenizer.kind=sentencepiece",
+                     f"--config.data.tokenizer.path={bad_model}").startswith(
       f"tokenizer file '{bad_model}' is not a SentencePiece model")
 
 
@@ -108,7 +108,9 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
       f"tokenizer file '{bad_json}' is not a Hugging Face tokenizer.json")
   assert tokenize_error(capsys, tmp_path, f"--input={good}", "--tokenizer=sentencepiece",
                         f"--tokenizer_path={tmp_path / 'none.model'}") == \
-      f"tokenizer file '{tmp_path / 'none.model'}' not found (data.tokenizer_path)"
+      f"tokenizer file '{tmp_path / 'none.model'}' not found"
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=text", "--field=body") == \
+      "--field is not read by --kind=text (only by jsonl and parquet)"
   # policy skip: the bad lines are skipped and counted, the rest is tokenized
   code, _ = run(capsys, "tokenize", f"--input={broken}", "--kind=jsonl", "--on_error=skip",
                 f"--output_dir={tmp_path / 'ok'}")

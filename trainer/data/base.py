@@ -54,10 +54,14 @@ class Source(abc.ABC):
     return {}
 
 
-def check_batch_split(batch_size: int, process_count: int, what: str = "data.batch_size"):
+def local_rows(batch_size: int, *, process_index: int, process_count: int,
+               what: str = "data.batch_size") -> slice:
+  """This process's rows p * B/P ... (p + 1) * B/P - 1 of a global batch of B rows."""
   if batch_size <= 0 or batch_size % process_count:
     raise ConfigError(f"{what} {batch_size} must be positive and divisible by the "
                       f"{process_count} JAX processes")
+  local = batch_size // process_count
+  return slice(process_index * local, (process_index + 1) * local)
 
 
 class StepIndexedIterator(DataIterator):
@@ -92,8 +96,9 @@ class StepIndexedIterator(DataIterator):
     self.step = int(state["step"])
 
 
-def process_rows(step: int, *, batch_size: int, process_index: int,
-                 process_count: int) -> np.ndarray:
-  """Global row indices of this process's slice of the batch at `step`."""
-  local = batch_size // process_count
-  return step * batch_size + process_index * local + np.arange(local)
+def process_rows(step: int, *, batch_size: int, process_index: int, process_count: int,
+                 what: str = "data.batch_size") -> np.ndarray:
+  """Stream row indices of this process's slice of the batch at `step`."""
+  rows = local_rows(batch_size, process_index=process_index, process_count=process_count,
+                    what=what)
+  return step * batch_size + np.arange(rows.start, rows.stop)

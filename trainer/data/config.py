@@ -1,115 +1,146 @@
-"""The one config node shared by every data kind, so that a kind switch is one override.
+"""The config of each data kind: a dataclass with only the fields its source reads.
 
     axtrain --config=configs/tiny.py --config.data.kind=jsonl --config.data.path=corpus.jsonl
 
-Config nodes are locked and typed, so if each kind had its own fields the
-override above could not work (the node of `stdlib` has no `path`). Every kind
-registers this same dataclass instead; `check` refuses a field that the
-selected kind does not use when it differs from its default, so nothing is
-silently ignored.
+switches `data` from the config file's kind to `jsonl`'s node (core/paths.py:switch_kind):
+`seq_len`, `batch_size`, `eval_percent` and the `tokenizer` node carry over, `path` is
+set by the next override, and a field `jsonl` does not read is refused by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
-from core.registry import ConfigError, suggest
+import ml_collections
 
-FILE_KINDS = ("text", "jsonl", "parquet", "arrayrecord")
-TOKENIZER_FIELDS = ("tokenizer", "tokenizer_path", "add_bos", "add_eos")
-_FILE_FIELDS = ("path", "eval_path", "on_error", *TOKENIZER_FIELDS)
+from core.registry import REQUIRED, ConfigError, child, suggest
+from trainer.data.base import DATA
+from trainer.data.documents import FILE_KINDS
 
-# Fields each kind reads besides kind, seq_len and batch_size.
-USES: dict[str, tuple[str, ...]] = {
-    "stdlib": ("eval_percent", *TOKENIZER_FIELDS),
-    "synthetic": (),
-    "text": (*_FILE_FIELDS, "eval_percent"),
-    "jsonl": (*_FILE_FIELDS, "eval_percent", "field"),
-    "parquet": (*_FILE_FIELDS, "eval_percent", "field"),
-    "arrayrecord": (*_FILE_FIELDS, "eval_percent"),
-    "tokens": ("path", "eval_path", "eval_percent"),
-    "mixture": ("sources", "on_error", *TOKENIZER_FIELDS),
-}
-# Keys a mixture component may set; the rest (tokenizer, seq_len, ...) comes from data.
-COMPONENT_KEYS = ("kind", "weight", "path", "field", "eval_path", "eval_percent")
+SHAPE_FIELDS = ("seq_len", "batch_size")  # a mixture's components take these from the mixture
+CORPUS_KINDS = ("stdlib", *FILE_KINDS, "tokens")  # the kinds a mixture can hold
+_EVAL_PERCENT = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig:
-  kind: str = "stdlib"
+class _Batches:
   seq_len: int = 256  # tokens per training sequence
   batch_size: int = 32  # global batch (sequences)
-  path: str | None = None  # file, glob or directory of the corpus (file kinds; `tokens`: a tokenize dir)
-  field: str = "text"  # jsonl key / parquet column holding the document text
-  eval_path: str | None = None  # held-out corpus of the same kind; None: hold out eval_percent
-  eval_percent: int = 2  # share of documents held out for evaluation (%), by a hash of their name
-  tokenizer: str = "bytes"  # bytes | sentencepiece | huggingface
-  tokenizer_path: str | None = None  # SentencePiece .model or Hugging Face tokenizer.json file
-  add_bos: bool = False  # prepend the tokenizer's BOS id to every document
-  add_eos: bool = True  # append the tokenizer's EOS id to every document (the packing separator)
-  on_error: Literal["stop", "skip"] = "stop"  # bad document: stop with an error, or skip and count
-  sources: tuple = ()  # mixture: ({"kind": ..., "weight": ..., "path": ..., "field": ...}, ...)
 
   def check(self, *, vocab_size: int, seed: int):
-    del vocab_size, seed  # the tokenizer's vocabulary is checked when it is loaded
+    del vocab_size, seed  # a tokenizer's vocabulary is checked when it is loaded
     if self.seq_len <= 0 or self.batch_size <= 0:
       raise ConfigError(f"data.seq_len and data.batch_size must be positive, got "
                         f"{self.seq_len} and {self.batch_size}")
-    uses = USES[self.kind]
-    defaults = DataConfig()
-    for f in dataclasses.fields(self):
-      if f.name in ("kind", "seq_len", "batch_size") or f.name in uses:
-        continue
-      if getattr(self, f.name) != getattr(defaults, f.name):
-        users = [k for k, v in USES.items() if f.name in v]
-        raise ConfigError(f"data.{f.name} is not used by data kind '{self.kind}' (it is used by "
-                          f"{', '.join(users)}); remove the override or change data.kind")
-    if "path" in uses and self.kind != "mixture" and not self.path:
-      raise ConfigError(f"data kind '{self.kind}' needs data.path (a file, glob or directory), "
-                        f"e.g. --config.data.path=corpus.{_EXT.get(self.kind, 'txt')}")
-    if "eval_percent" in uses:
-      if self.eval_path is not None and self.eval_percent != defaults.eval_percent:
-        raise ConfigError("set data.eval_path or data.eval_percent, not both")
-      if not 0 < self.eval_percent < 100:
-        raise ConfigError(f"data.eval_percent must be in 1..99, got {self.eval_percent}")
-    if self.kind == "mixture":
-      check_components(self.sources)
 
 
-_EXT = {"jsonl": "jsonl", "parquet": "parquet", "arrayrecord": "array_record", "tokens": "d"}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticConfig(_Batches):
+  """Uniformly random tokens (benchmarks)."""
+  kind: str = "synthetic"
 
 
-def check_components(sources) -> None:
-  if not sources:
-    raise ConfigError("data kind 'mixture' needs data.sources, e.g. "
-                      "({'kind': 'jsonl', 'path': 'a.jsonl', 'weight': 0.7}, "
-                      "{'kind': 'text', 'path': 'b/*.txt', 'weight': 0.3})")
-  for i, src in enumerate(sources):
-    where = f"data.sources[{i}]"
-    if not isinstance(src, dict):
-      raise ConfigError(f"{where} must be a dict with kind, weight, path, got {src!r}")
-    for key in src:
-      if key not in COMPONENT_KEYS:
-        raise ConfigError(f"{where}: unknown key '{key}'{suggest(key, COMPONENT_KEYS)}; keys: "
-                          f"{', '.join(COMPONENT_KEYS)} (tokenizer and shapes come from data)")
-    kind = src.get("kind")
-    if kind not in USES or kind in ("mixture", "synthetic"):
-      choices = [k for k in USES if k not in ("mixture", "synthetic")]
-      raise ConfigError(f"{where}.kind: '{kind}' is not a corpus kind{suggest(kind, choices)}; "
-                        f"choose one of {', '.join(choices)}")
-    weight = src.get("weight")
-    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
-      raise ConfigError(f"{where}.weight must be a positive number, got {weight!r}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _HeldOut(_Batches):
+  eval_percent: int = _EVAL_PERCENT  # share of documents held out for evaluation (%), by a hash of their name
+
+  def check(self, *, vocab_size: int, seed: int):
+    super().check(vocab_size=vocab_size, seed=seed)
+    if not 0 < self.eval_percent < 100:
+      raise ConfigError(f"data.eval_percent must be in 1..99, got {self.eval_percent}")
 
 
-def component(cfg: DataConfig, src: dict) -> DataConfig:
-  """The DataConfig of one mixture component: its own corpus keys, the mixture's tokenizer."""
-  values = {k: v for k, v in src.items() if k != "weight"}
-  out = dataclasses.replace(cfg, sources=(), **values)
-  if out.kind in ("stdlib", "tokens"):
-    out = dataclasses.replace(out, on_error=DataConfig.on_error)
-  if out.kind == "tokens":
-    out = dataclasses.replace(out, **{k: getattr(DataConfig, k) for k in TOKENIZER_FIELDS})
-  out.check(vocab_size=0, seed=0)
-  return out
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Files(_HeldOut):
+  path: str = REQUIRED  # file, glob (`**` recurses) or directory; tokens: an `axtrain tokenize` output
+  eval_path: str | None = None  # held-out corpus of the same kind; None: hold out eval_percent
+
+  def check(self, *, vocab_size: int, seed: int):
+    super().check(vocab_size=vocab_size, seed=seed)
+    if self.eval_path is not None and self.eval_percent != _EVAL_PERCENT:
+      raise ConfigError("set data.eval_path or data.eval_percent, not both")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StdlibConfig(_HeldOut):
+  """The running Python's standard-library .py files (the embedded demo corpus)."""
+  kind: str = "stdlib"
+  tokenizer: Any = child("tokenizer", kind="bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileConfig(_Files):
+  """text (a file is a document) and arrayrecord (a record is a document)."""
+  kind: str = "text"
+  on_error: Literal["stop", "skip"] = "stop"  # bad document: stop with an error, or skip and count
+  tokenizer: Any = child("tokenizer", kind="bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FieldFileConfig(FileConfig):
+  """jsonl and parquet: the document is one field of a record."""
+  kind: str = "jsonl"
+  field: str = "text"  # jsonl key / parquet column holding the document text
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokensConfig(_Files):
+  """Directories written by `axtrain tokenize` (they record their own tokenizer)."""
+  kind: str = "tokens"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixtureConfig(_Batches):
+  """Weighted corpora; each component is a data node of a corpus kind with a `weight`
+  (build them with `component`), and takes seq_len and batch_size from the mixture."""
+  kind: str = "mixture"
+  sources: tuple = REQUIRED  # (component(...), ...)
+
+  def check(self, *, vocab_size: int, seed: int):
+    super().check(vocab_size=vocab_size, seed=seed)
+    self.components()
+
+  def components(self) -> list[tuple[float, Any]]:
+    """(weight, parsed config) of each component."""
+    if not self.sources:
+      raise ConfigError("data kind 'mixture' needs data.sources, e.g. (component('jsonl', "
+                        "path='a.jsonl', weight=0.7), component('text', path='b/*.txt', "
+                        "weight=0.3)) from trainer.data.config")
+    return [_parse_component(src, i, seq_len=self.seq_len, batch_size=self.batch_size)
+            for i, src in enumerate(self.sources)]
+
+
+def component(kind: str, *, weight: float, **fields) -> dict:
+  """A mixture component: `kind`'s data node (every field, defaults filled) without the
+  mixture's seq_len and batch_size, plus its weight."""
+  _check_corpus_kind(kind, "component kind")
+  node = DATA.node(kind, **fields).to_dict()
+  return {"kind": kind, "weight": weight,
+          **{k: v for k, v in node.items() if k not in (*SHAPE_FIELDS, "kind")}}
+
+
+def _check_corpus_kind(kind: Any, where: str) -> None:
+  if kind not in CORPUS_KINDS:
+    raise ConfigError(f"{where}: '{kind}' is not a corpus kind{suggest(kind, CORPUS_KINDS)}; "
+                      f"choose one of {', '.join(CORPUS_KINDS)}")
+
+
+def _parse_component(src: Any, i: int, *, seq_len: int, batch_size: int) -> tuple[float, Any]:
+  where = f"data.sources[{i}]"
+  if isinstance(src, ml_collections.ConfigDict):
+    src = src.to_dict()
+  if not isinstance(src, dict):
+    raise ConfigError(f"{where} must be a data node with a weight (trainer.data.config."
+                      f"component), got {src!r}")
+  for key in SHAPE_FIELDS:
+    if key in src:
+      raise ConfigError(f"{where}.{key}: a component takes {key} from the mixture (data.{key})")
+  _check_corpus_kind(src.get("kind"), f"{where}.kind")
+  weight = src.get("weight")
+  if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+    raise ConfigError(f"{where}.weight must be a positive number, got {weight!r}")
+  node = {k: v for k, v in src.items() if k != "weight"}
+  cfg = DATA.parse({**node, "seq_len": seq_len, "batch_size": batch_size}, where)
+  cfg.check(vocab_size=0, seed=0)
+  return float(weight), cfg

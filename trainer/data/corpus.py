@@ -19,11 +19,11 @@ import numpy as np
 
 from core.registry import ConfigError
 from trainer.data import documents, tokenizers
-from trainer.data.config import DataConfig
+from trainer.data.config import FieldFileConfig, FileConfig, StdlibConfig, TokensConfig
 from trainer.data.packing import TokenCorpus
 
 META = "tokens.json"  # metadata file of a pre-tokenized directory
-_ENCODE_CHUNK = 512  # documents per tokenizer call
+ENCODE_CHUNK = 512  # documents per tokenizer call
 
 
 @dataclasses.dataclass
@@ -35,9 +35,9 @@ class Split:
   describe: dict  # what the corpus is, for the resume check
 
 
-def tokenizer_for(cfg: DataConfig) -> tokenizers.Tokenizer:
-  return tokenizers.build(kind=cfg.tokenizer, path=cfg.tokenizer_path, add_bos=cfg.add_bos,
-                          add_eos=cfg.add_eos)
+def text_field(cfg: FileConfig) -> str | None:
+  """The record field holding the text (jsonl, parquet), else None."""
+  return cfg.field if isinstance(cfg, FieldFileConfig) else None
 
 
 def held_out(hashes: np.ndarray, percent: int, *, what: str) -> np.ndarray:
@@ -64,12 +64,12 @@ def name_hashes(keys: list[str]) -> np.ndarray:
 
 def encode_all(docs: list, tokenizer: tokenizers.Tokenizer) -> list[np.ndarray]:
   out = []
-  for i in range(0, len(docs), _ENCODE_CHUNK):
-    out.extend(tokenizer.encode(docs[i:i + _ENCODE_CHUNK]))
+  for i in range(0, len(docs), ENCODE_CHUNK):
+    out.extend(tokenizer.encode(docs[i:i + ENCODE_CHUNK]))
   return out
 
 
-def read_docs(kind: str, path: str, *, field: str, errors: documents.Errors,
+def read_docs(kind: str, path: str, *, field: str | None, errors: documents.Errors,
               what: str) -> tuple[list[str], list]:
   files = documents.expand(path, what=what)
   # Names relative to the corpus root, so that moving the corpus keeps its split.
@@ -92,21 +92,23 @@ def stdlib_docs() -> tuple[list[str], list[bytes]]:
   return [p.relative_to(root).as_posix() for p in paths], [p.read_bytes() for p in paths]
 
 
-def load(cfg: DataConfig) -> Split:
+def load(cfg: StdlibConfig | FileConfig | TokensConfig) -> Split:
   """Train and eval corpora for a (non-mixture) data config."""
-  if cfg.kind == "tokens":
+  if isinstance(cfg, TokensConfig):
     return _load_tokens(cfg)
-  tokenizer = tokenizer_for(cfg)
-  errors = documents.Errors(cfg.on_error)
-  if cfg.kind == "stdlib":
+  tokenizer = tokenizers.TOKENIZERS.build(cfg.tokenizer)
+  if isinstance(cfg, StdlibConfig):
+    errors, field, path, eval_path = documents.Errors("stop"), None, None, None
     keys, docs = stdlib_docs()
     if tokenizer.cfg.kind != "bytes":  # a few stdlib test files are deliberately not UTF-8
       docs = [d.decode("utf-8", errors="replace") for d in docs]
   else:
-    keys, docs = read_docs(cfg.kind, cfg.path, field=cfg.field, errors=errors, what="data.path")
+    errors, field, path, eval_path = (documents.Errors(cfg.on_error), text_field(cfg), cfg.path,
+                                      cfg.eval_path)
+    keys, docs = read_docs(cfg.kind, path, field=field, errors=errors, what="data.path")
   tokens = encode_all(docs, tokenizer)
-  if cfg.eval_path is not None:
-    _, eval_docs = read_docs(cfg.kind, cfg.eval_path, field=cfg.field, errors=errors,
+  if eval_path is not None:
+    _, eval_docs = read_docs(cfg.kind, eval_path, field=field, errors=errors,
                              what="data.eval_path")
     train, held = TokenCorpus.from_docs(tokens), TokenCorpus.from_docs(
         encode_all(eval_docs, tokenizer))
@@ -114,13 +116,13 @@ def load(cfg: DataConfig) -> Split:
     corpus = TokenCorpus.from_docs(tokens)
     mask = held_out(name_hashes(keys), cfg.eval_percent, what=f"data '{cfg.kind}'")
     train, held = corpus.subset(np.flatnonzero(~mask)), corpus.subset(np.flatnonzero(mask))
-  describe = {"kind": cfg.kind, "path": cfg.path, "field": cfg.field,
+  describe = {"kind": cfg.kind, "path": path, "field": field,
               "tokenizer": tokenizer.describe(), "train_docs": train.num_docs,
               "train_tokens": train.num_tokens}
   return Split(train, held, tokenizer.vocab_size, errors.skipped, describe)
 
 
-def _load_tokens(cfg: DataConfig) -> Split:
+def _load_tokens(cfg: TokensConfig) -> Split:
   train, meta = read_tokens_dir(cfg.path, what="data.path")
   if cfg.eval_path is not None:
     held, eval_meta = read_tokens_dir(cfg.eval_path, what="data.eval_path")

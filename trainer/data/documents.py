@@ -65,7 +65,7 @@ def _utf8(data: bytes, where: str, errors: Errors) -> str | None:
 Doc = tuple[str, str, str]
 
 
-def read_text(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
+def read_text(files: list[str], *, errors: Errors, field: str | None) -> Iterator[Doc]:
   del field
   for path in files:
     data = pathlib.Path(path).read_bytes()
@@ -136,7 +136,7 @@ def read_parquet(files: list[str], *, errors: Errors, field: str) -> Iterator[Do
         yield path, place, value
 
 
-def read_arrayrecord(files: list[str], *, errors: Errors, field: str) -> Iterator[Doc]:
+def read_arrayrecord(files: list[str], *, errors: Errors, field: str | None) -> Iterator[Doc]:
   del field
   for path in files:
     for i, record in enumerate(arrayrecord_records(path)):
@@ -157,3 +157,4 @@ def arrayrecord_records(path: str) -> list[bytes]:
 
 READERS = {"text": read_text, "jsonl": read_jsonl, "parquet": read_parquet,
            "arrayrecord": read_arrayrecord}
+FILE_KINDS = tuple(READERS)  # the data kinds that read user files (also `axtrain tokenize --kind`)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from core.registry import ConfigError
-from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, check_batch_split
-from trainer.data.config import DataConfig, component
+from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows
+from trainer.data.config import MixtureConfig
 from trainer.data.sources import CorpusSource
 
 
@@ -26,14 +26,15 @@ def allocate(weights: list[float], batch_size: int) -> list[int]:
   return counts.tolist()
 
 
-@DATA.register("mixture", DataConfig)
+@DATA.register("mixture", MixtureConfig)
 class MixtureSource(Source):
 
-  def __init__(self, *, cfg: DataConfig, vocab_size: int, seed: int):
+  def __init__(self, *, cfg: MixtureConfig, vocab_size: int, seed: int):
     self.batch_size, self.seq_len, self.seed = cfg.batch_size, cfg.seq_len, seed
-    self.parts = [CorpusSource(cfg=component(cfg, src), vocab_size=vocab_size, seed=(seed, i))
-                  for i, src in enumerate(cfg.sources)]
-    self.weights = [float(src["weight"]) for src in cfg.sources]
+    components = cfg.components()
+    self.parts = [CorpusSource(cfg=part, vocab_size=vocab_size, seed=(seed, i))
+                  for i, (_, part) in enumerate(components)]
+    self.weights = [weight for weight, _ in components]
     self.counts = allocate(self.weights, cfg.batch_size)
     if 0 in self.counts:
       i = self.counts.index(0)
@@ -56,22 +57,17 @@ class MixtureSource(Source):
              else np.arange(batch_size))
     return {k: v[order[rows]] for k, v in batch.items()}
 
-  def _rows(self, batch_size: int, process_index: int, process_count: int) -> slice:
-    local = batch_size // process_count
-    return slice(process_index * local, (process_index + 1) * local)
-
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
-    check_batch_split(self.batch_size, process_count)
-    rows = self._rows(self.batch_size, process_index, process_count)
+    rows = local_rows(self.batch_size, process_index=process_index, process_count=process_count)
     packers = [p.train for p in self.parts]
     return StepIndexedIterator(
         lambda step: self._batch(step, batch_size=self.batch_size, counts=self.counts,
                                  packers=packers, shuffle=True, rows=rows), stream=self.stream)
 
   def eval_batches(self, *, batch_size, num_batches, process_index, process_count):
-    check_batch_split(batch_size, process_count, "eval.batch_size")
+    rows = local_rows(batch_size, process_index=process_index, process_count=process_count,
+                      what="eval.batch_size")
     counts = allocate(self.weights, batch_size)
-    rows = self._rows(batch_size, process_index, process_count)
     packers = [p.eval for p in self.parts]
     return [self._batch(i, batch_size=batch_size, counts=counts, packers=packers, shuffle=False,
                         rows=rows) for i in range(num_batches)]

@@ -14,9 +14,8 @@ import functools
 
 from core.registry import ConfigError
 from trainer.data import corpus as corpus_lib
-from trainer.data.base import (DATA, Batch, Source, StepIndexedIterator, check_batch_split,
-                               process_rows)
-from trainer.data.config import DataConfig
+from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows, process_rows
+from trainer.data.config import FieldFileConfig, FileConfig, StdlibConfig, TokensConfig
 from trainer.data.packing import Packer
 
 
@@ -26,21 +25,24 @@ def check_vocab(vocab: int, model_vocab: int, what: str) -> None:
                       f"--config.model.vocab_size={vocab} (or more)")
 
 
+CorpusConfig = StdlibConfig | FileConfig | TokensConfig
+
+
 @functools.lru_cache(maxsize=2)
-def _load_stdlib(cfg: DataConfig) -> corpus_lib.Split:
+def _load_stdlib(cfg: StdlibConfig) -> corpus_lib.Split:
   return corpus_lib.load(cfg)
 
 
-def _load(cfg: DataConfig) -> corpus_lib.Split:
+def _load(cfg: CorpusConfig) -> corpus_lib.Split:
   # The embedded corpus does not change while we run: read it once per process even when
   # several experiments build it (tests); user files are read afresh every time.
-  return _load_stdlib(cfg) if cfg.kind == "stdlib" else corpus_lib.load(cfg)
+  return _load_stdlib(cfg) if isinstance(cfg, StdlibConfig) else corpus_lib.load(cfg)
 
 
 class CorpusSource(Source):
   """Packed rows of a tokenized corpus; the batch at a step is a function of (seed, step)."""
 
-  def __init__(self, *, cfg: DataConfig, vocab_size: int, seed: int | tuple):
+  def __init__(self, *, cfg: CorpusConfig, vocab_size: int, seed: int | tuple):
     self.cfg = cfg
     self.batch_size, self.seq_len = cfg.batch_size, cfg.seq_len
     split = _load(dataclasses.replace(cfg, seq_len=1, batch_size=1))
@@ -55,20 +57,24 @@ class CorpusSource(Source):
                    "seed": list(seed)}
 
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
-    check_batch_split(self.batch_size, process_count)
+    local_rows(self.batch_size, process_index=process_index,
+               process_count=process_count)  # refuses a batch the processes cannot split
     rows = functools.partial(process_rows, batch_size=self.batch_size,
                              process_index=process_index, process_count=process_count)
     return StepIndexedIterator(lambda step: self.train.rows(rows(step)), stream=self.stream)
 
   def eval_batches(self, *, batch_size, num_batches, process_index, process_count) -> list[Batch]:
-    check_batch_split(batch_size, process_count, "eval.batch_size")
     return [self.eval.rows(process_rows(i, batch_size=batch_size, process_index=process_index,
-                                        process_count=process_count))
+                                        process_count=process_count, what="eval.batch_size"))
             for i in range(num_batches)]
 
   def metrics(self) -> dict:
     return {"data_skipped_documents": self.skipped} if self.skipped else {}
 
 
-for _kind in ("stdlib", "text", "jsonl", "parquet", "arrayrecord", "tokens"):
-  DATA.register(_kind, DataConfig)(CorpusSource)
+DATA.register("stdlib", StdlibConfig)(CorpusSource)
+DATA.register("text", FileConfig)(CorpusSource)
+DATA.register("arrayrecord", FileConfig)(CorpusSource)
+DATA.register("jsonl", FieldFileConfig)(CorpusSource)
+DATA.register("parquet", FieldFileConfig)(CorpusSource)
+DATA.register("tokens", TokensConfig)(CorpusSource)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.data.base import DATA, Source, StepIndexedIterator, check_batch_split
-from trainer.data.config import DataConfig
+from trainer.data.base import DATA, Source, StepIndexedIterator, local_rows
+from trainer.data.config import SyntheticConfig
 
 
 def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size):
@@ -16,23 +16,20 @@ def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_siz
           "weights": np.ones((len(tokens), seq_len), np.float32)}
 
 
-@DATA.register("synthetic", DataConfig)
+@DATA.register("synthetic", SyntheticConfig)
 class SyntheticSource(Source):
 
-  def __init__(self, *, cfg: DataConfig, vocab_size: int, seed: int):
+  def __init__(self, *, cfg: SyntheticConfig, vocab_size: int, seed: int):
     self.vocab_size, self.seed = vocab_size, seed
     self.batch_size, self.seq_len = cfg.batch_size, cfg.seq_len
 
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
-    check_batch_split(self.batch_size, process_count)
-    local = self.batch_size // process_count
-    rows = slice(process_index * local, (process_index + 1) * local)
+    rows = local_rows(self.batch_size, process_index=process_index, process_count=process_count)
     return StepIndexedIterator(lambda step: _random_batch(
         (self.seed,), step, rows, self.batch_size, self.seq_len, self.vocab_size))
 
   def eval_batches(self, *, batch_size, num_batches, process_index, process_count):
-    check_batch_split(batch_size, process_count, "eval.batch_size")
-    local = batch_size // process_count
-    rows = slice(process_index * local, (process_index + 1) * local)
+    rows = local_rows(batch_size, process_index=process_index, process_count=process_count,
+                      what="eval.batch_size")
     return [_random_batch((self.seed, 1), i, rows, batch_size, self.seq_len, self.vocab_size)
             for i in range(num_batches)]

@@ -13,28 +13,28 @@ import pathlib
 
 import numpy as np
 
-from core.registry import ConfigError, Registry, suggest
+from core.registry import REQUIRED, ConfigError, Registry
 
 TOKENIZERS = Registry("tokenizer")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TokenizerConfig:
+class BytesConfig:
   kind: str = "bytes"
-  path: str | None = None  # model file (SentencePiece .model, Hugging Face tokenizer.json)
-  add_bos: bool = False  # prepend BOS to each document
-  add_eos: bool = True  # append EOS to each document
+  add_bos: bool = False  # prepend BOS (STX, 2) to each document
+  add_eos: bool = True  # append EOS (ETX, 3) to each document (the packing separator)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelFileConfig:
+  kind: str = "sentencepiece"
+  path: str = REQUIRED  # model file: SentencePiece .model, Hugging Face tokenizer.json
+  add_bos: bool = False  # prepend the model's BOS id to each document
+  add_eos: bool = True  # append the model's EOS id to each document (the packing separator)
 
   def check(self):
-    if self.kind == "bytes":
-      if self.path is not None:
-        raise ConfigError("data.tokenizer_path is not used by the bytes tokenizer; set "
-                          "data.tokenizer=sentencepiece or huggingface, or drop the path")
-      return
-    if not self.path:
-      raise ConfigError(f"data.tokenizer={self.kind} needs data.tokenizer_path (the model file)")
     if not pathlib.Path(self.path).is_file():
-      raise ConfigError(f"tokenizer file '{self.path}' not found (data.tokenizer_path)")
+      raise ConfigError(f"tokenizer file '{self.path}' not found")
 
 
 class Tokenizer(abc.ABC):
@@ -44,7 +44,7 @@ class Tokenizer(abc.ABC):
   eos_id: int | None
   name: str
 
-  def __init__(self, cfg: TokenizerConfig):
+  def __init__(self, cfg: BytesConfig | ModelFileConfig):
     self.cfg = cfg
 
   def _check_specials(self):
@@ -52,7 +52,7 @@ class Tokenizer(abc.ABC):
                             (self.cfg.add_eos, self.eos_id, "EOS")):
       if flag and tid is None:
         raise ConfigError(f"tokenizer {self.name} has no {what} token; set "
-                          f"data.add_{what.lower()}=False")
+                          f"data.tokenizer.add_{what.lower()}=False")
 
   def encode(self, docs: list) -> list[np.ndarray]:
     """ids of each document (str or UTF-8 bytes), with BOS/EOS as configured."""
@@ -76,17 +76,16 @@ class Tokenizer(abc.ABC):
     """Token ids of each document, without BOS/EOS."""
 
   def describe(self) -> dict:
-    return {"kind": self.cfg.kind, "path": self.cfg.path, "vocab_size": self.vocab_size,
-            "add_bos": self.cfg.add_bos, "add_eos": self.cfg.add_eos}
+    return {**dataclasses.asdict(self.cfg), "vocab_size": self.vocab_size}
 
 
-@TOKENIZERS.register("bytes", TokenizerConfig)
+@TOKENIZERS.register("bytes", BytesConfig)
 class BytesTokenizer(Tokenizer):
   """UTF-8 bytes; 256 ids. BOS/EOS are the ASCII control bytes STX (2) and ETX (3),
   "start/end of text", which do not occur in text, so the vocabulary stays 256."""
   vocab_size, bos_id, eos_id, name = 256, 2, 3, "bytes"
 
-  def __init__(self, *, cfg: TokenizerConfig):
+  def __init__(self, *, cfg: BytesConfig):
     super().__init__(cfg)
 
   def _encode(self, docs):
@@ -98,10 +97,10 @@ def _text(doc) -> str:
   return doc.decode("utf-8") if isinstance(doc, bytes) else doc
 
 
-@TOKENIZERS.register("sentencepiece", TokenizerConfig)
+@TOKENIZERS.register("sentencepiece", ModelFileConfig)
 class SentencePieceTokenizer(Tokenizer):
 
-  def __init__(self, *, cfg: TokenizerConfig):
+  def __init__(self, *, cfg: ModelFileConfig):
     super().__init__(cfg)
     import sentencepiece  # pylint: disable=import-outside-toplevel
     self.name = f"'{cfg.path}'"
@@ -124,10 +123,10 @@ _HF_BOS = ("<|begin_of_text|>", "<s>", "<bos>", "[CLS]", "<|startoftext|>")
 _HF_EOS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[SEP]", "<|im_end|>")
 
 
-@TOKENIZERS.register("huggingface", TokenizerConfig)
+@TOKENIZERS.register("huggingface", ModelFileConfig)
 class HuggingFaceTokenizer(Tokenizer):
 
-  def __init__(self, *, cfg: TokenizerConfig):
+  def __init__(self, *, cfg: ModelFileConfig):
     super().__init__(cfg)
     import tokenizers  # pylint: disable=import-outside-toplevel
     self.name = f"'{cfg.path}'"
@@ -153,9 +152,6 @@ class HuggingFaceTokenizer(Tokenizer):
                                                   add_special_tokens=False)]
 
 
-def build(*, kind: str, path: str | None, add_bos: bool, add_eos: bool) -> Tokenizer:
-  cfg = TokenizerConfig(kind=kind, path=path, add_bos=add_bos, add_eos=add_eos)
-  if kind not in TOKENIZERS.kinds():
-    raise ConfigError(f"data.tokenizer: unknown tokenizer '{kind}'{suggest(kind, TOKENIZERS.kinds())}"
-                      f"; registered: {', '.join(TOKENIZERS.kinds())}")
-  return TOKENIZERS.build(cfg)
+def build(kind: str, **fields) -> Tokenizer:
+  """The tokenizer of `kind` with `fields` (path, add_bos, add_eos), checked like a config node."""
+  return TOKENIZERS.build(TOKENIZERS.parse(TOKENIZERS.node(kind, **fields), "tokenizer"))
