@@ -17,7 +17,7 @@ from core.registry import ConfigError, Registry, child_registry, suggest
 
 
 def _keys(node: Any) -> list[str]:
-  return list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+  return list(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
 
 
 def _unknown(part: str, node: Any, walked: list[str]) -> str:
@@ -34,7 +34,7 @@ def parent_of(cfg: ml_collections.ConfigDict, path: str) -> tuple[ml_collections
   parts = path.split(".")
   node, walked = cfg, []
   for i, part in enumerate(parts):
-    if not isinstance(node, ml_collections.ConfigDict):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)):
       raise ConfigError(f"'{'.'.join(walked)}' is a value, not a section")
     if part not in _keys(node):
       raise ConfigError(_unknown(part, node, walked))

@@ -110,10 +110,10 @@ def _last_line(text: str) -> str:
   return re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", line)
 
 
-def load_plain(value: str) -> ml_collections.ConfigDict:
-  """The config without overrides (used to explain a bad override)."""
+def load(value: str, *overrides: str) -> ml_collections.ConfigDict:
+  """The config of `--config=value` with `--config.*` overrides applied (kind switches too)."""
   fv = flags.FlagValues()
-  argv = ["axtrain", f"--config={value}"]
+  argv = ["axtrain", f"--config={value}", *overrides]
   define(fv, argv)
   fv(argv)
   return fv["config"].value
@@ -151,7 +151,7 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
     return UserError(f"config file '{value}': {_last_line(text)}")
   if isinstance(error, (AttributeError, KeyError)):
     try:
-      message = bad_override(load_plain(value), overrides(argv))
+      message = bad_override(load(value), overrides(argv))
     except Exception:  # pylint: disable=broad-except
       message = None
     return UserError(message or f"bad config override: {_last_line(text)}")
