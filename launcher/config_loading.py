@@ -67,10 +67,11 @@ def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> Non
   switches = {path[:-len(".kind")]: value for path, value in items if path.endswith(".kind")}
   for path in sorted(switches, key=lambda p: p.count(".")):  # parents first
     try:
-      paths.get_path(cfg, f"{path}.kind")
+      node = paths.get_path(cfg, path)
     except ConfigError:
-      continue  # not a component: reported below as an unknown key
-    switch_kind(cfg, path, switches[path])
+      continue  # reported below as an unknown key
+    if node is None or (isinstance(node, ml_collections.ConfigDict) and "kind" in node):
+      switch_kind(cfg, path, switches[path])  # an empty slot (None) gets K's node too
   message = bad_override(cfg, items)
   if message:
     raise ConfigError(message)
