@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Literal
 
 import pytest
 from absl import flags
 
 from core import paths
-from core.registry import registry
+from core.registry import REQUIRED, ConfigError, Registry, registry
 from launcher import config_loading, main as main_lib
 from tests.conftest import ROOT
 from tests.test_golden_configs import SWITCHES
@@ -162,3 +163,37 @@ def test_config_files_switch_with_the_same_function(files):
   assert exp.source.counts == [6, 2]
   result = loop.train(exp)
   assert len([r for r in result.records if "loss" in r]) == 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _First:
+  kind: str = "first"
+  x: int = 1
+  y: str = "a"
+  only_first: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Second:
+  kind: str = "second"
+  x: Literal["p", "q"] = "p"
+  y: str = "b"
+  needed: int = REQUIRED
+
+
+_TOY = Registry("test_kind_switch_toy")
+_TOY.register("first", _First)(object)
+_TOY.register("second", _Second)(object)
+
+
+def test_switched_carries_only_fields_valid_for_the_new_kind():
+  old = _TOY.node("first", x=3, y="kept")
+  new = _TOY.switched(old, "second")
+  assert new.to_dict() == {"kind": "second", "x": "p", "y": "kept", "needed": None}
+  new.needed = 7  # the placeholder is typed: an int override type-checks
+  with pytest.raises(TypeError):
+    new.needed = "seven"
+  with pytest.raises(ConfigError, match="required field of test_kind_switch_toy 'second'"):
+    _TOY.parse(_TOY.switched(old, "second"), "toy")
+  assert _TOY.switched(new, "first", only_first=2.0).to_dict() == {
+      "kind": "first", "x": 1, "y": "kept", "only_first": 2.0}
