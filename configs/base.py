@@ -1,7 +1,9 @@
 """Shared pieces of the run configs in this folder (not a config itself).
 
 `lm_config` returns a complete run config with every section and option; the
-files beside this one call it and change a few fields.
+files beside this one call it and change a few fields, or switch a component's kind
+with `trainer.config.switch_kind(cfg, "model.block.ffn", "moe", num_experts=8)` (what
+`--config.model.block.ffn.kind=moe` does), which keeps the fields both kinds have.
 """
 
 from __future__ import annotations
