@@ -249,7 +249,7 @@ def test_bad_hyperparameters_are_refused(kind, fields, words):
       schedule=registry("schedule").node("constant"))
   with pytest.raises(ConfigError) as e:
     OPTIMIZERS.build(OPTIMIZERS.parse(node, "optimizer"), total_steps=10, axes={})
-  assert str(e.value) == words or str(e.value).startswith(words)
+  assert str(e.value).startswith(words)
 
 
 def test_cli_refuses_b2_of_one_before_writing(tmp_path):

@@ -69,7 +69,8 @@ def test_schedule_matches_formula(case):
   fields, formula = CASES[case]
   schedule = build(case.split()[0], **fields)
   got = [float(schedule(np.int32(s))) for s in STEPS]
-  np.testing.assert_allclose(got, [formula(s) for s in STEPS], rtol=1e-6, atol=PEAK * 1e-6)  # float32
+  want = [formula(s) for s in STEPS]
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=PEAK * 1e-6)  # float32 rounding
 
 
 def test_every_schedule_is_tested():
@@ -83,9 +84,12 @@ def test_every_schedule_is_tested():
     ("warmup_cosine", dict(warmup_steps=20, decay_steps=10), 100,
      "optimizer.schedule.decay_steps: 10 is shorter than warmup_steps 20"),
     ("linear", dict(warmup_steps=20, decay_steps=19), 100, "decay_steps: 19 is shorter"),
-    ("warmup_cosine", dict(end_ratio=1.5), 100, "end_ratio: 1.5 is outside the allowed range [0, 1]"),
-    ("wsd", dict(decay_fraction=0.0), 100, "decay_fraction: 0.0 is outside the allowed range (0, 1]"),
-    ("wsd", dict(decay_fraction=1.2), 100, "decay_fraction: 1.2 is outside the allowed range (0, 1]"),
+    ("warmup_cosine", dict(end_ratio=1.5), 100,
+     "end_ratio: 1.5 is outside the allowed range [0, 1]"),
+    ("wsd", dict(decay_fraction=0.0), 100,
+     "decay_fraction: 0.0 is outside the allowed range (0, 1]"),
+    ("wsd", dict(decay_fraction=1.2), 100,
+     "decay_fraction: 1.2 is outside the allowed range (0, 1]"),
     ("wsd", dict(decay_fraction=float("nan")), 100, "decay_fraction: nan is outside"),
     ("wsd", dict(warmup_steps=50, decay_fraction=0.6), 100,
      "decay_fraction: 0.6 of trainer.max_steps 100 is 60 decay steps, which overlap"),

@@ -21,14 +21,12 @@ import jax.numpy as jnp
 import optax
 
 from core.registry import REQUIRED, Registry, child
-from trainer import schedules
 from trainer.param_axes import decay_mask
 from trainer.ranges import NON_NEGATIVE, POSITIVE, UNIT, Interval, check_ranges
 from trainer.schedules import SCHEDULES
 
 OPTIMIZERS = Registry("optimizer")
-__all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "OptimizerConfig", "clip_by_global_norm",
-           "schedules"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "OptimizerConfig", "clip_by_global_norm"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,7 +89,7 @@ def constant(*, cfg: ConstantConfig, peak: float, total_steps: int):
 class LinearConfig:
   kind: str = "linear"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
-  decay_steps: int | None = None  # end of the linear decay, warm-up included (steps); None = max_steps
+  decay_steps: int | None = None  # end of the decay, warm-up included (steps); None = max_steps
   end_ratio: float = 0.0  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
 
