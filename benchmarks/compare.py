@@ -9,6 +9,7 @@ span timed around its loop, which also pulls batches from the same iterator.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -70,13 +71,16 @@ def plain_shape(exp: Experiment) -> plain_jax.Shape:
 
 def plain_hyper(exp: Experiment) -> plain_jax.Hyper:
   o = exp.run.optimizer
+  if o.kind != "adamw":
+    raise ValueError("plain_jax implements adamw only")
   if o.schedule.kind != "warmup_cosine" or o.schedule.decay_steps is not None:
     raise ValueError("plain_jax implements warmup_cosine over trainer.max_steps only")
   return plain_jax.Hyper(peak_lr=o.learning_rate, warmup_steps=o.schedule.warmup_steps,
                          total_steps=max(exp.run.trainer.max_steps, o.schedule.warmup_steps + 1),
                          end_ratio=o.schedule.end_ratio,
                          b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                         clip_norm=o.clip_norm)
+                         decay_embeddings=o.decay_embeddings,
+                         clip_norm=math.inf if o.clip_norm is None else o.clip_norm)
 
 
 class _Plain:

@@ -4,8 +4,9 @@ Written from the architecture alone (LLaMA: RMSNorm, RoPE in the Hugging Face
 half-split layout, causal MHA, SwiGLU, untied head) as the yardstick of
 `make bench`: axtrain's step must be at least as fast as this one jitted
 function. AdamW matches trainer.optimizer's defaults: global-norm clip 1.0,
-b1 0.9, b2 0.95, eps 1e-8, decoupled weight decay 0.1 on matrices only, and a
-linear warm-up then cosine decay to 10% of the peak.
+b1 0.9, b2 0.95, eps 1e-8, decoupled weight decay 0.1 on weights only (decided
+by logical axes, as below), and a linear warm-up then cosine decay to 10% of
+the peak.
 """
 
 from __future__ import annotations
@@ -39,7 +40,22 @@ class Hyper:
   b2: float = 0.95
   eps: float = 1e-8
   weight_decay: float = 0.1
+  decay_embeddings: bool = True
   clip_norm: float = 1.0
+
+
+# The logical axes axtrain gives each parameter. A weight maps one vector space to another, so
+# its axes name two; norm scales name one. Decided by meaning, not by rank: in axtrain's
+# scanned stacks a norm scale is [layers, dim], 2-D like a matrix.
+AXES = {"embed": ("vocab", "embed"), "head": ("embed", "vocab"),
+        "wq": ("embed", "heads"), "wk": ("embed", "heads"), "wv": ("embed", "heads"),
+        "wo": ("heads", "embed"), "w_gate": ("embed", "mlp"), "w_up": ("embed", "mlp"),
+        "w_down": ("mlp", "embed"), "attn_norm": ("norm",), "mlp_norm": ("norm",),
+        "final_norm": ("norm",)}
+
+
+def decayed(name: str, h: Hyper) -> bool:
+  return len(set(AXES[name])) >= 2 and (h.decay_embeddings or name != "embed")
 
 
 def init_params(key, s: Shape) -> dict:
@@ -128,13 +144,14 @@ def adamw(params, grads, opt, h: Hyper):
   c2 = 1 - h.b2 ** t.astype(jnp.float32)
   lr = learning_rate(opt["step"], h)
 
-  def update(p, m, n):
+  def update(path, p, m, n):
     u = (m / c1) / (jnp.sqrt(n / c2) + h.eps)
-    if p.ndim >= 2:
+    if decayed(path[-1].key, h):
       u = u + h.weight_decay * p
     return p - lr * u
 
-  return jax.tree.map(update, params, mu, nu), {"mu": mu, "nu": nu, "step": t}, norm, lr
+  new = jax.tree_util.tree_map_with_path(update, params, mu, nu)
+  return new, {"mu": mu, "nu": nu, "step": t}, norm, lr
 
 
 def train_step(params, opt, batch, *, s: Shape, h: Hyper):

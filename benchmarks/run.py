@@ -53,6 +53,8 @@ def _configs() -> dict:  # built after --quick has set STEPS
 def _build(cfg, steps: int) -> experiment.Experiment:
   cfg.trainer.max_steps = steps
   cfg.trainer.log_every = steps
+  schedule = cfg.optimizer.schedule  # a warm-up longer than the run is refused
+  schedule.warmup_steps = min(schedule.warmup_steps, steps)
   return experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"))
 
 

@@ -26,6 +26,22 @@ from launcher.errors import ConfigError, UserError, suggest
 from trainer.config import switch_kind
 
 
+class _FloatOrNone(flags.FloatParser):
+  def parse(self, argument):
+    return None if argument == "None" else super().parse(argument)
+
+
+class _IntOrNone(flags.IntegerParser):
+  def parse(self, argument):
+    return None if argument == "None" else super().parse(argument)
+
+
+# `--config.x=None` for a number field: the typed check of the config then accepts it where
+# the field allows None ("None = off", e.g. optimizer.clip_norm) and names the field elsewhere.
+config_flags.register_flag_parser_for_type(float, _FloatOrNone())
+config_flags.register_flag_parser_for_type(int, _IntOrNone())
+
+
 def define(fv: flags.FlagValues, argv: list[str]) -> None:
   """Defines --config on `fv`; config_flags finds the `--config.*` overrides in `argv`."""
   # config_flags loads every file as module `config_config` with the deprecated load_module(),

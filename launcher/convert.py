@@ -239,11 +239,13 @@ def _experiment_parts(cfg_dict: dict):
   from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
   from trainer.optimizer import OPTIMIZERS  # pylint: disable=import-outside-toplevel
+  from trainer.param_axes import logical_axes  # pylint: disable=import-outside-toplevel
   run = config_lib.parse(cfg_dict)
   model = MODELS.build(run.model)
-  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps)
   abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
                             jax.random.key(0))
+  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps,
+                               axes=logical_axes(abstract))
   return run, model, optimizer, nn.meta.unbox(abstract)
 
 

@@ -46,6 +46,7 @@ def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices, worker_proc
   del worker_process  # started first so that it runs while this test does
   out = tmp_path / "run"
   result = cli("--config=configs/tiny.py", "--mesh=cpu", "--config.trainer.max_steps=3",
+               "--config.optimizer.schedule.warmup_steps=0",
                "--config.data.seq_len=32", "--config.data.batch_size=8",
                "--config.eval.batch_size=8", "--config.eval.num_batches=1",
                f"--output_dir={out}", "--noprogress", devices=devices,

@@ -37,6 +37,7 @@ def test_tiny_validation_loss_falls_by_1_5_nats():
 def test_run_directory_lifecycle(tmp_path):
   out = tmp_path / "run"
   args = ["--config=configs/tiny.py", "--config.trainer.max_steps=3", "--config.trainer.log_every=1",
+          "--config.optimizer.schedule.warmup_steps=0",
           "--config.data.seq_len=32", "--config.eval.num_batches=1", f"--output_dir={out}"]
   first = cli(*args)
   assert first.returncode == 0, first.stderr
@@ -65,7 +66,9 @@ def test_run_directory_lifecycle(tmp_path):
 
 def test_default_output_dir_names_the_overrides(tmp_path):
   result = cli(f"--config={ROOT / 'configs' / 'tiny.py'}", "--config.trainer.max_steps=1",
-               "--config.data.seq_len=32", "--config.eval.num_batches=1", cwd=tmp_path)
+               "--config.data.seq_len=32", "--config.eval.num_batches=1",
+               "--config.optimizer.schedule.warmup_steps=0", cwd=tmp_path)
   assert result.returncode == 0, result.stderr
-  expected = tmp_path / "runs" / "tiny" / "trainer.max_steps=1,data.seq_len=32,eval.num_batches=1"
+  expected = tmp_path / "runs" / "tiny" / ("trainer.max_steps=1,data.seq_len=32,eval.num_batches=1,"
+                                           "optimizer.schedule.warmup_steps=0")
   assert (expected / "run.json").exists(), list((tmp_path / "runs").rglob("*"))

@@ -26,7 +26,8 @@ from trainer.config import RunConfig
 from trainer.data.base import DATA, Source
 from trainer.meshes import Entry
 from trainer.optimizer import OPTIMIZERS, Optimizer
-from trainer.step import TrainState, eval_step, init_state, train_step
+from trainer.param_axes import logical_axes
+from trainer.step import TrainState, eval_step, init_params, init_state, train_step
 
 
 def compute_dtype(name: str, platform: str):
@@ -101,8 +102,11 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
   devices = jax.devices() if devices is None else devices
   model = MODELS.build(run.model)
-  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps)
   source = DATA.build(run.data, vocab_size=run.model.vocab_size, seed=run.trainer.seed)
+  params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=source.seq_len),
+                          jax.random.key(0))
+  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps,
+                               axes=logical_axes(params))
   if source.vocab_size > run.model.vocab_size:
     raise ConfigError(f"data emits token ids up to {source.vocab_size - 1} but model.vocab_size "
                       f"is {run.model.vocab_size}; raise model.vocab_size")

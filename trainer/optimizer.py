@@ -1,79 +1,56 @@
-"""Optimizers and learning-rate schedules (one registry each), built from config."""
+"""Optimizers (registry `optimizer`), built from config and the parameters' logical axes.
+
+Every optimizer is the same chain around its own update direction:
+
+    clip the global gradient norm (clip_norm) -> the kind's direction (Adam, Lion, ...)
+    -> + weight_decay * param on weights (trainer/param_axes.py) -> * -schedule(step)
+
+so clipping, weight decay and the schedule are written once (`_assemble`), and the fields
+for them live in `OptimizerConfig`, which each kind's config extends. Weight decay is
+decoupled (AdamW): it is multiplied by the learning rate, not by the gradient statistics.
+"""
+
+from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from core.registry import REQUIRED, ConfigError, Registry, child
+from core.registry import REQUIRED, Registry, child
+from trainer.param_axes import decay_mask
+from trainer.ranges import NON_NEGATIVE, POSITIVE, UNIT, Interval, check_ranges
+from trainer.schedules import SCHEDULES
 
 OPTIMIZERS = Registry("optimizer")
-SCHEDULES = Registry("schedule")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WarmupCosineConfig:
-  kind: str = "warmup_cosine"
-  warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
-  decay_steps: int | None = None  # cosine decay length incl. warm-up (steps); None = trainer.max_steps
-  end_ratio: float = 0.1  # final learning rate as a fraction of the peak
-
-  def check(self, *, peak: float, total_steps: int):
-    if self.warmup_steps < 0 or not 0 <= self.end_ratio <= 1:
-      raise ConfigError("schedule: warmup_steps must be >= 0 and end_ratio in [0, 1]")
-
-
-@SCHEDULES.register("warmup_cosine", WarmupCosineConfig)
-def warmup_cosine(*, cfg: WarmupCosineConfig, peak: float, total_steps: int):
-  decay = max(cfg.decay_steps or total_steps, cfg.warmup_steps + 1)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=cfg.warmup_steps, decay_steps=decay,
-      end_value=peak * cfg.end_ratio)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ConstantConfig:
-  kind: str = "constant"
-  warmup_steps: int = 0  # linear warm-up from 0 (steps)
-
-
-@SCHEDULES.register("constant", ConstantConfig)
-def constant(*, cfg: ConstantConfig, peak: float, total_steps: int):
-  del total_steps
-  if not cfg.warmup_steps:
-    return optax.constant_schedule(peak)
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, cfg.warmup_steps), optax.constant_schedule(peak)],
-      [cfg.warmup_steps])
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AdamWConfig:
-  kind: str = "adamw"
-  learning_rate: float = REQUIRED  # peak learning rate
-  b1: float = 0.9  # first-moment decay
-  b2: float = 0.95  # second-moment decay
-  eps: float = 1e-8  # added to the denominator
-  weight_decay: float = 0.1  # decoupled; applied to matrices only (not norms or biases)
-  clip_norm: float | None = 1.0  # global gradient-norm clip; None = off
-  state_dtype: Literal["float32", "bfloat16"] = "float32"  # dtype of the first moment
-  schedule: Any = child("schedule")
-
-  def check(self, *, total_steps: int):
-    if self.learning_rate <= 0:
-      raise ConfigError(f"optimizer.learning_rate must be positive, got {self.learning_rate}")
-
-
-def _decay_mask(params):
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+__all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "OptimizerConfig", "clip_by_global_norm"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
   tx: optax.GradientTransformation
   schedule: optax.Schedule  # step -> learning rate, for the metrics
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+  """The fields every optimizer has; each kind's config adds its own."""
+  kind: str = REQUIRED
+  learning_rate: float = REQUIRED  # peak learning rate; the schedule scales it per step
+  schedule: Any = child("schedule")  # learning-rate schedule node (trainer/schedules.py)
+  clip_norm: float | None = 1.0  # clip the global L2 norm of the gradients to this; None = off
+  weight_decay: float = 0.1  # decoupled, times the learning rate; weights only, never norms/biases
+  decay_embeddings: bool = True  # also decay the token table and learned positions
+  state_dtype: Literal["float32", "bfloat16"] = "float32"  # dtype of the momentum state
+  RANGES: ClassVar = {"learning_rate": POSITIVE, "weight_decay": NON_NEGATIVE,
+                      "clip_norm": POSITIVE}
+
+  def check(self, *, total_steps: int, axes: Any):
+    del total_steps, axes
+    check_ranges(self, "optimizer")
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
@@ -93,11 +70,165 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-@OPTIMIZERS.register("adamw", AdamWConfig)
-def adamw(*, cfg: AdamWConfig, total_steps: int) -> Optimizer:
+def _assemble(cfg: OptimizerConfig, direction: optax.GradientTransformation, *,
+              total_steps: int, axes: Any) -> Optimizer:
+  """The chain shared by every optimizer around its `direction` (see the module docstring)."""
   schedule = SCHEDULES.build(cfg.schedule, peak=cfg.learning_rate, total_steps=total_steps)
-  parts = [clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm else []
-  parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=_decay_mask,
-                           mu_dtype=jnp.dtype(cfg.state_dtype)))
+  parts = [] if cfg.clip_norm is None else [clip_by_global_norm(cfg.clip_norm)]
+  parts += [direction,
+            optax.add_decayed_weights(cfg.weight_decay, decay_mask(
+                axes, decay_embeddings=cfg.decay_embeddings)),
+            optax.scale_by_learning_rate(schedule)]
   return Optimizer(optax.chain(*parts), schedule)
+
+
+_BETAS = {"b1": UNIT, "b2": UNIT, "eps": POSITIVE}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamWConfig(OptimizerConfig):
+  kind: str = "adamw"
+  b1: float = 0.9  # first-moment decay, [0, 1)
+  b2: float = 0.95  # second-moment decay, [0, 1)
+  eps: float = 1e-8  # added to the denominator sqrt(second moment)
+  RANGES: ClassVar = {**OptimizerConfig.RANGES, **_BETAS}
+
+
+@OPTIMIZERS.register("adamw", AdamWConfig)
+def adamw(*, cfg: AdamWConfig, total_steps: int, axes: Any) -> Optimizer:
+  return _assemble(cfg, optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                            mu_dtype=jnp.dtype(cfg.state_dtype)),
+                   total_steps=total_steps, axes=axes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LionConfig(OptimizerConfig):
+  """Lion's update is a sign (size 1 per entry): use a 3-10x smaller learning rate than AdamW."""
+  kind: str = "lion"
+  b1: float = 0.9  # interpolation between momentum and gradient for the sign, [0, 1)
+  b2: float = 0.99  # momentum decay, [0, 1)
+  RANGES: ClassVar = {**OptimizerConfig.RANGES, "b1": UNIT, "b2": UNIT}
+
+
+@OPTIMIZERS.register("lion", LionConfig)
+def lion(*, cfg: LionConfig, total_steps: int, axes: Any) -> Optimizer:
+  return _assemble(cfg, optax.scale_by_lion(b1=cfg.b1, b2=cfg.b2,
+                                            mu_dtype=jnp.dtype(cfg.state_dtype)),
+                   total_steps=total_steps, axes=axes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SgdConfig(OptimizerConfig):
+  kind: str = "sgd"
+  momentum: float = 0.9  # decay of the momentum (heavy ball) trace, [0, 1); 0 = plain SGD
+  nesterov: bool = False  # Nesterov momentum
+  RANGES: ClassVar = {**OptimizerConfig.RANGES, "momentum": UNIT}
+
+
+@OPTIMIZERS.register("sgd", SgdConfig)
+def sgd(*, cfg: SgdConfig, total_steps: int, axes: Any) -> Optimizer:
+  return _assemble(cfg, optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov,
+                                    accumulator_dtype=jnp.dtype(cfg.state_dtype)),
+                   total_steps=total_steps, axes=axes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdafactorConfig(OptimizerConfig):
+  """Adafactor (Shazeer & Stern 2018): second moments kept as row and column averages."""
+  kind: str = "adafactor"
+  factored: bool = True  # factor the second moments of matrices; False = full, like Adam
+  decay_rate: float = 0.8  # second-moment decay is 1 - (step + 1) ** -decay_rate, (0, 1]
+  decay_offset: int = 0  # steps added to the step count in that decay
+  min_dim_size_to_factor: int = 128  # factor only when both largest dims are at least this
+  eps: float = 1e-30  # added to the squared gradients
+  clipping_threshold: float | None = 1.0  # clip each update's RMS to this; None = off
+  multiply_by_parameter_scale: bool = False  # scale updates by each parameter's RMS
+  momentum: float | None = None  # first-moment decay, [0, 1); None = no first moment (memory)
+  RANGES: ClassVar = {**OptimizerConfig.RANGES, "decay_rate": Interval(0, 1, low_closed=False,
+                                                                      high_closed=True),
+                      "decay_offset": NON_NEGATIVE, "min_dim_size_to_factor": Interval(1),
+                      "eps": POSITIVE, "clipping_threshold": POSITIVE, "momentum": UNIT}
+
+
+@OPTIMIZERS.register("adafactor", AdafactorConfig)
+def adafactor(*, cfg: AdafactorConfig, total_steps: int, axes: Any) -> Optimizer:
+  parts = [optax.scale_by_factored_rms(cfg.factored, cfg.decay_rate, cfg.decay_offset,
+                                       cfg.min_dim_size_to_factor, cfg.eps)]
+  if cfg.clipping_threshold is not None:
+    parts.append(optax.clip_by_block_rms(cfg.clipping_threshold))
+  if cfg.multiply_by_parameter_scale:
+    parts.append(optax.scale_by_param_block_rms())
+  if cfg.momentum is not None:
+    parts.append(optax.ema(cfg.momentum, debias=False,
+                           accumulator_dtype=jnp.dtype(cfg.state_dtype)))
+  return _assemble(cfg, _init_unboxed(optax.chain(*parts)), total_steps=total_steps, axes=axes)
+
+
+def _init_unboxed(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` initialized from unboxed parameters, for states not shaped like them.
+
+  Adafactor keeps row and column statistics: boxing them with the parameter's axis names
+  (what optax does when it maps over boxed parameters) would be wrong. State leaves shaped
+  like their parameter get its names; the others are replicated.
+  """
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+
+  def init(params):
+    boxes, treedef = jax.tree.flatten(params, is_leaf=is_box)
+    if not any(is_box(b) for b in boxes):
+      return tx.init(params)
+    state = tx.init(jax.tree.unflatten(treedef, [getattr(b, "value", b) for b in boxes]))
+
+    def rebox(tree):
+      return jax.tree.unflatten(treedef, [
+          b.replace_boxed(x) if is_box(b) and x.shape == b.value.shape else x
+          for b, x in zip(boxes, jax.tree.leaves(tree))])
+
+    like_params = lambda x: jax.tree.structure(x) == treedef
+    return jax.tree.map(lambda x: rebox(x) if like_params(x) else x, state, is_leaf=like_params)
+
+  return optax.GradientTransformation(init, tx.update)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MuonConfig(OptimizerConfig):
+  """Muon (Jordan et al. 2024) on hidden weight matrices, AdamW on everything else.
+
+  Which parameters are matrices, and their input and output axes, come from their logical
+  axis names (trainer/param_axes.py); the layer stack and experts are batch axes.
+  """
+  kind: str = "muon"
+  beta: float = 0.95  # momentum decay, [0, 1)
+  nesterov: bool = True  # Nesterov momentum (also for the AdamW part, as in optax)
+  ns_steps: int = 5  # Newton-Schulz iterations that orthogonalize the momentum
+  consistent_rms: float | None = 0.2  # scale updates to this RMS x sqrt(max(fan_in, fan_out)),
+  # so one learning rate suits both parts (Liu et al. 2025); None = sqrt(max(1, out / in))
+  adam_b1: float = 0.9  # AdamW part: first-moment decay, [0, 1)
+  adam_b2: float = 0.95  # AdamW part: second-moment decay, [0, 1)
+  eps: float = 1e-8  # added to denominators (Newton-Schulz normalization and AdamW)
+  RANGES: ClassVar = {**OptimizerConfig.RANGES, "beta": UNIT, "ns_steps": Interval(1),
+                      "consistent_rms": POSITIVE, "adam_b1": UNIT, "adam_b2": UNIT,
+                      "eps": POSITIVE}
+
+
+def muon_dimension_numbers(axes: Any) -> Any:
+  """Per parameter: optax MuonDimensionNumbers for Muon's matrices, None for the AdamW part."""
+  def dims(a):
+    if not a.uses_muon:
+      return None
+    reduction, output = a.muon_axes()
+    return optax.contrib.MuonDimensionNumbers(reduction_axis=reduction, output_axis=output)
+  return jax.tree.map(dims, axes)
+
+
+@OPTIMIZERS.register("muon", MuonConfig)
+def muon(*, cfg: MuonConfig, total_steps: int, axes: Any) -> Optimizer:
+  # optax's muon at learning rate 1 and no weight decay gives minus the direction.
+  direction = optax.chain(
+      optax.contrib.muon(
+          1.0, ns_steps=cfg.ns_steps, beta=cfg.beta, eps=cfg.eps, weight_decay=0.0,
+          mu_dtype=jnp.dtype(cfg.state_dtype), nesterov=cfg.nesterov, adam_b1=cfg.adam_b1,
+          adam_b2=cfg.adam_b2, adam_weight_decay=0.0, consistent_rms=cfg.consistent_rms,
+          muon_weight_dimension_numbers=muon_dimension_numbers(axes)),
+      optax.scale(-1.0))
+  return _assemble(cfg, direction, total_steps=total_steps, axes=axes)

@@ -24,10 +24,14 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: Any
 
 
+def init_params(key, *, model: nn.Module, seq_len: int):
+  """Parameters, boxed with their logical axis names. Use under eval_shape/jit."""
+  return model.init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
+
+
 def init_state(key, *, model: nn.Module, optimizer: Optimizer, seq_len: int) -> TrainState:
   """Parameters (boxed with logical axis names) and optimizer state. Use under eval_shape/jit."""
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  params = model.init(key, tokens)["params"]
+  params = init_params(key, model=model, seq_len=seq_len)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.tx.init(params))
 
