@@ -67,13 +67,13 @@ def committed_steps(directory: pathlib.Path | str) -> list[int]:
 
 # -- validation: metadata only -------------------------------------------------------------
 
-def _read_json(path: pathlib.Path) -> Any:
+def _read_json(step_dir: pathlib.Path, name: str) -> Any:
   try:
-    return json.loads(path.read_text())
+    return json.loads((step_dir / name).read_text())
   except FileNotFoundError:
-    raise CheckpointError(f"{path.name} is missing") from None
+    raise CheckpointError(f"{name} is missing") from None
   except (OSError, ValueError) as e:
-    raise CheckpointError(f"{path.name} is not readable JSON ({type(e).__name__})") from None
+    raise CheckpointError(f"{name} is not readable JSON ({type(e).__name__})") from None
 
 
 class _Ocdbt:
@@ -145,11 +145,11 @@ def check_step(step_dir: pathlib.Path | str, *, items=(STATE, DATA)) -> dict[str
   """
   step_dir = pathlib.Path(step_dir)
   if DATA in items:
-    _read_json(step_dir / DATA / "metadata")
+    _read_json(step_dir, f"{DATA}/metadata")
   state_dir = step_dir / STATE
-  meta = _read_json(state_dir / "_METADATA")
+  meta = _read_json(step_dir, f"{STATE}/_METADATA")
   if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
-    raise CheckpointError("_METADATA holds no tree")
+    raise CheckpointError(f"{STATE}/_METADATA holds no tree")
   if not meta.get("use_ocdbt", True):
     raise CheckpointError("it was not written as an OCDBT database")
   db = _Ocdbt(state_dir)
@@ -239,12 +239,13 @@ def _one_read():
 
 
 def _reason(e: Exception) -> str:
-  """One clause for a warning: the exception's first line, without object reprs."""
+  """One clause for a warning: the innermost cause's message, without object reprs."""
   if isinstance(e, CheckpointError):
     return str(e)
-  text = " ".join(str(e).split())
-  text = text.split("<")[0].rstrip(" :;,([{")  # cuts `<bound method pybind11_...>` and the like
-  return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  text = " ".join(str(e).split()).split("<")[0].rstrip(" :;,([{")  # e.g. `<bound method ...>`
+  return f"a read failed: {text[:240]}" if text else f"a read failed ({type(e).__name__})"
 
 
 class Checkpointer:
