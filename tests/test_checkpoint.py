@@ -179,7 +179,8 @@ def _unknown_array(step_dir):
     (_truncate, r"state/ocdbt.process_0/d/\w+ holds 100 bytes, the manifest needs \d+"),
     (_delete_nodes, r"state/d/\w+ is missing"),
     (lambda d: (d / "state" / "manifest.ocdbt").unlink(), "state/manifest.ocdbt is missing"),
-    (lambda d: (d / "state" / "_METADATA").write_text("{"), "state/_METADATA is not readable JSON"),
+    (lambda d: (d / "state" / "_METADATA").write_text("{"),
+     "state/_METADATA is not readable JSON"),
     (lambda d: (d / "data" / "metadata").unlink(), "data/metadata is missing"),
     (_unknown_array, "array params.v has no zarr header in state/manifest.ocdbt"),
 ])
