@@ -175,6 +175,13 @@ def _unknown_array(step_dir):
   path.write_text(json.dumps(meta))
 
 
+def _drop_chunk(step_dir):
+  """A new OCDBT version without params.layer.b's only chunk."""
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  db = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{step_dir / 'state'}/"}).result()
+  db.delete_range(ts.KvStore.KeyRange(b"params.layer.b/0", b"params.layer.b/0\0")).result()
+
+
 @pytest.mark.parametrize("damage,reason", [
     (_truncate, r"state/ocdbt.process_0/d/\w+ holds 100 bytes, the manifest needs \d+"),
     (_delete_nodes, r"state/d/\w+ is missing"),
@@ -183,6 +190,7 @@ def _unknown_array(step_dir):
      "state/_METADATA is not readable JSON"),
     (lambda d: (d / "data" / "metadata").unlink(), "data/metadata is missing"),
     (_unknown_array, "array params.v has no zarr header in state/manifest.ocdbt"),
+    (_drop_chunk, "array params.layer.b has 0 of its 1 chunks"),
 ])
 def test_check_step_refuses_damaged_checkpoints(tmp_path, damage, reason):
   _saved(tmp_path).close()
