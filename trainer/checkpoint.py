@@ -130,7 +130,7 @@ class _Ocdbt:
     return entry["inline_value"] if "inline_value" in entry else self.dump(entry["indirect_value"])
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ArrayInfo:
   shape: tuple[int, ...]
   dtype: str
