@@ -219,7 +219,7 @@ def test_failed_read_leaves_hooks_and_filters_as_they_were(tmp_path):
   abstract = jax.eval_shape(lambda: _big_state(0))
   hook, filters = sys.unraisablehook, list(warnings.filters)
   asyncio_filters = list(logging.getLogger("asyncio").filters)
-  with pytest.raises(Exception):  # pylint: disable=broad-exception-caught
+  with pytest.raises(checkpoint.CheckpointError, match="^a read failed: "):
     ckpt.restore(20, abstract, _shardings(abstract))
   assert sys.unraisablehook is hook and warnings.filters == filters
   assert logging.getLogger("asyncio").filters == asyncio_filters

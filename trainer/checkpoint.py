@@ -30,6 +30,8 @@ import math
 import pathlib
 import shutil
 import sys
+import time
+import traceback
 import types
 import warnings
 from typing import Any, Callable
@@ -195,22 +197,45 @@ def _with_shardings(abstract, shardings):
                       abstract, shardings)
 
 
+def _settle(dropped: list, *, quiet_s: float, max_s: float) -> None:
+  """Collects garbage until no report was dropped for `quiet_s` seconds, or `max_s` passed."""
+  start = last_change = time.monotonic()
+  seen = len(dropped)
+  while time.monotonic() - start < max_s and time.monotonic() - last_change < quiet_s:
+    gc.collect()
+    time.sleep(0.02)
+    if len(dropped) != seen:
+      seen, last_change = len(dropped), time.monotonic()
+
+
 @contextlib.contextmanager
-def _one_read():
+def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0):
   """Confines to one Orbax read what it leaves behind when a read fails after check_step passed.
 
   Orbax then closes its event loop while TensorStore reads are still in
   flight; they report late ("Event loop is closed", coroutines closed or never
   awaited, "exception was never retrieved"), tracebacks that would garble the
-  one-line warning. Inside this block those reports are dropped and the
-  abandoned reads are collected; on exit sys.unraisablehook, the asyncio
-  logger's filters and warnings.filters are what they were before.
+  one-line warning. Inside this block those reports are dropped. On a failure
+  the frames of the failed read are cleared and the block waits, collecting,
+  until the abandoned reads have been quiet for `quiet_s` (at most `max_s`);
+  then it raises CheckpointError(reason). On exit sys.unraisablehook, the
+  asyncio logger's filters and warnings.filters are what they were before.
+  A read still in flight after that window (seen on a loaded CPU) can report
+  once more, unfiltered; check_step keeps truncated and missing files, the
+  usual damage, from ever reaching this path.
   """
+  dropped: list[str] = []  # one entry per report dropped
   previous_hook = sys.unraisablehook
   asyncio_logger = logging.getLogger("asyncio")
   never_retrieved = logging.Filter()
-  never_retrieved.filter = lambda record: not str(record.msg).partition("\n")[0].endswith(
-      " exception was never retrieved")
+
+  def keep(record) -> bool:
+    if str(record.msg).partition("\n")[0].endswith(" exception was never retrieved"):
+      dropped.append("never retrieved")
+      return False
+    return True
+
+  never_retrieved.filter = keep
 
   def hook(unraisable):
     exc = unraisable.exc_value
@@ -219,7 +244,9 @@ def _one_read():
     # `except BaseException` turns into an Exception: "Exception ignored in: <coroutine ...>".
     closed_read = (isinstance(unraisable.object, types.CoroutineType) and exc is not None
                    and isinstance(exc.__cause__ or exc.__context__, GeneratorExit))
-    if not (loop_closed or closed_read):
+    if loop_closed or closed_read:
+      dropped.append(type(exc).__name__)  # a name: keeping the report would keep the read alive
+    else:
       previous_hook(unraisable)
 
   sys.unraisablehook = hook
@@ -230,9 +257,13 @@ def _one_read():
                               category=RuntimeWarning)
       try:
         yield
-      except BaseException:
-        gc.collect()  # the abandoned reads report now, while filtered
-        raise
+      except Exception as e:  # pylint: disable=broad-except  (any read failure means unusable)
+        reason = _reason(e)
+        while e is not None:  # the finished frames of the read hold the abandoned reads
+          traceback.clear_frames(e.__traceback__)
+          e = e.__cause__ or e.__context__
+        _settle(dropped, quiet_s=quiet_s, max_s=max_s)
+        raise CheckpointError(reason) from None
   finally:
     asyncio_logger.removeFilter(never_retrieved)
     sys.unraisablehook = previous_hook
