@@ -80,7 +80,7 @@ def stall(directory: pathlib.Path, *, steps: int = 10) -> dict:
         (in_flight_steps if step % 4 == 1 else step_times).append(dt)
       if step > 2 and step % 4 == 0:
         t = time.perf_counter()
-        ckpt.save(step, state, data.get_state(), force=True)
+        ckpt.save(step, state, data.get_state())
         stalls.append(time.perf_counter() - t)
   ckpt.close()
   step_time = statistics.median(step_times)

@@ -94,7 +94,8 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
   rd = run_dir_lib.RunDir(fv.output_dir or run_dir_lib.default_dir(config_value, items))
   # restore_step picks where to resume; it is not part of what makes two runs the same run.
   resolved.get("checkpoint", {}).pop("restore_step", None)
-  check_init_from(run_cfg.init.from_run)
+  check_init_from(run_cfg.init.from_run, exp.abstract_state.params)
+  checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   lock = run_lock.RunLock(rd.path) if main_process else None
   if lock is not None:
@@ -107,10 +108,12 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
       lock.release()
 
 
-def check_init_from(run_dir: str) -> None:
+def check_init_from(run_dir: str, abstract_params) -> None:
   if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
     raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
                     f"axtrain or of `axtrain convert`")
+  if run_dir:
+    checkpoint.check_params_compatible(run_dir, abstract_params)
 
 
 def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,

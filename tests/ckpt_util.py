@@ -115,3 +115,18 @@ def copy_as_crashed(src, dst, *, upto: int) -> None:
   info = json.loads((pathlib.Path(dst) / "run.json").read_text())
   info["status"] = "running"
   (pathlib.Path(dst) / "run.json").write_text(json.dumps(info))
+
+
+def snapshot(directory) -> dict[str, tuple[int, int]]:
+  """relative path -> (size, mtime_ns) of every file and folder under `directory`."""
+  root = pathlib.Path(directory)
+  return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(root.rglob("*"))}
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+  """The stderr of a refused command: exactly one `axtrain: error:` line, no traceback."""
+  lines = result.stderr.splitlines()
+  assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr[-3000:])
+  assert lines[0].startswith("axtrain: error: ") and "Traceback" not in result.stderr
+  return lines[0]

@@ -1,11 +1,15 @@
-"""trainer/checkpoint.py on small pytrees: keep/GC policy, restore_step, write_initial/load_params."""
+"""trainer/checkpoint.py on small pytrees: keep/GC policy, restore_step, validation before reads,
+the checks made before a run writes anything, write_initial/load_params."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from core.registry import ConfigError
 from tests.conftest import ROOT
 from trainer import checkpoint
 from trainer.config import CheckpointConfig
@@ -40,10 +45,10 @@ def _save_every_10(ckpt, upto: int, start: int = 10) -> list[list[int]]:
 def test_keep_latest_and_every_n(tmp_path):
   cfg = CheckpointConfig(every_steps=10, keep=2, keep_every_steps=20)
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", cfg)
-  assert not ckpt.save(15, _state(15), {})  # not due
+  assert ckpt.due(10) and not ckpt.due(15)
   seen = _save_every_10(ckpt, 60)
   assert seen == [[10], [10, 20], [20, 30], [20, 30, 40], [20, 40, 50], [20, 40, 50, 60]]
-  assert not ckpt.save(60, _state(60), {}, force=True)  # already on disk
+  assert not ckpt.save(60, _state(60), {})  # already on disk
   ckpt.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40", "50", "60"]
   # A later process (a resumed run) applies the same policy to what it finds.
@@ -63,17 +68,17 @@ def test_restore_step_and_set_aside(tmp_path):
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", cfg)
   _save_every_10(ckpt, 30)
   abstract = jax.eval_shape(lambda: _state(0))
-  restored = ckpt.restore_latest(abstract, _shardings(abstract), step=20)
-  assert restored.step == 20 and restored.data_state == {"step": 20} and not restored.skipped
+  restored = ckpt.restore_newest(abstract, _shardings(abstract), at_most=20)
+  assert restored.step == 20 and restored.data_state == {"step": 20}
   np.testing.assert_array_equal(restored.state["params"]["w"], np.full((4, 3), 20.0))
   assert ckpt.set_aside([30]) == tmp_path / checkpoint.SUPERSEDED
   assert ckpt.all_steps() == [10, 20]
   assert (tmp_path / checkpoint.SUPERSEDED / "30" / "state").is_dir()
-  assert ckpt.save(30, _state(31), {"step": 31}, force=True)  # the step can be written again
+  assert ckpt.save(30, _state(31), {"step": 31})  # the step can be written again
   ckpt.wait_until_finished()
-  assert ckpt.restore(30, abstract, _shardings(abstract))[1] == {"step": 31}
+  assert ckpt.restore(30, abstract, _shardings(abstract)).data_state == {"step": 31}
   with pytest.raises(checkpoint.CheckpointError, match="restore_step=25 is not a committed"):
-    ckpt.restore_latest(abstract, _shardings(abstract), step=25)
+    ckpt.restore_newest(abstract, _shardings(abstract), at_most=25)
   ckpt.close()
 
 
@@ -84,11 +89,11 @@ def test_deleted_manifest_falls_back(tmp_path):
   (tmp_path / "checkpoints" / "20" / "state" / "manifest.ocdbt").unlink()
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=10))
   abstract = jax.eval_shape(lambda: _state(0))
-  warnings = []
-  restored = ckpt.restore_latest(abstract, _shardings(abstract), warn=warnings.append)
-  assert restored.step == 10 and [s for s, _ in restored.skipped] == [20]
-  assert len(warnings) == 1 and "20 is unreadable" in warnings[0]
-  assert "falling back to step 10" in warnings[0]
+  said = []
+  restored = ckpt.restore_newest(abstract, _shardings(abstract), warn=said.append)
+  assert restored.step == 10
+  assert len(said) == 1 and "20 is unreadable (state/manifest.ocdbt is missing)" in said[0]
+  assert "falling back to step 10" in said[0]
   assert ckpt.all_steps() == [10]
   ckpt.close()
 
@@ -120,74 +125,154 @@ os.kill(os.getpid(), signal.SIGKILL)  # while step 2 is being written
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=1))
   abstract = {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)}
-  restored = ckpt.restore_latest(abstract, _shardings(abstract), step=1)
+  restored = ckpt.restore_newest(abstract, _shardings(abstract), at_most=1)
   np.testing.assert_array_equal(restored.state["w"], np.full((1000,), 1.0))
   if ckpt.all_steps() == [1]:  # (unless it committed before the kill) step 2 can be redone
-    assert ckpt.save(2, {"w": jnp.full((1000,), 3.0)}, {"step": 2}, force=True)
+    assert ckpt.save(2, {"w": jnp.full((1000,), 3.0)}, {"step": 2})
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [1, 2]
   ckpt.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]  # no temporaries
 
 
-_LATE_REPORTS = """
-import asyncio, gc, logging, sys
-from trainer import checkpoint
-logging.basicConfig()  # as absl does: the asyncio logger reaches stderr
-if sys.argv[1] == "quiet":
-  checkpoint._quiet_abandoned_reads()
+# -- validation before a read ----------------------------------------------------------------
 
-class ClosedLoopCallback:  # what TensorStore's late callbacks raise, unraisably
-  def __del__(self):
-    raise RuntimeError("Event loop is closed")
-
-async def fails():
-  raise ValueError("a read of an abandoned restore")
-
-async def never_awaited():
-  pass
-
-class Pending:  # an awaitable that suspends once, with no loop
-  def __await__(self):
-    yield
-
-async def suspended_read():  # as orbax's _read_array_index_and_device_put wraps its read
-  try:
-    await Pending()
-  except BaseException as e:
-    raise Exception("Encountered error while reading array index") from e
-
-async def gather_unawaited():  # an asyncio.gather whose caller went away
-  return asyncio.gather(fails())
-
-loop = asyncio.new_event_loop()
-task = loop.create_task(fails())
-gathered = loop.run_until_complete(gather_unawaited())
-loop.run_until_complete(asyncio.sleep(0.01))
-loop.close()
-del task, gathered
-coro = never_awaited()
-del coro
-read = suspended_read()
-read.send(None)  # suspended inside the sleep; collecting it closes it with GeneratorExit
-del read
-ClosedLoopCallback()
-gc.collect()
-print("done")
-"""
+def _big_state(step: int) -> dict:
+  """Arrays over Orbax's 1 KiB inline limit live in OCDBT data files (ocdbt.process_0/d/)."""
+  return {"step": jnp.int32(step), "params": {"w": jnp.full((4, 3), float(step)),
+                                              "layer": {"b": jnp.arange(3000.0) + step}}}
 
 
-@pytest.mark.parametrize("mode", ["quiet", "default"])
-def test_late_reports_of_an_abandoned_restore_are_dropped(mode):
-  """The ways the reads of a failed restore report late print nothing once quieted."""
-  done = subprocess.run([sys.executable, "-c", _LATE_REPORTS, mode], capture_output=True,
-                        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                        timeout=120)
-  assert done.returncode == 0 and done.stdout == "done\n", done.stderr
-  reports = ("Event loop is closed", "Task exception was never retrieved", "was never awaited",
-             "Exception ignored in: <coroutine object suspended_read",
-             "_GatheringFuture exception was never retrieved")
-  if mode == "quiet":
-    assert done.stderr == ""
-  else:  # the control: without it, each report reaches stderr
-    assert all(r in done.stderr for r in reports), done.stderr
+def _saved(tmp_path, steps=(10,)) -> checkpoint.Checkpointer:
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=10))
+  for step in steps:
+    assert ckpt.save(step, _big_state(step), {"step": step})
+    ckpt.wait_until_finished()
+  return ckpt
+
+
+def _biggest_data_file(step_dir):
+  return max((p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+             key=lambda p: p.stat().st_size)
+
+
+def _truncate(step_dir):
+  path = _biggest_data_file(step_dir)
+  path.write_bytes(path.read_bytes()[:100])
+
+
+def _delete_nodes(step_dir):
+  for path in (step_dir / "state" / "d").iterdir():  # the merged B+tree's nodes
+    path.unlink()
+
+
+def _unknown_array(step_dir):
+  path = step_dir / "state" / "_METADATA"
+  meta = json.loads(path.read_text())
+  leaf = json.loads(json.dumps(meta["tree_metadata"]["('params', 'w')"]))
+  leaf["key_metadata"][1]["key"] = "v"
+  meta["tree_metadata"]["('params', 'v')"] = leaf
+  path.write_text(json.dumps(meta))
+
+
+def _drop_chunk(step_dir):
+  """A new OCDBT version without params.layer.b's only chunk."""
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  db = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{step_dir / 'state'}/"}).result()
+  db.delete_range(ts.KvStore.KeyRange(b"params.layer.b/0", b"params.layer.b/0\0")).result()
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (_truncate, r"state/ocdbt.process_0/d/\w+ holds 100 bytes, the manifest needs \d+"),
+    (_delete_nodes, r"state/d/\w+ is missing"),
+    (lambda d: (d / "state" / "manifest.ocdbt").unlink(), "state/manifest.ocdbt is missing"),
+    (lambda d: (d / "state" / "_METADATA").write_text("{"),
+     "state/_METADATA is not readable JSON"),
+    (lambda d: (d / "data" / "metadata").unlink(), "data/metadata is missing"),
+    (_unknown_array, "array params.v has no zarr header in state/manifest.ocdbt"),
+    (_drop_chunk, "array params.layer.b has 0 of its 1 chunks"),
+])
+def test_check_step_refuses_damaged_checkpoints(tmp_path, damage, reason):
+  _saved(tmp_path).close()
+  step_dir = tmp_path / "checkpoints" / "10"
+  arrays = checkpoint.check_step(step_dir)
+  assert {k: v.shape for k, v in arrays.items()} == {
+      "step": (), "params.w": (4, 3), "params.layer.b": (3000,)}
+  damage(step_dir)
+  with pytest.raises(checkpoint.CheckpointError, match=f"^{reason}"):
+    checkpoint.check_step(step_dir)
+
+
+def _garble_inside_a_value(step_dir) -> None:
+  """Damage that check_step cannot see (sizes intact): only the read finds it."""
+  path = _biggest_data_file(step_dir)
+  data = bytearray(path.read_bytes())
+  data[: len(data) // 2] = b"\x07" * (len(data) // 2)
+  path.write_bytes(bytes(data))
+  checkpoint.check_step(step_dir)  # passes
+
+
+def test_failed_read_leaves_hooks_and_filters_as_they_were(tmp_path):
+  ckpt = _saved(tmp_path, steps=(10, 20))
+  for step in (10, 20):
+    _garble_inside_a_value(tmp_path / "checkpoints" / str(step))
+  abstract = jax.eval_shape(lambda: _big_state(0))
+  hook, filters = sys.unraisablehook, list(warnings.filters)
+  asyncio_filters = list(logging.getLogger("asyncio").filters)
+  with pytest.raises(checkpoint.CheckpointError, match="^a read failed: "):
+    ckpt.restore(20, abstract, _shardings(abstract))
+  assert sys.unraisablehook is hook and warnings.filters == filters
+  assert logging.getLogger("asyncio").filters == asyncio_filters
+  said = []
+  with pytest.raises(checkpoint.CheckpointError, match=r"steps \[10, 20\] are all unreadable"):
+    ckpt.restore_newest(abstract, _shardings(abstract), warn=said.append)
+  assert sys.unraisablehook is hook and warnings.filters == filters
+  assert logging.getLogger("asyncio").filters == asyncio_filters
+  assert len(said) == 2 and all("\n" not in w and "<" not in w for w in said), said
+  assert "is unreadable (a read failed: " in said[0] and "falling back to step 10" in said[0]
+  assert 'Error reading "params.layer.b/0"' in said[0]
+  ckpt.close()
+
+
+# -- checks made before a run writes anything --------------------------------------------------
+
+def test_check_restore_step(tmp_path):
+  _saved(tmp_path, steps=(10, 20)).close()
+  checkpoint.check_restore_step(tmp_path / "checkpoints", 0)  # 0 = the latest
+  checkpoint.check_restore_step(tmp_path / "checkpoints", 20)
+  with pytest.raises(ConfigError, match=r"^checkpoint.restore_step=7: .* holds no committed "
+                     r"checkpoint of step 7 \(committed steps: 10, 20\)$"):
+    checkpoint.check_restore_step(tmp_path / "checkpoints", 7)
+  with pytest.raises(ConfigError, match=r"\(committed steps: none\)$"):
+    checkpoint.check_restore_step(tmp_path / "new" / "checkpoints", 7)
+  assert not (tmp_path / "new").exists()
+
+
+def test_check_params_compatible(tmp_path):
+  checkpoint.write_initial(tmp_path, _big_state(0))
+  shapes = lambda **kw: {k: jax.ShapeDtypeStruct(v, jnp.float32) for k, v in kw.items()}
+  checkpoint.check_params_compatible(tmp_path, shapes(w=(4, 3)) | {"layer": shapes(b=(3000,))})
+  with pytest.raises(ConfigError, match=r"parameter params.layer.b has shape \(3000,\) in the "
+                     r"checkpoint \(.*/checkpoints/0\) but \(2000,\) in this model$"):
+    checkpoint.check_params_compatible(tmp_path, shapes(w=(4, 3)) | {"layer": shapes(b=(2000,))})
+  with pytest.raises(ConfigError, match=r"parameter params.u \(2,\) of this model is not in"):
+    checkpoint.check_params_compatible(tmp_path, shapes(u=(2,), w=(4, 3)) | {
+        "layer": shapes(b=(3000,))})
+  with pytest.raises(ConfigError, match=r"holds parameter params.layer.b \(3000,\) that this "
+                     r"model does not have \(1 such\)$"):
+    checkpoint.check_params_compatible(tmp_path, shapes(w=(4, 3)))
+  _truncate(tmp_path / "checkpoints" / "0")
+  with pytest.raises(ConfigError, match=r"^init.from_run=.*: state/ocdbt.process_0/d/\w+ holds"):
+    checkpoint.check_params_compatible(tmp_path, shapes(w=(4, 3)))
+
+
+def test_load_params_logs_no_orbax_warnings(tmp_path, caplog):
+  caplog.set_level(logging.INFO)
+  checkpoint.write_initial(tmp_path, _big_state(3))
+  abstract = jax.eval_shape(lambda: _big_state(0)["params"])
+  params = checkpoint.load_params(tmp_path, abstract, _shardings(abstract))
+  np.testing.assert_array_equal(params["layer"]["b"], np.arange(3000.0) + 3)
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+  _truncate(tmp_path / "checkpoints" / "0")
+  with pytest.raises(checkpoint.CheckpointError, match=r"checkpoints/0 is unreadable \(state/"):
+    checkpoint.load_params(tmp_path, abstract, _shardings(abstract))

@@ -119,7 +119,9 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert result.returncode == 0, result.stderr[-3000:]
   warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
   assert len(warnings) == 1, result.stderr[-3000:]
-  assert "checkpoints/30 is unreadable" in warnings[0] and "falling back to step 20" in warnings[0]
+  assert "checkpoints/30 is unreadable (state/" in warnings[0]
+  assert "bytes, the manifest needs" in warnings[0]  # found by check_step before any read
+  assert "falling back to step 20" in warnings[0] and "<" not in warnings[0]  # no object reprs
   assert "resumed from checkpoint step 20" in result.stderr
   assert "Traceback" not in result.stderr, result.stderr[:3000]  # the head names the channel
   assert (run_dir / "corrupt_checkpoints" / "30").is_dir()  # set aside, not deleted
@@ -138,10 +140,34 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
   assert len(errors) == 1 and "no usable checkpoint" in errors[0], result.stderr[-3000:]
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert len(warnings) == 2 and all("is missing); moved it to" in w for w in warnings), warnings
   # Reads abandoned by the failed restores must not print tracebacks (CI saw them garble the error).
   assert "Traceback" not in result.stderr, result.stderr[:3000]  # the head names the channel
   assert cu.status(broken) == "failed"
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
+
+
+def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache):
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=20)
+  before = cu.snapshot(run_dir)
+  error = cu.one_error_line(cu.run(run_dir, cache, "--config.checkpoint.restore_step=7"))
+  assert "checkpoint.restore_step=7" in error and "(committed steps: 10, 20)" in error
+  assert cu.snapshot(run_dir) == before  # nothing written or changed
+  fresh = tmp_path / "fresh"
+  error = cu.one_error_line(cu.run(fresh, cache, "--config.checkpoint.restore_step=7"))
+  assert "(committed steps: none)" in error and not fresh.exists()
+
+
+def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache):
+  run_dir = tmp_path / "run"
+  before = cu.snapshot(ref)
+  error = cu.one_error_line(cu.run(run_dir, cache, f"--config.init.from_run={ref}",
+                                   "--config.model.num_layers=3"))
+  assert f"init.from_run={ref}: parameter params.layers." in error
+  assert "has shape (2, " in error and "but (3, " in error and "in this model" in error
+  assert not run_dir.exists() and cu.snapshot(ref) == before
 
 
 def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):

@@ -1,7 +1,9 @@
 """Orbax checkpoints of a run: `<run_dir>/checkpoints/<step>/{state,data}`.
 
-    state  the TrainState pytree (step, params, opt_state), one array file set per leaf
-    data   the data iterator's get_state() as JSON
+    state  the TrainState pytree (step, params, opt_state): Orbax's `_METADATA`
+           (the tree) and an OCDBT database (`manifest.ocdbt`, `d/` and
+           `ocdbt.process_<i>/` files) holding one zarr array per leaf
+    data   the data iterator's get_state() as JSON (`data/metadata`)
 
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices and the write finishes in a background thread. A step directory
@@ -10,23 +12,38 @@ of a temporary directory), so a process killed at any moment leaves the
 committed checkpoints intact. Old checkpoints are garbage-collected after a
 newer one commits: the latest `keep` stay, plus every step divisible by
 `keep_every_steps` when that is set.
+
+Every read starts with `check_step`, which reads only metadata: the tree, the
+OCDBT manifest and B+tree nodes, each array's zarr header and chunk keys, and
+the size of every data file a value points into. A damaged checkpoint is
+refused there, before Orbax starts reads it could not finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
+import gc
+import json
 import logging
+import math
 import pathlib
 import shutil
 import sys
+import time
+import traceback
 import types
 import warnings
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from orbax.checkpoint import checkpoint_managers as policies
+
+from core.registry import ConfigError
+from trainer.config import CheckpointConfig
 
 STATE, DATA = "state", "data"
 # Checkpoints taken out of use are moved next to checkpoints/ rather than deleted:
@@ -34,35 +51,191 @@ QUARANTINE = "corrupt_checkpoints"  # unreadable ones
 SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
 
 
+class CheckpointError(Exception):
+  """No usable checkpoint where one was expected."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Restored:
+  step: int
+  state: Any
+  data_state: dict
+
+
+def committed_steps(directory: pathlib.Path | str) -> list[int]:
+  """Committed steps in a checkpoints/ directory, oldest first; [] if it does not exist."""
+  return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(directory)))
+
+
+# -- validation: metadata only -------------------------------------------------------------
+
+def _read_json(step_dir: pathlib.Path, name: str) -> Any:
+  try:
+    return json.loads((step_dir / name).read_text())
+  except FileNotFoundError:
+    raise CheckpointError(f"{name} is missing") from None
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{name} is not readable JSON ({type(e).__name__})") from None
+
+
+class _Ocdbt:
+  """The OCDBT database of one `state` directory, read through tensorstore's dump (no arrays)."""
+
+  def __init__(self, directory: pathlib.Path):
+    self.directory = directory
+    self._sizes: dict[pathlib.Path, int] = {}
+    self._kv = ts.KvStore.open({"driver": "file", "path": str(directory) + "/"}).result()
+
+  def check_location(self, location: str) -> None:
+    """`<kind>:<base>:<file>:<offset>:<length>`: the file exists and holds offset + length bytes."""
+    _, base, name, offset, length = location.rsplit(":", 4)
+    path = self.directory / base / name
+    if path not in self._sizes:
+      try:
+        self._sizes[path] = path.stat().st_size
+      except OSError:
+        raise CheckpointError(f"{path.relative_to(self.directory)} is missing") from None
+    if self._sizes[path] < int(offset) + int(length):
+      raise CheckpointError(f"{path.relative_to(self.directory)} holds {self._sizes[path]} bytes, "
+                            f"the manifest needs {int(offset) + int(length)}")
+
+  def dump(self, location: str | None = None) -> Any:
+    if location is not None:
+      self.check_location(location)
+    try:
+      return ts.ocdbt.dump(self._kv, location).result()
+    except Exception as e:  # pylint: disable=broad-except  (any decode failure means unusable)
+      what = "manifest.ocdbt" if location is None else location.split(":")[2]
+      raise CheckpointError(f"{what} does not decode ({type(e).__name__})") from None
+
+  def entries(self) -> dict[bytes, dict]:
+    """key -> leaf entry (`inline_value` or `indirect_value`), every node checked on the way."""
+    if not (self.directory / "manifest.ocdbt").is_file():
+      raise CheckpointError("manifest.ocdbt is missing")
+    versions = self.dump()["versions"]
+    root = versions[-1]["root"] if versions else {}
+    out = {}
+    todo = [(root["location"], b"")] if "location" in root else []
+    while todo:
+      location, prefix = todo.pop()
+      node = self.dump(location)
+      for entry in node["entries"]:
+        if node["height"] > 0:
+          todo.append((entry["location"], prefix + entry["subtree_common_prefix"]))
+        else:
+          if "indirect_value" in entry:
+            self.check_location(entry["indirect_value"])
+          out[prefix + entry["key"]] = entry
+    return out
+
+  def value(self, entry: dict) -> bytes:
+    return entry["inline_value"] if "inline_value" in entry else self.dump(entry["indirect_value"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArrayInfo:
+  shape: tuple[int, ...]
+  dtype: str
+
+
+def check_step(step_dir: pathlib.Path | str, *, items=(STATE, DATA)) -> dict[str, ArrayInfo]:
+  """Orbax name ("params.layers.mlp.wi") -> ArrayInfo of every array of a committed step.
+
+  Raises CheckpointError (the reason, one clause) unless every file a restore
+  reads exists with the size its manifest says and every array's zarr header
+  and chunks are present. Reads metadata only.
+  """
+  step_dir = pathlib.Path(step_dir)
+  if DATA in items:
+    _read_json(step_dir, f"{DATA}/metadata")
+  state_dir = step_dir / STATE
+  meta = _read_json(step_dir, f"{STATE}/_METADATA")
+  if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
+    raise CheckpointError(f"{STATE}/_METADATA holds no tree")
+  if not meta.get("use_ocdbt", True):
+    raise CheckpointError("it was not written as an OCDBT database")
+  db = _Ocdbt(state_dir)
+  try:
+    entries = db.entries()
+  except CheckpointError as e:
+    raise CheckpointError(f"{STATE}/{e}") from None
+  zarr3 = meta.get("use_zarr3", False)
+  all_chunks = meta.get("store_array_data_equal_to_fill_value", False)
+  chunk_counts: dict[bytes, int] = {}
+  for key in entries:
+    name, _, rest = key.rpartition(b"/")
+    if not rest.startswith(b".") and not rest.endswith(b".json"):
+      chunk_counts[name] = chunk_counts.get(name, 0) + 1
+  out = {}
+  for leaf in meta["tree_metadata"].values():
+    value = leaf.get("value_metadata", {})
+    if value.get("skip_deserialize") or value.get("value_type") not in (
+        "jax.Array", "np.ndarray", "scalar"):
+      continue
+    name = ".".join(str(k["key"]) for k in leaf["key_metadata"])
+    header = entries.get(f"{name}/{'zarr.json' if zarr3 else '.zarray'}".encode())
+    if header is None:
+      raise CheckpointError(f"array {name} has no zarr header in {STATE}/manifest.ocdbt")
+    try:
+      spec = json.loads(db.value(header))
+      shape = tuple(spec["shape"])
+      chunks = spec["chunk_grid"]["configuration"]["chunk_shape"] if zarr3 else spec["chunks"]
+    except (ValueError, KeyError, TypeError):
+      raise CheckpointError(f"array {name}'s zarr header does not parse") from None
+    expected = math.prod(-(-s // max(c, 1)) for s, c in zip(shape, chunks))
+    found = chunk_counts.get(name.encode(), 0)
+    if all_chunks and not zarr3 and found < expected:
+      raise CheckpointError(f"array {name} has {found} of its {expected} chunks")
+    out[name] = ArrayInfo(shape=shape, dtype=str(spec.get("dtype", spec.get("data_type", ""))))
+  return out
+
+
+# -- reads ---------------------------------------------------------------------------------
+
 def _with_shardings(abstract, shardings):
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                       abstract, shardings)
 
 
-@dataclasses.dataclass
-class Restored:
-  step: int
-  state: Any
-  data_state: dict
-  skipped: list[tuple[int, str]]  # (step, reason) of newer checkpoints that could not be read
+def _settle(dropped: list, *, quiet_s: float, max_s: float) -> None:
+  """Collects garbage until no report was dropped for `quiet_s` seconds, or `max_s` passed."""
+  start = last_change = time.monotonic()
+  seen = len(dropped)
+  while time.monotonic() - start < max_s and time.monotonic() - last_change < quiet_s:
+    gc.collect()
+    time.sleep(0.02)
+    if len(dropped) != seen:
+      seen, last_change = len(dropped), time.monotonic()
 
 
-@functools.cache  # installs once per process
-def _quiet_abandoned_reads() -> None:
-  """Silences the late reports of the reads a failed restore left in flight.
+@contextlib.contextmanager
+def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0):
+  """Confines to one Orbax read what it leaves behind when a read fails after check_step passed.
 
-  When one array of a restore fails to read, Orbax's event loop stops and
-  closes while TensorStore still has the other reads in flight. They report
-  afterwards, from other threads or when garbage-collected, in four ways:
-  "RuntimeError: Event loop is closed" and a suspended read's coroutine
-  raising as the GC closes it, both through sys.unraisablehook; "Task (or
-  _GatheringFuture) exception was never retrieved" on the asyncio logger;
-  and "coroutine ... was never awaited" RuntimeWarnings: dozens of
-  tracebacks interleaved with the one warning that already names the
-  unreadable checkpoint (CI saw them garble it). Only those exact reports
-  are dropped, in processes that restore.
+  Orbax then closes its event loop while TensorStore reads are still in
+  flight; they report late ("Event loop is closed", coroutines closed or never
+  awaited, "exception was never retrieved"), tracebacks that would garble the
+  one-line warning. Inside this block those reports are dropped. On a failure
+  the frames of the failed read are cleared and the block waits, collecting,
+  until the abandoned reads have been quiet for `quiet_s` (at most `max_s`);
+  then it raises CheckpointError(reason). On exit sys.unraisablehook, the
+  asyncio logger's filters and warnings.filters are what they were before.
+  A read still in flight after that window (seen on a loaded CPU) can report
+  once more, unfiltered; check_step keeps truncated and missing files, the
+  usual damage, from ever reaching this path.
   """
-  default_hook = sys.unraisablehook
+  dropped: list[str] = []  # one entry per report dropped
+  previous_hook = sys.unraisablehook
+  asyncio_logger = logging.getLogger("asyncio")
+  never_retrieved = logging.Filter()
+
+  def keep(record) -> bool:
+    if str(record.msg).partition("\n")[0].endswith(" exception was never retrieved"):
+      dropped.append("never retrieved")
+      return False
+    return True
+
+  never_retrieved.filter = keep
 
   def hook(unraisable):
     exc = unraisable.exc_value
@@ -71,34 +244,55 @@ def _quiet_abandoned_reads() -> None:
     # `except BaseException` turns into an Exception: "Exception ignored in: <coroutine ...>".
     closed_read = (isinstance(unraisable.object, types.CoroutineType) and exc is not None
                    and isinstance(exc.__cause__ or exc.__context__, GeneratorExit))
-    if not (loop_closed or closed_read):
-      default_hook(unraisable)
+    if loop_closed or closed_read:
+      dropped.append(type(exc).__name__)  # a name: keeping the report would keep the read alive
+    else:
+      previous_hook(unraisable)
 
   sys.unraisablehook = hook
-  # "<class> exception was never retrieved": Task, Future, _GatheringFuture (asyncio.gather).
-  logging.getLogger("asyncio").addFilter(
-      lambda record: not str(record.msg).partition("\n")[0].endswith(
-          " exception was never retrieved"))
-  warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
-                          category=RuntimeWarning)
+  asyncio_logger.addFilter(never_retrieved)
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                              category=RuntimeWarning)
+      try:
+        yield
+      except Exception as e:  # pylint: disable=broad-except  (any read failure means unusable)
+        reason = _reason(e)
+        while e is not None:  # the finished frames of the read hold the abandoned reads
+          traceback.clear_frames(e.__traceback__)
+          e = e.__cause__ or e.__context__
+        _settle(dropped, quiet_s=quiet_s, max_s=max_s)
+        raise CheckpointError(reason) from None
+  finally:
+    asyncio_logger.removeFilter(never_retrieved)
+    sys.unraisablehook = previous_hook
+
+
+def _reason(e: Exception) -> str:
+  """One clause for a warning: the innermost cause's message, without object reprs."""
+  if isinstance(e, CheckpointError):
+    return str(e)
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  text = " ".join(str(e).split()).split("<")[0].rstrip(" :;,([{")  # e.g. `<bound method ...>`
+  return f"a read failed: {text[:240]}" if text else f"a read failed ({type(e).__name__})"
 
 
 class Checkpointer:
   """Saves and restores one run's checkpoints; every process of a run makes one."""
 
-  def __init__(self, directory: pathlib.Path | str, cfg, *, read_only: bool = False):
+  def __init__(self, directory: pathlib.Path | str, cfg: CheckpointConfig):
     self.directory = pathlib.Path(directory).absolute()
     self.cfg = cfg
     keep = [policies.LatestN(n=cfg.keep)]
-    if getattr(cfg, "keep_every_steps", 0):
+    if cfg.keep_every_steps:
       keep.append(policies.EveryNSteps(interval_steps=cfg.keep_every_steps))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=policies.AnyPreservationPolicy(keep),
         enable_async_checkpointing=True,
         # Temporary directories of saves cut short by a crash are never committed steps.
-        cleanup_tmp_directories=not read_only,
-        read_only=read_only,
-        create=not read_only,
+        cleanup_tmp_directories=True,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._moves = 0
@@ -107,9 +301,12 @@ class Checkpointer:
     """Whether the schedule (checkpoint.every_steps) asks for a checkpoint after `step`."""
     return bool(self.cfg.every_steps) and step % self.cfg.every_steps == 0
 
-  def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
-    """Starts an asynchronous save if due (or `force`); False if skipped or already on disk."""
-    if not (force or self.due(step)) or step in self.all_steps():
+  def save(self, step: int, state, data_state: dict) -> bool:
+    """Starts an asynchronous save of `step`; False if that step is already on disk.
+
+    The caller decides when to save (`due`, the last step, a preemption).
+    """
+    if step in self.all_steps():
       return False
     self._manager.save(step, force=True, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
@@ -122,49 +319,48 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def restore(self, step: int, abstract_state, shardings) -> tuple[Any, dict]:
-    """(state placed in `shardings`, data iterator state) of a committed step.
+  def restore(self, step: int, abstract_state, shardings) -> Restored:
+    """Exactly `step`, its state placed in `shardings`; CheckpointError if it does not read.
 
     The shardings are the current mesh's: a checkpoint written on another mesh
     or device count is resharded while reading.
     """
+    check_step(self.directory / str(step))
     target = _with_shardings(abstract_state, shardings)
-    out = self._manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(target), DATA: ocp.args.JsonRestore()}))
-    return out[STATE], dict(out[DATA] or {})
+    with _one_read():
+      out = self._manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(target), DATA: ocp.args.JsonRestore()}))
+    return Restored(step=step, state=out[STATE], data_state=dict(out[DATA] or {}))
 
-  def restore_latest(self, abstract_state, shardings, *, step: int | None = None,
+  def restore_newest(self, abstract_state, shardings, *, at_most: int | None = None,
                      warn: Callable[[str], None] = logging.warning) -> Restored | None:
-    """Restores `step` (or the newest committed step that reads back); None if there are none.
+    """The newest committed step (at or before `at_most`) that reads back; None if none exist.
 
-    A checkpoint that fails to read is reported through `warn`, moved to
-    `<run_dir>/corrupt_checkpoints/` (so its step can be written again) and the
-    next older one is tried. Raises CheckpointError when checkpoints exist
-    but none reads back.
+    A checkpoint that fails check_step or its read is reported through `warn`
+    in one line, moved to `<run_dir>/corrupt_checkpoints/` (so its step can be
+    written again) and the next older one is tried. Raises CheckpointError when
+    checkpoints exist but none reads back, or `at_most` is not a committed step.
     """
-    _quiet_abandoned_reads()  # before the first read: late reports may race the exception
     steps = self.all_steps()
-    if step is not None:
-      if step not in steps:
-        raise CheckpointError(f"checkpoint.restore_step={step} is not a committed checkpoint in "
-                              f"{self.directory} (committed: {steps or 'none'})")
-      steps = [s for s in steps if s <= step]
-    skipped = []
+    if at_most is not None:
+      if at_most not in steps:
+        raise CheckpointError(f"checkpoint.restore_step={at_most} is not a committed checkpoint "
+                              f"in {self.directory} (committed: {steps or 'none'})")
+      steps = [s for s in steps if s <= at_most]
+    unreadable = []
     for candidate in reversed(steps):
       try:
-        state, data_state = self.restore(candidate, abstract_state, shardings)
+        return self.restore(candidate, abstract_state, shardings)
       except Exception as e:  # pylint: disable=broad-except  (any read failure means unusable)
-        reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         moved = self._move(candidate, QUARANTINE)
         older = [s for s in steps if s < candidate]
-        warn(f"checkpoint {self.directory / str(candidate)} is unreadable ({reason}); moved it to "
-             f"{moved}; {f'falling back to step {older[-1]}' if older else 'no older checkpoint'}")
-        skipped.append((candidate, reason))
-        continue
-      return Restored(step=candidate, state=state, data_state=data_state, skipped=skipped)
-    if skipped:
+        warn(f"checkpoint {self.directory / str(candidate)} is unreadable ({_reason(e)}); "
+             f"moved it to {moved}; "
+             f"{f'falling back to step {older[-1]}' if older else 'no older checkpoint'}")
+        unreadable.append(candidate)
+    if unreadable:
       raise CheckpointError(
-          f"no usable checkpoint in {self.directory}: steps {[s for s, _ in skipped]} are all "
+          f"no usable checkpoint in {self.directory}: steps {sorted(unreadable)} are all "
           f"unreadable (moved to {self.directory.parent / QUARANTINE}); pass --overwrite to "
           f"start the run over")
     return None
@@ -196,22 +392,71 @@ class Checkpointer:
     self._manager.close()
 
 
-class CheckpointError(Exception):
-  """No usable checkpoint where one was expected."""
+# -- checks before a run writes anything ---------------------------------------------------
+
+def check_restore_step(directory: pathlib.Path | str, step: int) -> None:
+  """ConfigError unless `step` (checkpoint.restore_step; 0 = latest) is committed in `directory`."""
+  if not step:
+    return
+  steps = committed_steps(directory)
+  if step not in steps:
+    raise ConfigError(f"checkpoint.restore_step={step}: {directory} holds no committed "
+                      f"checkpoint of step {step} (committed steps: "
+                      f"{', '.join(map(str, steps)) if steps else 'none'})")
 
 
-@dataclasses.dataclass(frozen=True)
-class _SaveAll:
-  every_steps: int = 0
-  keep: int = 1_000_000
-  keep_every_steps: int = 0
+def _newest_step_dir(run_dir: pathlib.Path | str) -> pathlib.Path:
+  directory = pathlib.Path(run_dir) / "checkpoints"
+  if not directory.is_dir():
+    raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
+  steps = committed_steps(directory)
+  if not steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint")
+  return directory / str(steps[-1])
 
+
+def _names(tree, prefix: str) -> dict[str, tuple[int, ...]]:
+  """Orbax's array names ("params.layers.mlp.wi") -> shape, of an abstract pytree."""
+  def key_name(k):
+    return str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+  leaves = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(tree))[0]
+  return {".".join([prefix, *map(key_name, path)]): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def check_params_compatible(run_dir: pathlib.Path | str, abstract_params) -> None:
+  """ConfigError unless the newest checkpoint of `run_dir` reads back with these parameters.
+
+  For init.from_run: every parameter of the model must be in the checkpoint
+  with the same shape, and the checkpoint may hold no others. Reads metadata only.
+  """
+  field = f"init.from_run={run_dir}"
+  try:
+    step_dir = _newest_step_dir(run_dir)
+    saved = check_step(step_dir, items=(STATE,))
+  except CheckpointError as e:
+    raise ConfigError(f"{field}: {e}") from None
+  saved = {name: info.shape for name, info in saved.items() if name.startswith("params.")}
+  want = _names(abstract_params, "params")
+  where = f"the checkpoint ({step_dir})"
+  for name, shape in want.items():
+    if name not in saved:
+      raise ConfigError(f"{field}: parameter {name} {shape} of this model is not in {where}")
+    if saved[name] != shape:
+      raise ConfigError(f"{field}: parameter {name} has shape {saved[name]} in {where} but "
+                        f"{shape} in this model")
+  extra = sorted(set(saved) - set(want))
+  if extra:
+    raise ConfigError(f"{field}: {where} holds parameter {extra[0]} {saved[extra[0]]} that this "
+                      f"model does not have ({len(extra)} such)")
+
+
+# -- whole-directory helpers (axtrain convert, init.from_run) ------------------------------
 
 def write_initial(run_dir: pathlib.Path | str, state) -> None:
   """Synchronous step-0 checkpoint of `state` (a TrainState or a dict with "params")."""
-  ckpt = Checkpointer(pathlib.Path(run_dir) / "checkpoints", _SaveAll())
+  ckpt = Checkpointer(pathlib.Path(run_dir) / "checkpoints", CheckpointConfig())
   try:
-    ckpt.save(0, state, {}, force=True)
+    ckpt.save(0, state, {})
     ckpt.wait_until_finished()
   finally:
     ckpt.close()
@@ -223,19 +468,14 @@ def load_params(run_dir: pathlib.Path | str, abstract_params, shardings):
   Only the "params" subtree is read, so optimizer state (if any) is ignored and
   a converted model (`axtrain convert`) works the same as a training run.
   """
-  directory = pathlib.Path(run_dir) / "checkpoints"
-  if not directory.is_dir():
-    raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
-  ckpt = Checkpointer(directory, _SaveAll(), read_only=True)
+  step_dir = _newest_step_dir(run_dir)
   try:
-    step = ckpt.latest_step()
-    if step is None:
-      raise CheckpointError(f"{directory} holds no committed checkpoint")
-    target = {"params": _with_shardings(abstract_params, shardings)}
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    with ocp.PyTreeCheckpointer() as reader:
-      out = reader.restore(directory / str(step) / STATE, args=ocp.args.PyTreeRestore(
-          item=target, restore_args=restore_args, partial_restore=True))
-  finally:
-    ckpt.close()
+    check_step(step_dir, items=(STATE,))
+  except CheckpointError as e:
+    raise CheckpointError(f"checkpoint {step_dir} is unreadable ({e})") from None
+  target = {"params": _with_shardings(abstract_params, shardings)}
+  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+  with _one_read(), ocp.PyTreeCheckpointer() as reader:
+    out = reader.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))
   return out["params"]

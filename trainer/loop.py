@@ -66,7 +66,8 @@ def _initial_state(exp: Experiment, ckpt: Checkpointer | None, data, progress: P
   if ckpt is not None:
     restore_step = exp.run.checkpoint.restore_step or None
     with exp.context():
-      restored = ckpt.restore_latest(abstract, exp.state_shardings, step=restore_step, warn=warn)
+      restored = ckpt.restore_newest(abstract, exp.state_shardings, at_most=restore_step,
+                                     warn=warn)
     if restored is not None:
       newer = [s for s in ckpt.all_steps() if s > restored.step]
       if newer:
@@ -155,7 +156,7 @@ def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, token
   def save(force: bool):
     if ckpt is not None and (force or ckpt.due(step)):
       check_finite()  # never write a checkpoint of non-finite parameters
-      ckpt.save(step, state, data.get_state(), force=True)
+      ckpt.save(step, state, data.get_state())
 
   watchdog = Watchdog(cfg.hang_timeout_s)
   with exp.context():
