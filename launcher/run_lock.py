@@ -22,10 +22,11 @@ class RunLock:
 
   def acquire(self) -> "RunLock":
     """Takes the lock or raises UserError naming the live process that holds it."""
-    if self.path.parent.exists() and not self.path.parent.is_dir():
-      raise UserError(f"--output_dir {self.path.parent} exists and is not a directory")
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # launcher.run_dir.check_writable ran first; this is a race or a quota
+      raise UserError(f"--output_dir {self.path.parent}: {e.strerror or e}") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

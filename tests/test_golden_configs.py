@@ -16,7 +16,8 @@ from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "testdata" / "golden"
 # Extra variants of configs that take an argument, beyond the default.
-VARIANTS = {"gpt2.py": ["size=small", "size=medium", "size=large", "size=xl"]}
+VARIANTS = {"gpt2.py": ["size=small", "size=medium", "size=large", "size=xl"],
+            "llama.py": [f"size={s}" for s in ("test", "tiny", "125m", "1b", "3b", "7b", "8b", "70b")]}
 
 
 def _cases():
