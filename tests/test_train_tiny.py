@@ -67,5 +67,5 @@ def test_default_output_dir_names_the_overrides(tmp_path):
   result = cli(f"--config={ROOT / 'configs' / 'tiny.py'}", "--config.trainer.max_steps=1",
                "--config.data.seq_len=32", "--config.eval.num_batches=1", cwd=tmp_path)
   assert result.returncode == 0, result.stderr
-  expected = tmp_path / "runs" / "tiny" / "trainer.max_steps=1,data.seq_len=32,eval.num_batches=1"
+  expected = tmp_path / "runs" / "tiny" / "data.seq_len=32,eval.num_batches=1,trainer.max_steps=1"
   assert (expected / "run.json").exists(), list((tmp_path / "runs").rglob("*"))
