@@ -246,7 +246,15 @@ def apply_rules(cfg, mesh_name: str, explicit: set[str]) -> str | None:
   `cfg` is the run's ConfigDict; paths in `explicit` (command-line overrides) are left as set.
   """
   from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
-  for regex, changes in cfg.mesh.rules:
+  rules = cfg.mesh.rules
+  if not isinstance(rules, (tuple, list)):
+    raise ConfigError(f"mesh.rules must be a tuple of (regex, {{path: value}}) pairs, got "
+                      f"{rules!r:.80}")
+  for i, rule in enumerate(rules):
+    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
+        or not hasattr(rule[1], "items")):
+      raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r:.80}")
+  for regex, changes in rules:
     try:
       matched = re.fullmatch(regex, mesh_name)
     except re.error as e:
