@@ -188,6 +188,10 @@ class RunDir:
         raise UserError(f"{self.path} holds a model converted from Hugging Face; this config "
                         f"changes its {_keys(changed)}, which its weights cannot follow; train into"
                         f" another --output_dir with --config.init.from_run={self.path}")
+    if overwrite and self.converted() and not (self.path / "checkpoints" / "0").is_dir():
+      raise UserError(f"{self.path}: the converted weights (checkpoints/0) were rotated out by "
+                      f"checkpoint.keep, so --overwrite would start from random weights; convert "
+                      f"again into a new --output_dir")
     if differ and not overwrite:
       raise UserError(f"{self.path} holds a run with a different config ({_keys(differ)} differ); "
                       f"choose another --output_dir or pass --overwrite")

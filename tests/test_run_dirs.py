@@ -114,3 +114,40 @@ def test_overwrite_refuses_a_directory_with_foreign_files(quick, capsys):
     assert err.startswith(f"axtrain: error: {out} holds files that axtrain did not write "
                           f"(notes.txt)")
     assert snapshot(out) == before
+
+
+def test_overwrite_of_a_converted_directory_keeps_what_convert_wrote(tmp_path):
+  out = tmp_path / "converted"
+  (out / "checkpoints" / "0").mkdir(parents=True)
+  (out / "checkpoints" / "0" / "state").write_text("weights")
+  (out / "checkpoints" / "5").mkdir()
+  (out / "superseded_checkpoints").mkdir()
+  for name, text in (("config.py", "py"), ("hf_config.json", "{}"), ("metrics.jsonl", "{}\n")):
+    (out / name).write_text(text)
+  config = {"trainer": {"max_steps": 10}, "checkpoint": {"restore_step": 0}}
+  (out / "config.json").write_text(json.dumps(config))
+  (out / "run.json").write_text(json.dumps({"status": "converted", "converted_from": "/hf",
+                                            "hf_dtype": "BF16"}))
+  rd = run_dir.RunDir(out)
+  # restore_step chooses where to resume; it does not make another run.
+  assert rd.prepare({**config, "checkpoint": {"restore_step": 3}}, overwrite=False) == "incomplete"
+  with pytest.raises(run_dir.UserError, match="trainer.max_steps differ"):
+    rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False)
+  with pytest.raises(run_dir.UserError, match="converted from Hugging Face; this config changes "
+                                               "its model.dim"):
+    rd.prepare({**config, "model": {"dim": 8}}, overwrite=True)
+  assert rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
+  rd.start({**config, "trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
+  assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json", "config.py",
+                                                   "hf_config.json", "run.json"]
+  assert [p.name for p in (out / "checkpoints").iterdir()] == ["0"]
+  assert (out / "checkpoints" / "0" / "state").read_text() == "weights"
+  assert (out / "config.py").read_text() == "py"
+  info = json.loads((out / "run.json").read_text())
+  assert info["converted_from"] == "/hf" and info["hf_dtype"] == "BF16"
+  assert info["status"] == "running"
+  # Once checkpoint.keep has rotated the converted weights out, --overwrite would lose them.
+  (out / "checkpoints" / "0" / "state").unlink()
+  (out / "checkpoints" / "0").rmdir()
+  with pytest.raises(run_dir.UserError, match="rotated out"):
+    rd.prepare(config, overwrite=True)
