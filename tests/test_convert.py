@@ -245,3 +245,14 @@ def test_convert_uses_the_umask(tmp_path, capsys, tensors):
     for path in [root, *root.rglob("*")]:
       want = 0o750 if path.is_dir() else 0o640
       assert path.stat().st_mode & 0o777 == want, (path, oct(path.stat().st_mode))
+
+
+def test_output_dir_that_cannot_be_written(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  regular = tmp_path / "file"
+  regular.write_text("x")
+  for out, message in ((regular / "run", "is a file, not a directory"),
+                       (pathlib.Path("/proc/axtrain_convert"), "filesystem; choose a directory")):
+    code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+  assert regular.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))
