@@ -8,7 +8,6 @@ import pathlib
 import pytest
 
 from launcher import main as main_lib, run_dir
-from tests.conftest import ROOT
 
 QUICK = '''
 from configs import llama
