@@ -11,8 +11,7 @@ import random
 
 import pytest
 
-from launcher import flat, main as main_lib
-from launcher import config_loading
+from launcher import config_loading, flat, main as main_lib
 from tests.conftest import ROOT
 
 SEED = 20261203
