@@ -8,22 +8,15 @@ RoPE, untied embeddings; sequence 256, global batch 8; AdamW in float32.
 
 from configs.base import lm_config
 from core.config_args import parse_arg
-from core.registry import registry as r
+from modules import llama
+
+# LLaMA parts (RMSNorm eps 1e-5, RoPE theta 10k, SwiGLU, untied) at the benchmark's shape.
+SHAPE = llama.Size(dim=256, num_layers=4, num_heads=4, num_kv_heads=4, hidden_dim=1024,
+                   vocab_size=8192)
 
 
 def model_node():
-  norm = r("norm").node("rmsnorm", eps=1e-5)
-  attention = r("attention").node(
-      "attention", num_heads=4, num_kv_heads=4,
-      position=r("position").node("rope", theta=10_000.0))
-  block = r("block").node(
-      "pre_norm", attention=attention,
-      ffn=r("ffn").node("mlp", hidden_dim=1024, activation="silu", gated=True), norm=norm)
-  return r("model").node(
-      "decoder_lm", vocab_size=8192, dim=256, num_layers=4, tie_embeddings=False,
-      embedding=r("embedding").node("token"),
-      position_embedding=r("position_embedding").node("none"), block=block,
-      final_norm=r("norm").node("rmsnorm", eps=1e-5))
+  return llama.node(SHAPE)
 
 
 def get_config(arg=None):

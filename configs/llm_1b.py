@@ -4,17 +4,10 @@
     axtrain --config=configs/llm_1b.py --mesh=gpu-h100-8
 """
 
-from configs.base import lm_config
+from configs import llama
 from core.config_args import parse_arg
-from modules import llama
 
 
 def get_config(arg=None):
-  parse_arg(arg)
-  cfg = lm_config(llama.model_node("1b"), max_steps=10_000, learning_rate=3e-4,
-                  batch_size=256, seq_len=2048, warmup_steps=1000, data_kind="synthetic")
-  cfg.trainer.log_every = 10
-  cfg.eval.every_steps = 1000
-  cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
-  cfg.eval.batch_size = 64
-  return cfg
+  parse_arg(arg)  # takes no arguments (configs/llama.py:size=NAME reaches every size)
+  return llama.get_config("size=1b")

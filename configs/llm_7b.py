@@ -4,18 +4,10 @@
     axtrain --config=configs/llm_7b.py --mesh=gpu-h100-8
 """
 
-from configs.base import lm_config
+from configs import llama
 from core.config_args import parse_arg
-from modules import llama
 
 
 def get_config(arg=None):
-  parse_arg(arg)  # takes no arguments
-  cfg = lm_config(llama.model_node("7b"), max_steps=10_000, learning_rate=3e-4,
-                  batch_size=256, seq_len=4096, warmup_steps=2000, data_kind="synthetic")
-  cfg.model.remat = "dots_with_no_batch_dims_saveable"
-  cfg.trainer.log_every = 10
-  cfg.eval.every_steps = 1000
-  cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
-  cfg.eval.batch_size = 64
-  return cfg
+  parse_arg(arg)  # takes no arguments (configs/llama.py:size=NAME reaches every size)
+  return llama.get_config("size=7b")

@@ -5,10 +5,11 @@
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
 index) of a LlamaForCausalLM or GPT2LMHeadModel and writes a run directory:
-config.json (the resolved run config), config.py (whose get_config() loads it,
-so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR` fine-tunes from
-it), run.json, hf_config.json (the source's config, reused by --to_hf) and a
-step-0 checkpoint. --to_hf writes config.json + model.safetensors from the
+config.json (the resolved run config), config.py (whose get_config() returns
+that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
+continues training from the converted weights), run.json, hf_config.json (the
+source's config, reused by --to_hf) and a step-0 checkpoint. Training in
+RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included. --to_hf writes config.json + model.safetensors from the
 latest checkpoint of a run directory. Output goes to a temporary directory
 that is renamed into place at the end, so a mistake writes nothing.
 """
@@ -33,21 +34,31 @@ _FLAGS = ("from_hf", "to_hf", "output_dir", "scan_layers", "no_scan_layers")
 CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
     axtrain --config={run_dir}/config.py --output_dir={run_dir}
+
+The config is held here, not read from config.json (which records the run's
+current config), so that training with other settings never changes it.
 """
 
 import json
-import pathlib
 
 import ml_collections
 
 from core.config_args import parse_arg
 
+CONFIG = {config}
+
 
 def get_config(arg=None):
   parse_arg(arg)  # takes no arguments
-  text = (pathlib.Path(__file__).resolve().parent / "config.json").read_text()
-  return ml_collections.ConfigDict(json.loads(text))
+  return ml_collections.ConfigDict(json.loads(CONFIG))
 '''
+
+
+def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path) -> str:
+  text = json.dumps(resolved, indent=2, sort_keys=True)
+  quote = "'" * 3
+  literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
+  return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal)
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -73,6 +84,8 @@ def parse_args(argv: list[str]) -> dict:
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   output = pathlib.Path(args["output_dir"])
+  from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
+  check_writable(output)
   _check_empty(output)
   if "from_hf" in args:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
@@ -103,11 +116,20 @@ class _Staging:
 
   def __exit__(self, exc_type, *_):
     if exc_type is None:
+      _apply_umask(self.tmp)  # mkdtemp makes 0700, some writers 0600: the user's umask instead
       if self.target.exists():
         self.target.rmdir()  # empty, checked before we started
       os.replace(self.tmp, self.target)
     else:
       shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _apply_umask(root: pathlib.Path) -> None:
+  umask = os.umask(0)
+  os.umask(umask)
+  for path in [root, *root.rglob("*")]:
+    if not path.is_symlink():
+      path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 # -- reading Hugging Face -------------------------------------------------------------------
@@ -229,24 +251,19 @@ def _check_tree(params, abstract) -> None:
                       f"expects {want.get(key)}")
 
 
-def _experiment_parts(cfg_dict: dict):
-  """(parsed run config, model, optimizer, abstract unboxed params) of a run config."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+def experiment_of(cfg_dict: dict):
+  """The Experiment (trainer/experiment.build) of a run config, on one device: shapes only."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (all registries)
-  from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
-  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
-  from trainer.optimizer import OPTIMIZERS  # pylint: disable=import-outside-toplevel
-  from trainer.param_axes import logical_axes  # pylint: disable=import-outside-toplevel
-  run = config_lib.parse(cfg_dict)
-  model = MODELS.build(run.model)
-  abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
-                            jax.random.key(0))
-  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps,
-                               axes=logical_axes(abstract))
-  return run, model, optimizer, nn.meta.unbox(abstract)
+  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
+  return experiment.build(config_lib.parse(cfg_dict), meshes.lookup("cpu"),
+                          devices=jax.devices()[:1])
+
+
+def abstract_params(exp):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  return nn.meta.unbox(exp.abstract_state.params)
 
 
 # -- checkpoints (layout owned by trainer/checkpoint.py) -------------------------------------
@@ -293,23 +310,24 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   cfg = lm_config(node, max_steps=1000, learning_rate=1e-5, batch_size=8,
                   seq_len=min(1024, max_length), warmup_steps=100, data_kind="synthetic")
   resolved = json.loads(cfg.to_json_best_effort())
-  run, _, optimizer, abstract = _experiment_parts(resolved)
+  exp = experiment_of(resolved)
+  abstract = abstract_params(exp)
 
   params = stack_layers(family.from_hf(st.get, hf_cfg), scan=scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.tx.init(params))
+                     opt_state=exp.optimizer.tx.init(params))
   dtypes = sorted({st.dtype(n) for n in family.hf_shapes(hf_cfg)})
   num_params = sum(x.size for x in jax.tree.leaves(params))
   with _Staging(output) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
-    (tmp / "config.py").write_text(CONFIG_PY.format(source=hf_dir, run_dir=output))
+    (tmp / "config.py").write_text(_config_py(resolved, source=hf_dir, run_dir=output))
     run_dir_lib.write_json(tmp / "run.json", {
         "status": "converted", "converted_from": str(hf_dir.resolve()),
         "architecture": family.architecture, "hf_dtype": dtypes[0] if len(dtypes) == 1 else "F32",
-        "num_params": num_params, "command": " ".join(["axtrain"] + argv),
+        "num_params": num_params, "command": " ".join(["axtrain", "convert", *argv[1:]]),
         "versions": run_dir_lib.versions()})
     _write_initial(tmp, state)
 
@@ -327,7 +345,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
-  run, _, _, abstract = _experiment_parts(cfg)
+  exp = experiment_of(cfg)
+  run, abstract = exp.run, abstract_params(exp)
   family = family_of_model(run.model)
   hf_cfg = family.hf_config(run.model)
   source = run_dir / "hf_config.json"

@@ -1,4 +1,4 @@
-"""Flat `a.b.c: value` views of a config (for --print_config and golden files)."""
+"""Flat `a.b.c: value` views of a config (--print_config, golden files, run-directory diffs)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,17 @@ def _show(value) -> str:
 
 def flat_text(cfg) -> str:
   return "".join(f"{k}: {_show(v)}\n" for k, v in sorted(flatten(cfg).items()))
+
+
+def human(n: int) -> str:
+  """1234567 -> '1.23M'."""
+  for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if n >= scale:
+      return f"{n / scale:.2f}{unit}"
+  return str(n)
+
+
+def print_config_text(cfg, *, num_params: int, mesh: str, axes: dict, rule: str | None) -> str:
+  """What --print_config prints: the flat config, the parameter count and the mesh."""
+  return (flat_text(cfg) + f"# parameters: {num_params:,} ({human(num_params)})\n"
+          f"# mesh: {mesh} {axes}{f' (rule {rule!r})' if rule else ''}\n")

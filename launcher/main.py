@@ -12,9 +12,12 @@ examples:
   axtrain --config=configs/llm_1b.py --print_config
   for lr in 1e-3 3e-4; do axtrain --config=configs/tiny.py --config.optimizer.learning_rate=$lr; done
 
-Each run writes runs/<config>[/<overrides>]/ (or --output_dir): config.json,
-run.json and metrics.jsonl. Re-running a completed run does nothing; a
-different config in an existing run directory is refused unless --overwrite.
+Each run writes its own directory (or --output_dir): runs/<config>/base/ without
+overrides, runs/<config>/<key=value,...>/ with them (sorted by key, so flag order
+does not matter): config.json, run.json, metrics.jsonl, checkpoints/. Re-running
+a completed run does nothing; a different config in an existing run directory is
+refused unless --overwrite, which deletes only that run's own files (a directory
+holding other files is refused; `axtrain convert`'s files are kept).
 Mistakes print one line `axtrain: error: ...` and exit with code 2.
 
 Re-running the command of an unfinished run resumes it from its last committed
@@ -37,10 +40,11 @@ from launcher.errors import EXIT_USAGE, ConfigError, UserError
 def _define_flags(argv: list[str]) -> flags.FlagValues:
   fv = flags.FlagValues()
   config_loading.define(fv, argv)
-  flags.DEFINE_string("output_dir", None, "Run directory; default runs/<config stem>[/<overrides>].",
+  flags.DEFINE_string("output_dir", None, "Run directory; default runs/<config stem>/base or "
+                      "runs/<config stem>/<sorted overrides>.",
                       flag_values=fv)
-  flags.DEFINE_boolean("overwrite", False, "Replace an existing run directory that holds a "
-                       "different config.", flag_values=fv)
+  flags.DEFINE_boolean("overwrite", False, "Start the run over: delete the run directory's "
+                       "own files (never other files, never another run's).", flag_values=fv)
   flags.DEFINE_boolean("print_config", False, "Print the resolved config as sorted `a.b.c: value`"
                        " lines and the parameter count, then exit.", flag_values=fv)
   flags.DEFINE_string("mesh", "auto", "Device mesh from the registry (docs/meshes.md), or `auto` "
@@ -55,13 +59,18 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   return fv
 
 
-def help_text(fv: flags.FlagValues) -> str:
-  lines = [__doc__.strip(), "", "options:"]
+def options_text(fv: flags.FlagValues) -> str:
+  """`options:` and one line per flag of `fv`, with its default."""
+  lines = ["options:"]
   for name in sorted(fv):
     flag = fv[name]
     default = "" if flag.default in (None, "") else f" (default: {flag.default})"
     lines.append(f"  --{name}: {flag.help}{default}")
   return "\n".join(lines) + "\n"
+
+
+def help_text(fv: flags.FlagValues) -> str:
+  return __doc__.strip() + "\n\n" + options_text(fv)
 
 
 def run() -> None:

@@ -4,6 +4,11 @@ The first signal only sets a flag that the training loop polls after each
 step. A second signal exits at once (still EXIT_PREEMPTED): a save in flight
 is abandoned in its temporary directory, so the last committed checkpoint is
 untouched and the run resumes from it.
+
+Signals are counted by a thread that reads Python's signal wakeup fd, one byte
+per delivery. Python runs its own handlers only when the main thread returns
+to the interpreter, and two signals that arrive while it waits in a device
+computation or a checkpoint write run the handler once; the wakeup fd sees both.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import Callable
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, the user is invited to retry".
@@ -19,6 +25,7 @@ from typing import Callable
 EXIT_PREEMPTED = 75
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP = 0  # written by installed() on exit to end the reader thread; no signal has number 0
 
 
 class Preemption:
@@ -29,7 +36,8 @@ class Preemption:
   def requested(self) -> bool:
     return self.signum is not None
 
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+  def received(self, signum: int) -> None:
+    """One delivery of `signum`: the first requests a stop, the second exits the process."""
     name = signal.Signals(signum).name
     if self.signum is None:
       self.signum = signum
@@ -43,11 +51,36 @@ class Preemption:
     finally:
       os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
+  def _read(self, fd: int) -> None:
+    while True:
+      try:
+        data = os.read(fd, 64)
+      except InterruptedError:
+        continue
+      for signum in data:
+        if signum == _STOP:
+          return
+        if signum in _SIGNALS:
+          self.received(signum)
+
   @contextlib.contextmanager
   def installed(self):
-    previous = {s: signal.signal(s, self._handle) for s in _SIGNALS}
+    """Counts SIGTERM/SIGINT while the block runs (main thread only); restores everything after."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    # The Python-level handler only keeps the default action (KeyboardInterrupt, exit) away.
+    previous = {s: signal.signal(s, lambda *_: None) for s in _SIGNALS}
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    reader = threading.Thread(target=self._read, args=(read_fd,), name="axtrain-signals",
+                              daemon=True)
+    reader.start()
     try:
       yield self
     finally:
+      signal.set_wakeup_fd(previous_fd)
       for s, handler in previous.items():
         signal.signal(s, handler)
+      os.write(write_fd, bytes([_STOP]))
+      reader.join()
+      os.close(read_fd)
+      os.close(write_fd)

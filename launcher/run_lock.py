@@ -10,7 +10,7 @@ import fcntl
 import os
 import pathlib
 
-from launcher.errors import UserError
+from launcher.errors import ConfigError, UserError
 
 LOCK_NAME = ".lock"
 
@@ -19,13 +19,18 @@ class RunLock:
   def __init__(self, run_dir: pathlib.Path):
     self.path = pathlib.Path(run_dir) / LOCK_NAME
     self._fd: int | None = None
+    self._created: list[pathlib.Path] = []  # what acquire() made, newest last
 
   def acquire(self) -> "RunLock":
     """Takes the lock or raises UserError naming the live process that holds it."""
-    if self.path.parent.exists() and not self.path.parent.is_dir():
-      raise UserError(f"--output_dir {self.path.parent} exists and is not a directory")
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+    existed = self.path.exists()
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      self._created = list(reversed(missing)) + ([] if existed else [self.path])
+    except OSError as e:  # launcher.run_dir.check_writable ran first; this is a race or a quota
+      raise UserError(f"--output_dir {self.path.parent}: {e.strerror or e}") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -47,5 +52,16 @@ class RunLock:
   def __enter__(self):
     return self.acquire()
 
-  def __exit__(self, *exc):
+  def undo(self) -> None:
+    """Removes the lock file and directories that acquire() created (a refused run writes nothing)."""
+    for path in reversed(self._created):
+      try:
+        path.unlink() if path == self.path else path.rmdir()
+      except OSError:
+        break  # something else was written there meanwhile: leave it
+    self._created = []
+
+  def __exit__(self, exc_type, *exc):
     self.release()
+    if exc_type is not None and issubclass(exc_type, ConfigError):
+      self.undo()  # a ConfigError: the run was refused before it wrote anything

@@ -1,11 +1,16 @@
-"""One `axtrain` training invocation after its flags parsed: validate, resolve, run."""
+"""One `axtrain` training invocation after its flags parsed: resolve the run, train it, exit code.
+
+The mesh (trainer/meshes.py), the run directory (run_dir.py), its lock
+(run_lock.py), signals (preemption.py) and the --print_config text (flat.py)
+each live in their own module; this one only puts them in order.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
-import re
 import sys
 import traceback
 
@@ -14,7 +19,7 @@ import ml_collections
 from absl import flags
 
 from launcher import config_loading, distributed, flat, preemption, run_dir as run_dir_lib, run_lock
-from launcher.errors import UserError, suggest
+from launcher.errors import UserError
 from trainer import checkpoint, config as config_lib, experiment as experiment_lib, loop, meshes
 from trainer.progress import Progress
 
@@ -24,88 +29,48 @@ EXIT_FAILED = 1  # non-finite loss, no usable checkpoint: retrying the same comm
 PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"
 
 
-def select_mesh(name: str) -> meshes.Entry:
-  """--mesh=NAME from the registry (it must fit the devices JAX sees), or auto-detected."""
-  if name != "auto":
-    entry = meshes.lookup(name)
-    meshes.check_devices(entry, jax.device_count())
-    return entry
-  device = jax.devices()[0]
-  return meshes.auto(device.platform, device.device_kind, jax.device_count(),
-                     jax.process_count())
-
-
-def set_path(cfg: ml_collections.ConfigDict, path: str, value, *, origin: str) -> None:
-  node = cfg
-  parts = path.split(".")
-  for i, part in enumerate(parts):
-    keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-    if part not in keys:
-      raise UserError(f"{origin}: unknown key '{path}'{suggest(part, keys)}")
-    if i < len(parts) - 1:
-      node = node[part]
-  try:
-    node[parts[-1]] = value
-  except (TypeError, ValueError) as e:
-    raise UserError(f"{origin}: {path}={value!r}: {' '.join(str(e).split())}") from None
-
-
-def apply_mesh_rules(cfg: ml_collections.ConfigDict, mesh_name: str,
-                     explicit: set[str]) -> str | None:
-  """Applies the first rule of cfg.mesh.rules whose regex matches; returns that regex."""
-  for regex, changes in cfg.mesh.rules:
-    try:
-      matched = re.fullmatch(regex, mesh_name)
-    except re.error as e:
-      raise UserError(f"mesh.rules: bad regex '{regex}': {e}") from None
-    if matched:
-      for path, value in changes.items():
-        if path not in explicit:
-          set_path(cfg, path, value, origin=f"mesh rule '{regex}'")
-      return regex
-  return None
-
-
-def human(n: int) -> str:
-  for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-    if n >= scale:
-      return f"{n / scale:.2f}{unit}"
-  return str(n)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+  """Everything one training invocation resolved before it touches the disk."""
+  argv: list[str]
+  config_value: str  # the --config argument, FILE[:arg]
+  run_dir: run_dir_lib.RunDir
+  resolved: dict  # the resolved config as JSON (config.json)
+  exp: experiment_lib.Experiment
+  mesh: meshes.Entry
+  rule: str | None  # the mesh rule regex that applied, if any
+  overwrite: bool
+  progress: bool
+  main_process: bool
 
 
 def run(fv: flags.FlagValues, argv: list[str]) -> int:
   distributed.maybe_initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
-  entry = select_mesh(fv.mesh)
-  rule = apply_mesh_rules(cfg, entry.name, {k for k, _ in items})
+  entry = meshes.select(fv.mesh)
+  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   exp = experiment_lib.build(run_cfg, entry)
-  resolved = json.loads(cfg.to_json_best_effort())
 
   if fv.print_config:
-    sys.stdout.write(flat.flat_text(cfg))
-    sys.stdout.write(f"# parameters: {exp.num_params:,} ({human(exp.num_params)})\n")
-    sys.stdout.write(f"# mesh: {entry.name} {dict(exp.mesh.shape)}"
-                     f"{f' (rule {rule!r})' if rule else ''}\n")
+    sys.stdout.write(flat.print_config_text(cfg, num_params=exp.num_params, mesh=entry.name,
+                                            axes=dict(exp.mesh.shape), rule=rule))
     return 0
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(fv.output_dir or run_dir_lib.default_dir(config_value, items))
-  # restore_step picks where to resume; it is not part of what makes two runs the same run.
-  resolved.get("checkpoint", {}).pop("restore_step", None)
+  run_dir_lib.check_writable(rd.path)
   check_init_from(run_cfg.init.from_run, exp.abstract_state.params)
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
-  lock = run_lock.RunLock(rd.path) if main_process else None
-  if lock is not None:
-    lock.acquire()
-  try:
-    return _train(fv, argv, rd=rd, resolved=resolved, run_cfg=run_cfg, exp=exp, entry=entry,
-                  rule=rule, config_value=config_value, main_process=main_process)
-  finally:
-    if lock is not None:
-      lock.release()
+  this = Run(argv=argv, config_value=config_value, run_dir=rd,
+             resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
+             overwrite=fv.overwrite, progress=fv.progress, main_process=main_process)
+  if not main_process:
+    return _train(this)
+  with run_lock.RunLock(rd.path):
+    return _train(this)
 
 
 def check_init_from(run_dir: str, abstract_params) -> None:
@@ -116,27 +81,28 @@ def check_init_from(run_dir: str, abstract_params) -> None:
     checkpoint.check_params_compatible(run_dir, abstract_params)
 
 
-def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
-           main_process) -> int:
+def _train(this: Run) -> int:
   """Trains in a locked run directory: fresh, or resumed from its last committed checkpoint."""
-  state = rd.prepare(resolved, overwrite=fv.overwrite)
+  rd, exp = this.run_dir, this.exp
+  state = rd.prepare(this.resolved, overwrite=this.overwrite)
   if state == "completed":
     print(f"axtrain: {rd.path} already completed; nothing to do (pass --overwrite to train again)",
           file=sys.stderr)
     return 0
-  if main_process:
-    rd.start(resolved, argv=argv, fresh=state in ("new", "overwrite"),
-             extra={"mesh": {"name": entry.name, "axes": dict(exp.mesh.shape), "rule": rule},
+  if this.main_process:
+    rd.start(this.resolved, argv=this.argv, fresh=state in ("new", "overwrite"),
+             extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
+                             "rule": this.rule},
                     "num_params": exp.num_params, "process_count": jax.process_count(),
-                    "restore_step": run_cfg.checkpoint.restore_step})
-  progress = Progress(run_cfg.trainer.max_steps, enabled=fv.progress and main_process)
-  progress.message(f"axtrain: training {config_value} in {rd.path}")
-  finish = (lambda status, **kw: rd.finish(status, **kw)) if main_process else (lambda *a, **k: None)
+                    "restore_step": exp.run.checkpoint.restore_step})
+  progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
+  progress.message(f"axtrain: training {this.config_value} in {rd.path}")
+  finish = rd.finish if this.main_process else (lambda *a, **k: None)
   stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
   pause = os.environ.get(PAUSE_ENV)
   try:
     with stop.installed():
-      result = loop.train(exp, metrics_path=rd.metrics_jsonl if main_process else None,
+      result = loop.train(exp, metrics_path=rd.metrics_jsonl if this.main_process else None,
                           progress=progress, checkpoint_dir=rd.path / "checkpoints",
                           stop_requested=stop.requested,
                           pause_after_step=int(pause) if pause else None)

@@ -48,7 +48,8 @@ def _flags() -> flags.FlagValues:
 def main(argv: list[str]) -> int:
   fv = _flags()
   if any(a in ("-h", "--help") for a in argv[1:]):
-    sys.stdout.write(__doc__)
+    from launcher.main import options_text  # pylint: disable=import-outside-toplevel
+    sys.stdout.write(__doc__.strip() + "\n\n" + options_text(fv))
     return 0
   try:
     fv(argv)

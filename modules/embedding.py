@@ -72,8 +72,10 @@ class LearnedPositionEmbedding(nn.Module):
   @nn.compact
   def __call__(self, positions_BxL):
     if positions_BxL.shape[1] > self.cfg.max_length:
-      raise ConfigError(f"sequence length {positions_BxL.shape[1]} exceeds "
-                        f"position_embedding.max_length {self.cfg.max_length}")
+      raise ConfigError(f"sequence length {positions_BxL.shape[1]} exceeds the "
+                        f"{self.cfg.max_length} learned positions; set "
+                        f"--config.model.position_embedding.max_length="
+                        f"{positions_BxL.shape[1]} or a shorter --config.data.seq_len")
     table = self.param(
         "embedding",
         nn.with_logical_partitioning(nn.initializers.normal(self.cfg.init_std), (None, "embed")),

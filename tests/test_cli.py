@@ -65,6 +65,9 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "train"], "unexpected argument 'train'"),
     (["--config=configs/tiny.py", "--config.model.block.attention.implementation=flash"],
      "not one of xla, dot_product"),
+    (["--config=configs/gpt2.py", "--config.data.seq_len=2048"],
+     "exceeds the 1024 learned positions; set --config.model.position_embedding.max_length=2048"),
+    (["--config=configs/llama.py:size=9b"], "config argument size=9b: unknown"),
 ]
 
 
@@ -94,3 +97,63 @@ def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
   assert result.returncode == 2
   assert result.stderr.startswith("axtrain: error: ") and result.stderr.count("\n") == 1
   assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def _refused_in_process(capsys, *args):
+  code, out, err = run_main(capsys, "--config=configs/tiny.py", *args)
+  assert code == 2, (code, err)
+  assert err.count("\n") == 1 and err.startswith("axtrain: error: "), err
+  assert "Traceback" not in err
+  return err
+
+
+def test_output_dir_that_cannot_be_written(capsys, tmp_path):
+  regular = tmp_path / "file"
+  regular.write_text("x")
+  err = _refused_in_process(capsys, f"--output_dir={regular / 'run'}")
+  assert f"{regular} is a file, not a directory" in err
+  assert regular.read_text() == "x"
+  err = _refused_in_process(capsys, f"--output_dir={regular}")
+  assert f"{regular} is a file, not a directory" in err
+  for pseudo in ("/proc/axtrain_run", "/sys/axtrain_run", "/proc/self/axtrain/run"):
+    err = _refused_in_process(capsys, f"--output_dir={pseudo}")
+    assert "filesystem; choose a directory on a disk" in err
+    assert not __import__("os").path.exists(pseudo)
+
+
+def test_output_dir_without_write_permission(capsys, tmp_path):
+  import os  # pylint: disable=import-outside-toplevel
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o500)
+  try:
+    if os.access(locked, os.W_OK):
+      pytest.skip("running as root: permissions do not stop writes")
+    err = _refused_in_process(capsys, f"--output_dir={locked / 'run'}")
+    assert "is not writable by this user" in err
+  finally:
+    locked.chmod(0o700)
+  assert not (locked / "run").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--num_processes=2"], "--num_processes need --coordinator_address"),
+    (["--process_id=1"], "--process_id need --coordinator_address"),
+    (["--num_processes=2", "--process_id=0"], "--num_processes and --process_id need"),
+    (["--num_processes=0"], "--num_processes=0: must be at least 1"),
+    (["--coordinator_address=127.0.0.1:1", "--num_processes=2", "--process_id=2"],
+     "--process_id=2: must be below --num_processes=2 (0 to 1)"),
+])
+def test_process_flags_need_a_cluster(capsys, monkeypatch, tmp_path, args, message):
+  for name in ("SLURM_NTASKS", "SLURM_STEP_ID", "JAX_COORDINATOR_ADDRESS"):
+    monkeypatch.delenv(name, raising=False)
+  err = _refused_in_process(capsys, *args, f"--output_dir={tmp_path / 'run'}")
+  assert message in err
+  assert not (tmp_path / "run").exists()
+
+
+def test_tokenize_help_lists_every_flag(capsys):
+  assert main_lib.main(["axtrain", "tokenize", "--help"]) == 0
+  out = capsys.readouterr().out
+  for flag in ("--input", "--kind", "--field", "--tokenizer", "--tokenizer_path", "--format",
+               "--shard_tokens", "--add_bos", "--add_eos", "--on_error", "--output_dir"):
+    assert flag in out, flag

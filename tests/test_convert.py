@@ -174,3 +174,85 @@ def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_pa
                        f"--output_dir={tmp_path / 'back'}")
   assert code == 2 and "holds no checkpoints/ directory" in err
   assert not (tmp_path / "back").exists()
+
+
+def _files(root: pathlib.Path, names) -> dict:
+  return {str(p.relative_to(root)): p.read_bytes() for name in names
+          for p in sorted([root / name, *(root / name).rglob("*")]) if p.is_file()}
+
+
+def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, capfd, tensors):
+  """convert, then the README's command as written, then a 2-step run with --overwrite whose
+  first loss is the converted model's loss on that batch, computed by transformers."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from launcher import convert, run_dir  # pylint: disable=import-outside-toplevel
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert main_lib.main(["axtrain", "convert", f"--from_hf={hf}", f"--output_dir={run}"]) == 0
+  converted = _files(run, ["config.py", "hf_config.json", "checkpoints/0"])
+  info = json.loads((run / "run.json").read_text())
+  assert info["command"] == f"axtrain convert --from_hf={hf} --output_dir={run}"
+
+  readme = ["axtrain", f"--config={run}/config.py", f"--output_dir={run}"]
+  assert main_lib.main(readme) == 0, capfd.readouterr().err
+  err = capfd.readouterr().err
+  assert "resumed from checkpoint step 0" in err, err
+  info = json.loads((run / "run.json").read_text())
+  assert info["status"] == "completed" and info["resumed_from_step"] == 0
+  assert info["converted_from"] == str(hf.resolve()) and info["hf_dtype"] == "F32"
+  assert _files(run, ["config.py", "hf_config.json", "checkpoints/0"]) == converted
+
+  code = main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1"])
+  assert code == 2 and "different config (trainer.log_every, trainer.max_steps differ)" in (
+      capfd.readouterr().err)
+  assert main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
+                                 "--overwrite"]) == 0, capfd.readouterr().err
+  assert "resumed from checkpoint step 0" in capfd.readouterr().err
+  assert _files(run, ["config.py", "hf_config.json", "checkpoints/0"]) == converted
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "2"]
+  first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+  assert first["step"] == 1
+
+  exp = convert.experiment_of(json.loads((run / "config.json").read_text()))
+  batch = next(exp.source.train_iterator(process_index=0, process_count=1))
+  model = transformers.GPT2LMHeadModel.from_pretrained(hf).eval()
+  with torch.no_grad():
+    logits = model(torch.tensor(batch["inputs"], dtype=torch.long)).logits
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), torch.tensor(batch["targets"], dtype=torch.long)
+        .reshape(-1)).item()
+  assert first["loss"] == pytest.approx(expected, rel=1e-5), (first["loss"], expected)
+
+  # The model cannot change under the converted weights, --overwrite or not.
+  code = main_lib.main(readme + ["--config.model.dim=16", "--overwrite"])
+  err = capfd.readouterr().err
+  assert code == 2 and "holds a model converted from Hugging Face" in err and "model.dim" in err
+  assert _files(run, ["config.py", "hf_config.json", "checkpoints/0"]) == converted
+  assert run_dir.RunDir(run).converted()
+
+
+def test_convert_uses_the_umask(tmp_path, capsys, tensors):
+  import os  # pylint: disable=import-outside-toplevel
+  hf = _write_hf(tmp_path / "hf", tensors)
+  old = os.umask(0o027)
+  try:
+    assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")[0] == 0
+    assert _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={tmp_path / 'back'}")[0] == 0
+  finally:
+    os.umask(old)
+  for root in (tmp_path / "run", tmp_path / "back"):
+    for path in [root, *root.rglob("*")]:
+      want = 0o750 if path.is_dir() else 0o640
+      assert path.stat().st_mode & 0o777 == want, (path, oct(path.stat().st_mode))
+
+
+def test_output_dir_that_cannot_be_written(tmp_path, capsys, tensors):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  regular = tmp_path / "file"
+  regular.write_text("x")
+  for out, message in ((regular / "run", "is a file, not a directory"),
+                       (pathlib.Path("/proc/axtrain_convert"), "filesystem; choose a directory")):
+    code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+  assert regular.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))

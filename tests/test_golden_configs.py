@@ -17,9 +17,10 @@ from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "testdata" / "golden"
 # Extra variants of configs that take an argument, beyond the default.
-VARIANTS = {"gpt2.py": ["size=small", "size=medium", "size=large", "size=xl"]}
+VARIANTS = {"gpt2.py": ["size=small", "size=medium", "size=large", "size=xl"],
+            "llama.py": [f"size={s}" for s in ("test", "tiny", "125m", "1b", "3b", "7b", "8b", "70b")]}
 # registry -> (path of the switched node, overrides on configs/tiny.py). tests/test_kind_switch.py
-# trains each of them. The optimizer registry has one kind here (adamw).
+# trains each of them.
 SWITCHES = {
     "model": ("model", ["--config.model.kind=decoder_lm"]),
     "block": ("model.block", ["--config.model.block.kind=parallel"]),
@@ -32,6 +33,7 @@ SWITCHES = {
     "embedding": ("model.embedding", ["--config.model.embedding.kind=token"]),
     "position_embedding": ("model.position_embedding",
                            ["--config.model.position_embedding.kind=learned"]),
+    "optimizer": ("optimizer", ["--config.optimizer.kind=sgd"]),
     "schedule": ("optimizer.schedule", ["--config.optimizer.schedule.kind=constant"]),
     "data": ("data", ["--config.data.kind=jsonl", "--config.data.path=corpus.jsonl"]),
     "tokenizer": ("data.tokenizer", ["--config.data.tokenizer.kind=huggingface",

@@ -39,10 +39,9 @@ def _logits_ours(run_dir: pathlib.Path):
   """Logits of the converted run directory, restored the way `axtrain convert --to_hf` does."""
   import jax
 
-  _, model, _, abstract = convert._experiment_parts(
-      json.loads((run_dir / "config.json").read_text()))
-  params = convert._load_params(run_dir, abstract)
-  return np.asarray(jax.jit(model.apply)({"params": params}, TOKENS))
+  exp = convert.experiment_of(json.loads((run_dir / "config.json").read_text()))
+  params = convert._load_params(run_dir, convert.abstract_params(exp))
+  return np.asarray(jax.jit(exp.model.apply)({"params": params}, TOKENS))
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])

@@ -8,8 +8,6 @@ import types
 import pytest
 
 from configs import tiny
-from launcher import session
-from launcher.errors import UserError
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli
 from trainer import meshes, sharding
@@ -169,38 +167,38 @@ def rules_config():
 
 def test_first_matching_rule_wins():
   cfg = rules_config()
-  assert session.apply_mesh_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
+  assert meshes.apply_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model) == (2, -1, None)
   assert cfg.trainer.grad_accum_steps == 2 and cfg.model.remat == "none"
 
   cfg = rules_config()
-  assert session.apply_mesh_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
+  assert meshes.apply_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
   assert (cfg.mesh.data, cfg.mesh.model, cfg.model.remat) == (None, 2, "full")
 
 
 def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
   cfg = rules_config()
-  assert session.apply_mesh_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
+  assert meshes.apply_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
   cfg = rules_config()
-  assert session.apply_mesh_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
+  assert meshes.apply_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
 
 
 def test_bad_rule():
   cfg = tiny.get_config()
   cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
-  with pytest.raises(UserError, match="bad regex 'gpu-\\('"):
-    session.apply_mesh_rules(cfg, "cpu", set())
+  with pytest.raises(ConfigError, match="bad regex 'gpu-\\('"):
+    meshes.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
-  with pytest.raises(UserError, match="did you mean 'mesh.data'|did you mean 'data'"):
-    session.apply_mesh_rules(cfg, "cpu", set())
+  with pytest.raises(ConfigError, match="did you mean 'mesh.data'|did you mean 'data'"):
+    meshes.apply_rules(cfg, "cpu", set())
 
 
 def test_select_mesh_in_process():
-  assert session.select_mesh("auto").name == "cpu"
-  assert session.select_mesh("cpu").name == "cpu"
+  assert meshes.select("auto").name == "cpu"
+  assert meshes.select("cpu").name == "cpu"
   with pytest.raises(ConfigError, match="JAX sees 1"):
-    session.select_mesh("gpu-h100-8")
+    meshes.select("gpu-h100-8")
 
 
 # --- through the CLI (8 fake devices) ----------------------------------------------------

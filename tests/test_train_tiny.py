@@ -6,8 +6,8 @@ import json
 
 from absl import flags
 
-from launcher import config_loading
-from tests.conftest import ROOT, cli
+from launcher import config_loading, main as main_lib
+from tests.conftest import ROOT
 from trainer import config as config_lib, experiment, loop, meshes
 
 SHRINK = ["--config.trainer.max_steps=40", "--config.data.seq_len=128",
@@ -34,13 +34,20 @@ def test_tiny_validation_loss_falls_by_1_5_nats():
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_sec", "step_time_s"} <= set(r)
 
 
-def test_run_directory_lifecycle(tmp_path):
+def test_run_directory_lifecycle(tmp_path, capfd, monkeypatch):
+  """In-process (the directory is what is tested, not the process boundary)."""
+  monkeypatch.chdir(ROOT)
   out = tmp_path / "run"
   args = ["--config=configs/tiny.py", "--config.trainer.max_steps=3", "--config.trainer.log_every=1",
           "--config.optimizer.schedule.warmup_steps=0",
           "--config.data.seq_len=32", "--config.eval.num_batches=1", f"--output_dir={out}"]
-  first = cli(*args)
-  assert first.returncode == 0, first.stderr
+
+  def axtrain(*argv):
+    code = main_lib.main(["axtrain", *argv])
+    return code, capfd.readouterr().err
+
+  code, err = axtrain(*args)
+  assert code == 0, err
   config = json.loads((out / "config.json").read_text())
   assert config["trainer"]["max_steps"] == 3 and config["model"]["kind"] == "decoder_lm"
   run = json.loads((out / "run.json").read_text())
@@ -55,20 +62,10 @@ def test_run_directory_lifecycle(tmp_path):
 
   before = files()
 
-  again = cli(*args)  # same command on a completed run: nothing to do
-  assert again.returncode == 0 and "already completed" in again.stderr
+  code, err = axtrain(*args)  # same command on a completed run: nothing to do
+  assert code == 0 and "already completed" in err
 
-  changed = cli(*args[:-1], "--config.optimizer.learning_rate=1e-2", f"--output_dir={out}")
-  assert changed.returncode == 2
-  assert changed.stderr.startswith("axtrain: error: ") and "optimizer.learning_rate" in changed.stderr
+  code, err = axtrain(*args[:-1], "--config.optimizer.learning_rate=1e-2", f"--output_dir={out}")
+  assert code == 2
+  assert err.startswith("axtrain: error: ") and "optimizer.learning_rate" in err
   assert files() == before  # nothing touched
-
-
-def test_default_output_dir_names_the_overrides(tmp_path):
-  result = cli(f"--config={ROOT / 'configs' / 'tiny.py'}", "--config.trainer.max_steps=1",
-               "--config.data.seq_len=32", "--config.eval.num_batches=1",
-               "--config.optimizer.schedule.warmup_steps=0", cwd=tmp_path)
-  assert result.returncode == 0, result.stderr
-  expected = tmp_path / "runs" / "tiny" / ("trainer.max_steps=1,data.seq_len=32,eval.num_batches=1,"
-                                           "optimizer.schedule.warmup_steps=0")
-  assert (expected / "run.json").exists(), list((tmp_path / "runs").rglob("*"))

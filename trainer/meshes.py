@@ -227,6 +227,60 @@ def docs_with_table(text: str) -> str:
   return head + DOCS_START + markdown_table() + DOCS_END + tail
 
 
+# -- choosing an entry for a run, and the config's per-mesh rules ----------------------------
+
+def select(name: str) -> Entry:
+  """`--mesh=NAME` from the registry (it must fit the devices JAX sees), or `auto`-detected."""
+  import jax  # pylint: disable=import-outside-toplevel  (the table above needs no jax)
+  if name != "auto":
+    entry = lookup(name)
+    check_devices(entry, jax.device_count())
+    return entry
+  device = jax.devices()[0]
+  return auto(device.platform, device.device_kind, jax.device_count(), jax.process_count())
+
+
+def apply_rules(cfg, mesh_name: str, explicit: set[str]) -> str | None:
+  """Applies the first of `cfg.mesh.rules` whose regex matches `mesh_name`; returns that regex.
+
+  `cfg` is the run's ConfigDict; paths in `explicit` (command-line overrides) are left as set.
+  """
+  from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
+  rules = cfg.mesh.rules
+  if not isinstance(rules, (tuple, list)):
+    raise ConfigError(f"mesh.rules must be a tuple of (regex, {{path: value}}) pairs, got "
+                      f"{rules!r:.80}")
+  for i, rule in enumerate(rules):
+    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
+        or not hasattr(rule[1], "items")):
+      raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r:.80}")
+  for regex, changes in rules:
+    try:
+      matched = re.fullmatch(regex, mesh_name)
+    except re.error as e:
+      raise ConfigError(f"mesh.rules: bad regex '{regex}': {e}") from None
+    if not matched:
+      continue
+    for path, value in changes.items():
+      if path in explicit:
+        continue
+      try:
+        config_path.set_value(path, cfg, value)
+      except (KeyError, AttributeError, IndexError):
+        parent, _, leaf = path.rpartition(".")
+        try:
+          keys = list(config_path.get_value(parent, cfg).keys()) if parent else list(cfg.keys())
+        except (KeyError, AttributeError, IndexError):
+          keys = []
+        raise ConfigError(f"mesh rule '{regex}': unknown key '{path}'{suggest(leaf, keys)}"
+                          ) from None
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f"mesh rule '{regex}': {path}={value!r}: {' '.join(str(e).split())}"
+                          ) from None
+    return regex
+  return None
+
+
 if __name__ == "__main__":
   import pathlib
   import sys

@@ -1,0 +1,68 @@
+"""LLaMA-style decoders at every size of modules/llama.py's table, one training recipe per size.
+
+    axtrain --config=configs/llama.py:size=test                  # 0.11M, trains on CPU in seconds
+    axtrain --config=configs/llama.py:size=125m --print_config
+    axtrain --config=configs/llama.py:size=8b --mesh=gpu-h100-8x4
+
+`test` and `tiny` (byte vocabulary) train the demo's recipe (configs/tiny.py) on the
+embedded corpus; the others train on synthetic tokens until a real tokenizer and corpus
+are set (README "Your own data"). Sizes: test, tiny, 125m, 1b, 3b, 7b, 8b, 70b.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from configs import tiny
+from configs.base import lm_config
+from core.config_args import choice, parse_arg
+from modules import llama
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+  batch_size: int  # sequences per step
+  seq_len: int  # tokens per sequence
+  learning_rate: float  # peak, after warm-up
+  warmup_steps: int  # optimizer steps
+  remat: str = "none"  # model.remat: what the backward pass recomputes
+  state_dtype: str = "float32"  # optimizer.state_dtype
+
+
+# 125m: GPT-3 Small's 0.5M-token batches and peak rate (Brown et al. 2020, Table 2.1).
+# 1b, 3b: LLaMA-3.2's 2k pre-training context at our 1b rate; 7b: LLaMA-2's 4k context;
+# 8b, 70b: LLaMA-3's 8k context, 70b at half the rate with bfloat16 optimizer state.
+RECIPES: dict[str, Recipe] = {
+    "125m": Recipe(batch_size=256, seq_len=2048, learning_rate=6e-4, warmup_steps=700),
+    "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000),
+    "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,
+                 remat="dots_with_no_batch_dims_saveable"),
+    "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
+                 remat="dots_with_no_batch_dims_saveable"),
+    "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
+                 remat="dots_with_no_batch_dims_saveable"),
+    "70b": Recipe(batch_size=1024, seq_len=8192, learning_rate=1.5e-4, warmup_steps=2000,
+                  remat="full", state_dtype="bfloat16"),
+}
+DEMO_SIZES = ("test", "tiny")  # byte vocabulary: configs/tiny.py's recipe
+
+
+def get_config(arg=None):
+  args = parse_arg(arg, size="tiny")
+  size = choice("size", args["size"], llama.SIZES)
+  if size in DEMO_SIZES:
+    cfg = tiny.get_config()
+    cfg.model = llama.model_node(size)
+    cfg.model.scan_layers = False  # a few layers: unrolled runs faster on CPU
+    return cfg
+  r = RECIPES[size]
+  cfg = lm_config(llama.model_node(size), max_steps=10_000, learning_rate=r.learning_rate,
+                  batch_size=r.batch_size, seq_len=r.seq_len, warmup_steps=r.warmup_steps,
+                  data_kind="synthetic")
+  cfg.model.remat = r.remat
+  cfg.optimizer.state_dtype = r.state_dtype
+  cfg.trainer.log_every = 10
+  cfg.eval.every_steps = 1000
+  cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
+  cfg.eval.batch_size = 64
+  return cfg

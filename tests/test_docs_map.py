@@ -1,0 +1,87 @@
+"""docs/ARCHITECTURE.md names files and symbols; each must exist, so the map cannot drift.
+
+In the map, a file is written `path/to/file.py` (or a folder `path/`) and a symbol
+`path/to/file.py:name` or `path/to/file.py:Class.method`, always in backticks.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAP = ROOT / "docs" / "ARCHITECTURE.md"
+
+_REF = re.compile(r"`((?:[\w.-]+/)+(?:[\w.-]+\.(?:py|md|json|jsonl|txt|toml))?)(?::([\w.]+))?[^`]*`")
+
+
+def references(text: str) -> list[tuple[str, str | None]]:
+  """(path, symbol or None) for every backticked file, folder or file:symbol in `text`."""
+  out = []
+  for m in _REF.finditer(text):
+    path = m[1]
+    if path.startswith(("runs/", "http")) or "<" in path:
+      continue  # run directories are made by runs, not part of the tree
+    out.append((path, m[2]))
+  return out
+
+
+def defined(path: pathlib.Path, symbol: str) -> bool:
+  """Whether `symbol` (name or Class.name) is defined at the top of `path` or in its class."""
+  tree = ast.parse(path.read_text())
+  scope: list[ast.stmt] = tree.body
+  for part in symbol.split("."):
+    found = None
+    for node in scope:
+      names = []
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        names = [node.name]
+      elif isinstance(node, ast.Assign):
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+      elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        names = [node.target.id]
+      if part in names:
+        found = node
+        break
+    if found is None:
+      return False
+    scope = getattr(found, "body", [])
+  return True
+
+
+def missing(text: str, root: pathlib.Path) -> list[str]:
+  out = []
+  for path, symbol in references(text):
+    target = root / path
+    if not target.exists():
+      out.append(path)
+    elif symbol and (target.suffix != ".py" or not defined(target, symbol)):
+      out.append(f"{path}:{symbol}")
+  return out
+
+
+def test_every_file_and_symbol_in_the_map_exists():
+  text = MAP.read_text()
+  refs = references(text)
+  assert len(refs) >= 20, "the map names too few files to be a map"
+  assert any(symbol for _, symbol in refs), "the map names no symbols"
+  assert missing(text, ROOT) == []
+
+
+@pytest.mark.parametrize("edit", ["rename_file", "rename_symbol"])
+def test_the_check_fails_when_a_named_file_or_symbol_is_renamed(tmp_path, edit):
+  text = MAP.read_text()
+  path, symbol = next((p, s) for p, s in references(text) if s and p.endswith(".py"))
+  copy = tmp_path / path
+  copy.parent.mkdir(parents=True)
+  source = (ROOT / path).read_text()
+  if edit == "rename_file":
+    copy.with_name("renamed_" + copy.name).write_text(source)
+  else:
+    head = symbol.split(".")[-1]
+    copy.write_text(re.sub(rf"\b(def|class) {head}\b", rf"\1 {head}_renamed", source))
+  assert f"{path}:{symbol}" in missing(f"`{path}:{symbol}`", tmp_path) or path in missing(
+      f"`{path}:{symbol}`", tmp_path)
