@@ -203,10 +203,12 @@ def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, 
   assert info["converted_from"] == str(hf.resolve()) and info["hf_dtype"] == "F32"
   assert _files(run, ["config.py", "hf_config.json", "checkpoints/0"]) == converted
 
-  code = main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1"])
-  assert code == 2 and "different config (trainer.log_every, trainer.max_steps differ)" in (
+  code = main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
+                                 "--config.optimizer.schedule.warmup_steps=0"])
+  assert code == 2 and "different config (optimizer.schedule.warmup_steps, trainer.log_every, trainer.max_steps differ)" in (
       capfd.readouterr().err)
   assert main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
+                                 "--config.optimizer.schedule.warmup_steps=0",
                                  "--overwrite"]) == 0, capfd.readouterr().err
   assert "resumed from checkpoint step 0" in capfd.readouterr().err
   assert _files(run, ["config.py", "hf_config.json", "checkpoints/0"]) == converted

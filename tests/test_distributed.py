@@ -17,7 +17,8 @@ import pytest
 from tests import ckpt_util as cu
 from tests.conftest import ROOT
 
-STEPS = ("--config.trainer.max_steps=12", "--config.checkpoint.every_steps=6")
+STEPS = ("--config.trainer.max_steps=12", "--config.checkpoint.every_steps=6",
+         "--config.optimizer.schedule.warmup_steps=0")
 
 
 def free_port() -> int:

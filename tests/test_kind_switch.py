@@ -24,7 +24,8 @@ from trainer import config as config_lib, experiment, loop, meshes
 from trainer.data.config import component
 
 TINY = str(ROOT / "configs" / "tiny.py")
-SMALL = ["--config.trainer.max_steps=3", "--config.trainer.log_every=1", "--config.data.seq_len=32",
+SMALL = ["--config.trainer.max_steps=3", "--config.optimizer.schedule.warmup_steps=0",
+         "--config.trainer.log_every=1", "--config.data.seq_len=32",
          "--config.data.batch_size=8", "--config.eval.batch_size=8", "--config.eval.num_batches=1",
          "--config.eval.every_steps=0", "--config.model.num_layers=1",
          "--config.trainer.hang_timeout_s=0", "--progress=false"]
@@ -158,6 +159,7 @@ def test_config_files_switch_with_the_same_function(files):
   assert set(node.keys()) == {"kind", "seq_len", "batch_size", "sources"}
   assert (node.seq_len, node.batch_size) == (128, 8)  # carried over from the stdlib node
   cfg.data.seq_len, cfg.trainer.max_steps, cfg.eval.batch_size = 32, 3, 8
+  cfg.optimizer.schedule.warmup_steps = 0
   cfg.trainer.log_every, cfg.eval.num_batches, cfg.model.num_layers = 1, 1, 1
   exp = experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"))
   assert exp.source.counts == [6, 2]

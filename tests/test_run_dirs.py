@@ -16,6 +16,7 @@ from configs import llama
 def get_config(arg=None):
   cfg = llama.get_config("size=test")
   cfg.trainer.max_steps = 1
+  cfg.optimizer.schedule.warmup_steps = 0
   cfg.data.seq_len = 32
   cfg.eval.batch_size = 8
   cfg.eval.num_batches = 1
