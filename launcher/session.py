@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import sys
@@ -20,8 +19,6 @@ from trainer.progress import Progress
 
 
 EXIT_FAILED = 1  # non-finite loss, no usable checkpoint: retrying the same command will not help
-# Tests: hold the loop after this step until a signal arrives, so signals land at a known step.
-PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"
 
 
 def select_mesh(name: str) -> meshes.Entry:
@@ -73,7 +70,8 @@ def human(n: int) -> str:
   return str(n)
 
 
-def run(fv: flags.FlagValues, argv: list[str]) -> int:
+def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
+  """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
   distributed.maybe_initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
@@ -101,7 +99,8 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
     lock.acquire()
   try:
     return _train(fv, argv, rd=rd, resolved=resolved, run_cfg=run_cfg, exp=exp, entry=entry,
-                  rule=rule, config_value=config_value, main_process=main_process)
+                  rule=rule, config_value=config_value, main_process=main_process,
+                  callbacks=callbacks)
   finally:
     if lock is not None:
       lock.release()
@@ -114,7 +113,7 @@ def check_init_from(run_dir: str) -> None:
 
 
 def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
-           main_process) -> int:
+           main_process, callbacks) -> int:
   """Trains in a locked run directory: fresh, or resumed from its last committed checkpoint."""
   state = rd.prepare(resolved, overwrite=fv.overwrite)
   if state == "completed":
@@ -130,13 +129,11 @@ def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
   progress.message(f"axtrain: training {config_value} in {rd.path}")
   finish = (lambda status, **kw: rd.finish(status, **kw)) if main_process else (lambda *a, **k: None)
   stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
-  pause = os.environ.get(PAUSE_ENV)
   try:
     with stop.installed():
-      result = loop.train(exp, metrics_path=rd.metrics_jsonl if main_process else None,
-                          progress=progress, checkpoint_dir=rd.path / "checkpoints",
-                          stop_requested=stop.requested,
-                          pause_after_step=int(pause) if pause else None)
+      result = loop.train(exp, run_dir=rd.path, progress=progress,
+                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop.requested,
+                          callbacks=callbacks, hardware_peak_flops=entry.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
     finish("failed", error=str(e))
     print(f"axtrain: error: {e}", file=sys.stderr)
@@ -148,14 +145,16 @@ def _train(fv, argv, *, rd, resolved, run_cfg, exp, entry, rule, config_value,
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   if result.preempted:
-    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step)
+    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step,
+           compiled_step=result.compiled, profiles=result.profiles)
     print(f"axtrain: preempted after step {result.last_step}; checkpoint saved in "
           f"{rd.path / 'checkpoints'}; re-run the same command to resume "
           f"(exit {preemption.EXIT_PREEMPTED})", file=sys.stderr)
     return preemption.EXIT_PREEMPTED
   last = next((r for r in reversed(result.records) if "loss" in r), {})
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
-         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step)
+         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step,
+         compiled_step=result.compiled, profiles=result.profiles)
   progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
                    f"run directory {rd.path}")
   return 0
