@@ -16,6 +16,7 @@ from launcher import main as launcher_main
 from modules import llama
 from tests.conftest import ROOT
 from trainer import config as config_lib, experiment, loop, metrics, meshes
+from trainer.callbacks import Callback
 from trainer.progress import Progress
 
 SEQ, BATCH = 32, 8
@@ -135,3 +136,19 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path):
   (key,) = cached
   (tmp_path / "peak_flops.json").write_text(json.dumps({key: 123.0}))
   assert metrics.cpu_peak_flops(tmp_path) == 123.0  # read, not measured again
+
+
+def test_an_injected_nan_stops_the_loop_at_its_step():
+  """Callbacks reach the batch before dispatch; the error names the bad step, logged one late."""
+  from tests.launch_with_hooks import NanAt  # pylint: disable=import-outside-toplevel
+  exp = _experiment(6, log_every=1)
+  seen = []
+
+  class Records(Callback):
+    def on_record(self, record):
+      seen.append(record)
+
+  with pytest.raises(loop.NonFiniteError, match="at step 3; last good checkpoint: none") as e:
+    loop.train(exp, callbacks=[NanAt(3), Records()])
+  assert e.value.step == 3
+  assert [r["step"] for r in seen] == [1, 2, 3] and np.isnan(seen[-1]["loss"])
