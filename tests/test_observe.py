@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
 
 import jax
 import numpy as np
@@ -109,6 +110,7 @@ def test_profile_captures_a_trace(tmp_path):
   result = loop.train(exp, run_dir=tmp_path)
   traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0, list(tmp_path.rglob("*"))
+  assert (traces[0].parent / "perfetto_trace.json.gz").stat().st_size > 0
   assert result.profiles == [{"steps": [2, 3], "dir": str(tmp_path / "profile")}]
 
 
@@ -152,3 +154,14 @@ def test_an_injected_nan_stops_the_loop_at_its_step():
     loop.train(exp, callbacks=[NanAt(3), Records()])
   assert e.value.step == 3
   assert [r["step"] for r in seen] == [1, 2, 3] and np.isnan(seen[-1]["loss"])
+
+
+def test_docs_observe_names_real_files_and_symbols():
+  text = (ROOT / "docs" / "observe.md").read_text()
+  named = re.findall(r"((?:trainer|launcher|tests)/[\w/]+\.py)(?::(\w+))?", text)
+  assert len(named) >= 5, named
+  for path, symbol in named:
+    source = (ROOT / path).read_text()
+    assert not symbol or re.search(rf"^(def|class) {symbol}\b", source, re.M), (path, symbol)
+  for hook in ("on_train_start", "on_batch", "on_record", "on_step_end", "on_train_end"):
+    assert hook in text and f"def {hook}(" in (ROOT / "trainer" / "callbacks.py").read_text()
