@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -165,3 +166,26 @@ def test_docs_observe_names_real_files_and_symbols():
     assert not symbol or re.search(rf"^(def|class) {symbol}\b", source, re.M), (path, symbol)
   for hook in ("on_train_start", "on_batch", "on_record", "on_step_end", "on_train_end"):
     assert hook in text and f"def {hook}(" in (ROOT / "trainer" / "callbacks.py").read_text()
+
+
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
+  """A crash after step 5 (checkpoint at 3, records up to 4); the resumed run redoes 4."""
+  exp = _experiment(6, log_every=1)
+  exp = experiment.build(dataclasses.replace(exp.run, checkpoint=dataclasses.replace(
+      exp.run.checkpoint, every_steps=3)), meshes.lookup("cpu"))
+
+  class Crash(Callback):
+    def on_step_end(self, step, loop_state):
+      if step == 5:
+        raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    loop.train(exp, run_dir=tmp_path, checkpoint_dir=tmp_path / "checkpoints", callbacks=[Crash()])
+  result = loop.train(exp, run_dir=tmp_path, checkpoint_dir=tmp_path / "checkpoints")
+  assert result.start_step == 3
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  logged = [r["step"] for r in records if "loss" in r]
+  assert logged == [1, 2, 3, 4, 4, 5, 6]
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  events.Reload()
+  assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5, 6]

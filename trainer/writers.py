@@ -43,19 +43,28 @@ class JsonlWriter(Callback):
 
 
 class TensorBoardWriter(Callback):
-  """Event files under <run_dir>/tensorboard/, written by tensorboardX (no TensorFlow)."""
+  """Event files under <run_dir>/tensorboard/, written by tensorboardX (no TensorFlow).
+
+  A resumed run starts a new event file that purges the steps it redoes, so
+  TensorBoard shows each step once.
+  """
 
   def __init__(self, directory: pathlib.Path):
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
     self.directory = pathlib.Path(directory)
-    self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10)
+    self._writer = None
+
+  def on_train_start(self, loop) -> None:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10,
+                                 purge_step=loop.start + 1 if loop.start else None)
 
   def on_record(self, record: dict) -> None:
     for key, value in scalars(record).items():
       self._writer.add_scalar(key, value, global_step=record["step"])
 
   def on_train_end(self, loop) -> None:
-    self._writer.close()
+    if self._writer is not None:
+      self._writer.close()
 
 
 class WandbWriter(Callback):
