@@ -78,7 +78,8 @@ def run() -> None:
   sys.exit(main(sys.argv))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, callbacks=()) -> int:
+  """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
   try:
     if len(argv) > 1 and argv[1] == "convert":
       from launcher import convert  # pylint: disable=import-outside-toplevel
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1 and argv[1] == "tokenize":
       from launcher import tokenize  # pylint: disable=import-outside-toplevel
       return tokenize.main(argv[:1] + argv[2:])
-    return train_main(argv)
+    return train_main(argv, callbacks=callbacks)
   except ConfigError as e:
     message = " ".join(str(e).split())
     print(f"axtrain: error: {message}", file=sys.stderr)
@@ -112,10 +113,10 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   return fv
 
 
-def train_main(argv: list[str]) -> int:
+def train_main(argv: list[str], *, callbacks=()) -> int:
   fv = parse_flags(argv)
   from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
-  return session.run(fv, argv)
+  return session.run(fv, argv, callbacks=callbacks)
 
 
 __all__ = ["main", "run"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import sys
 import traceback
@@ -25,8 +24,6 @@ from trainer.progress import Progress
 
 
 EXIT_FAILED = 1  # non-finite loss, no usable checkpoint: retrying the same command will not help
-# Tests: hold the loop after this step until a signal arrives, so signals land at a known step.
-PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,9 +39,11 @@ class Run:
   overwrite: bool
   progress: bool
   main_process: bool
+  callbacks: tuple  # trainer.callbacks.Callback objects for the loop
 
 
-def run(fv: flags.FlagValues, argv: list[str]) -> int:
+def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
+  """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
   distributed.maybe_initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
@@ -66,7 +65,8 @@ def run(fv: flags.FlagValues, argv: list[str]) -> int:
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
-             overwrite=fv.overwrite, progress=fv.progress, main_process=main_process)
+             overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
+             callbacks=tuple(callbacks))
   if not main_process:
     return _train(this)
   with run_lock.RunLock(rd.path):
@@ -99,13 +99,12 @@ def _train(this: Run) -> int:
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
   stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
-  pause = os.environ.get(PAUSE_ENV)
   try:
     with stop.installed():
-      result = loop.train(exp, metrics_path=rd.metrics_jsonl if this.main_process else None,
-                          progress=progress, checkpoint_dir=rd.path / "checkpoints",
-                          stop_requested=stop.requested,
-                          pause_after_step=int(pause) if pause else None)
+      result = loop.train(exp, run_dir=rd.path, progress=progress,
+                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop.requested,
+                          callbacks=this.callbacks,
+                          hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
     finish("failed", error=str(e))
     print(f"axtrain: error: {e}", file=sys.stderr)
@@ -117,14 +116,16 @@ def _train(this: Run) -> int:
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   if result.preempted:
-    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step)
+    finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step,
+           compiled_step=result.compiled, profiles=result.profiles)
     print(f"axtrain: preempted after step {result.last_step}; checkpoint saved in "
           f"{rd.path / 'checkpoints'}; re-run the same command to resume "
           f"(exit {preemption.EXIT_PREEMPTED})", file=sys.stderr)
     return preemption.EXIT_PREEMPTED
   last = next((r for r in reversed(result.records) if "loss" in r), {})
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
-         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step)
+         time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step,
+         compiled_step=result.compiled, profiles=result.profiles)
   progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
                    f"run directory {rd.path}")
   return 0

@@ -16,10 +16,10 @@ import numpy as np
 from tests.conftest import ROOT
 
 CONFIG = str(ROOT / "tests" / "testdata" / "ckpt_lm.py")
-PAUSE_ENV = "AXTRAIN_TEST_PAUSE_AFTER_STEP"  # launcher/session.py
+HOOKS = str(ROOT / "tests" / "launch_with_hooks.py")  # axtrain with test callbacks
 
 
-def env(cache_dir: pathlib.Path, devices: int | None = None, pause: int | None = None) -> dict:
+def env(cache_dir: pathlib.Path, devices: int | None = None) -> dict:
   out = dict(os.environ)
   out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
   out["JAX_PLATFORMS"] = "cpu"
@@ -28,27 +28,32 @@ def env(cache_dir: pathlib.Path, devices: int | None = None, pause: int | None =
   out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   if devices is not None:
     out["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  if pause is not None:
-    out[PAUSE_ENV] = str(pause)
   return out
 
 
-def args(run_dir: pathlib.Path, *extra: str) -> list[str]:
-  return [sys.executable, "-m", "launcher", f"--config={CONFIG}", f"--output_dir={run_dir}",
-          *extra]
+def args(run_dir: pathlib.Path, *extra: str, hooks: tuple[str, ...] = ()) -> list[str]:
+  """axtrain's command line; with `hooks` (tests/launch_with_hooks.py options) that script's."""
+  axtrain = [f"--config={CONFIG}", f"--output_dir={run_dir}", *extra]
+  if hooks:
+    return [sys.executable, HOOKS, *hooks, "--", *axtrain]
+  return [sys.executable, "-m", "launcher", *axtrain]
 
 
-def run(run_dir, cache_dir, *extra, devices=None) -> subprocess.CompletedProcess:
-  return subprocess.run(args(run_dir, *extra), env=env(cache_dir, devices), capture_output=True,
-                        text=True, timeout=600, cwd=ROOT)
+def run(run_dir, cache_dir, *extra, devices=None, hooks=()) -> subprocess.CompletedProcess:
+  return subprocess.run(args(run_dir, *extra, hooks=hooks), env=env(cache_dir, devices),
+                        capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
 def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None) -> subprocess.Popen:
-  """Starts a run that holds after step `pause` (metrics logged, checkpoint dispatched)."""
-  proc = subprocess.Popen(args(run_dir, *extra), env=env(cache_dir, devices, pause), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  """Starts a run that holds after step `pause` (dispatched, checkpoint dispatched; its
+  metrics record is written one step late, so on the stop, or never on SIGKILL)."""
+  paused = pathlib.Path(run_dir).parent / f".{pathlib.Path(run_dir).name}.paused"
+  paused.unlink(missing_ok=True)
+  hooks = (f"--pause_after_step={pause}", f"--paused_file={paused}")
+  proc = subprocess.Popen(args(run_dir, *extra, hooks=hooks), env=env(cache_dir, devices),
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 600
-  while pause not in losses(run_dir):
+  while not paused.exists():
     if proc.poll() is not None:
       raise AssertionError(f"run exited with {proc.returncode} before step {pause}:\n"
                            f"{proc.stderr.read()[-3000:]}")

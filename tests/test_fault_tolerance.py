@@ -172,7 +172,7 @@ def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache):
 
 def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
   run_dir = tmp_path / "run"
-  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=13")
+  result = cu.run(run_dir, cache, hooks=("--nan_at_step=13",))
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
   assert len(errors) == 1, result.stderr[-3000:]
@@ -187,8 +187,8 @@ def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
 def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache):
   """Also starts from the reference run's parameters (init.from_run)."""
   run_dir = tmp_path / "run"
-  result = cu.run(run_dir, cache, "--config.trainer.debug_nan_at_step=4",
-                  "--config.trainer.skip_nonfinite=True", f"--config.init.from_run={ref}")
+  result = cu.run(run_dir, cache, "--config.trainer.skip_nonfinite=True",
+                  f"--config.init.from_run={ref}", hooks=("--nan_at_step=4",))
   assert result.returncode == 0, result.stderr[-3000:]
   assert cu.status(run_dir) == "completed"
   records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]

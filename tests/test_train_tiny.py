@@ -31,7 +31,8 @@ def test_tiny_validation_loss_falls_by_1_5_nats():
   logged = [r for r in result.records if "loss" in r]
   assert [r["step"] for r in logged] == [10, 20, 30, 40]
   for r in logged:
-    assert {"loss", "learning_rate", "grad_norm", "tokens_per_sec", "step_time_s"} <= set(r)
+    assert {"loss", "learning_rate", "grad_norm", "param_norm", "update_norm", "tokens_per_sec",
+            "step_time_s", "model_flops_per_sec_per_device", "mfu"} <= set(r)
 
 
 def test_run_directory_lifecycle(tmp_path, capfd, monkeypatch):
@@ -53,6 +54,8 @@ def test_run_directory_lifecycle(tmp_path, capfd, monkeypatch):
   run = json.loads((out / "run.json").read_text())
   assert run["status"] == "completed" and run["argv"][1:] == args
   assert {"jax", "flax", "optax", "python"} <= set(run["versions"])
+  assert run["compiled_step"]["total_bytes"] > 0 and run["profiles"] == []
+  assert list((out / "tensorboard").glob("events.out.tfevents.*"))
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
   assert "eval_loss" in records[-1]

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import typing
 from typing import Any, Literal
 
@@ -33,14 +34,27 @@ class TrainerConfig:
   # parameters and optimizer state unchanged for that step and counts it (metric nonfinite_skipped).
   skip_nonfinite: bool = False
   hang_timeout_s: float = 1800.0  # seconds without a finished step before all thread stacks are dumped to stderr; 0 = off
-  debug_nan_at_step: int = 0  # testing only: the batch of this step gets NaN loss weights; 0 = off
+  # Peak FLOP/s of one device, the denominator of the `mfu` metric; 0 = the mesh entry's
+  # peak bf16 FLOP/s (on CPU: a matmul benchmark run once per machine, cached in ~/.cache/axtrain).
+  peak_flops: float = 0.0
+  profile_steps: tuple[int, ...] = ()  # (first, last): jax.profiler trace of these steps into <run_dir>/profile/; () = off
+  wandb_project: str = ""  # Weights & Biases project to log metrics to (needs `pip install wandb`); "" = off
 
   def check(self):
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
-    if self.hang_timeout_s < 0 or self.debug_nan_at_step < 0:
-      raise ConfigError("trainer: hang_timeout_s and debug_nan_at_step must be >= 0")
+    if self.hang_timeout_s < 0 or self.peak_flops < 0:
+      raise ConfigError("trainer: hang_timeout_s and peak_flops must be >= 0")
+    if self.profile_steps and (len(self.profile_steps) != 2
+                               or not 1 <= self.profile_steps[0] <= self.profile_steps[1]
+                               <= self.max_steps):
+      raise ConfigError(f"trainer.profile_steps={tuple(self.profile_steps)}: give (first, last) "
+                        f"with 1 <= first <= last <= trainer.max_steps ({self.max_steps}), "
+                        f"or () for no profile")
+    if self.wandb_project and importlib.util.find_spec("wandb") is None:
+      raise ConfigError(f"trainer.wandb_project={self.wandb_project!r} but wandb is not "
+                        f"installed; `pip install wandb` or leave trainer.wandb_project empty")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

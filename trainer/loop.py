@@ -1,7 +1,10 @@
 """The training loop: dispatches steps ahead and syncs with the host only when it logs or saves.
 
-Resuming, preemption and non-finite losses are handled here; the launcher
-(launcher/session.py) owns signals, the run directory and exit codes.
+A logging step's metrics are fetched after the next step is dispatched (one step
+late), so the host never waits for the step it just dispatched. `_Loop.run` shows
+the order of a step. Resuming, preemption and non-finite losses are handled here;
+writers, the profiler and test hooks are callbacks (trainer/callbacks.py); the
+launcher (launcher/session.py) owns signals, the run directory and exit codes.
 """
 
 from __future__ import annotations
@@ -10,17 +13,16 @@ import dataclasses
 import math
 import pathlib
 import sys
-import time
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
-import numpy as np
 
+from trainer import flops, metrics as metrics_lib, writers
+from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
 from trainer.experiment import Experiment
-from trainer.metrics import MetricsWriter
-from trainer.progress import Progress, Timer
+from trainer.progress import Progress, Timer, header
 from trainer.watchdog import Watchdog
 
 
@@ -33,6 +35,8 @@ class Result:
   start_step: int = 0  # step the run resumed from (0: a fresh start)
   preempted: bool = False  # stopped on request, with a checkpoint at the last finished step
   last_step: int = 0  # steps finished
+  compiled: dict = dataclasses.field(default_factory=dict)  # the step's per-device memory, FLOPs
+  profiles: list = dataclasses.field(default_factory=list)  # profiler captures (run.json)
 
 
 class NonFiniteError(Exception):
@@ -85,138 +89,226 @@ def _initial_state(exp: Experiment, ckpt: Checkpointer | None, data, progress: P
   return state, 0
 
 
-def train(exp: Experiment, *, metrics_path: pathlib.Path | None = None,
+def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
           progress: Progress | None = None, checkpoint_dir: pathlib.Path | None = None,
           stop_requested: Callable[[], bool] = lambda: False,
-          pause_after_step: int | None = None,
+          callbacks: Sequence[Callback] = (), hardware_peak_flops: float | None = None,
           warn: Callable[[str], None] = _warn) -> Result:
   """Trains to trainer.max_steps, resuming from `checkpoint_dir` when it holds checkpoints.
 
+  `run_dir` receives the metrics writers' files and profiles (process 0 only);
   `stop_requested` is polled after every step: when it turns true the loop
   saves a checkpoint of the finished step and returns with `preempted`.
-  `pause_after_step` (tests) holds the loop after that step until a stop is requested.
+  `callbacks` (trainer/callbacks.py) run after the run's own writers.
+  `hardware_peak_flops` (the mesh entry's) is the MFU denominator unless
+  trainer.peak_flops is set.
   """
   run = exp.run
   cfg = run.trainer
   progress = progress or Progress(cfg.max_steps, enabled=False)
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  main_process = jax.process_index() == 0
   data = exp.source.train_iterator(**process)
   eval_batches = exp.source.eval_batches(batch_size=run.eval.batch_size,
                                          num_batches=run.eval.num_batches, **process)
-  tokens_per_step = exp.source.batch_size * exp.source.seq_len
   ckpt = Checkpointer(checkpoint_dir, run.checkpoint) if checkpoint_dir is not None else None
-  writer = MetricsWriter(metrics_path)
+  profile = (Profile(pathlib.Path(run_dir) / "profile", *cfg.profile_steps)
+             if cfg.profile_steps and run_dir is not None and main_process else None)
+  callbacks = [*writers.for_run(run_dir, cfg, main_process=main_process,
+                                config=dataclasses.asdict(run) if cfg.wandb_project else None),
+               *([profile] if profile else []), *callbacks]
+  for line in _header(exp, run_dir):
+    progress.message(line)
+  loop = LoopState(state=None, start=0, step=0, last_logged=0, stop_requested=stop_requested)
   try:
-    state, start = _initial_state(exp, ckpt, data, progress, warn)
-    return _run(exp, state, start, data=data, eval_batches=eval_batches, ckpt=ckpt,
-                writer=writer, progress=progress, tokens_per_step=tokens_per_step,
-                stop_requested=stop_requested, pause_after_step=pause_after_step)
+    loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn)
+    loop.step = loop.last_logged = loop.start
+    _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
+          callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops)).run()
   finally:
-    writer.close()
+    call_all(callbacks, "on_train_end", loop)
     progress.close()
     if ckpt is not None:
       ckpt.close()  # waits for a save in flight
+  return Result(records=loop.records, final_eval_loss=None if loop.preempted else loop.eval_loss,
+                time_to_first_step_s=loop.first_step_s, state=loop.state, start_step=loop.start,
+                preempted=loop.preempted, last_step=loop.step, compiled=loop.compiled,
+                profiles=profile.captures if profile else [])
 
 
-def _run(exp, state, start, *, data, eval_batches, ckpt, writer, progress, tokens_per_step,
-         stop_requested, pause_after_step) -> Result:
-  run, cfg = exp.run, exp.run.trainer
-  timer = Timer()
-  first_step_s = 0.0
-  eval_loss = None
-  pending = []  # (step, device scalar nonfinite) not yet checked on the host
-  skipped_total = 0
-  last_logged = start
-  preempted = False
-  step = start
+def _header(exp: Experiment, run_dir) -> list[str]:
+  state_bytes = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
+  return header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
+                num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
 
-  def scan_nonfinite() -> int | None:
-    """Counts non-finite steps since the last scan; returns the first one."""
-    nonlocal skipped_total
-    if not pending:
-      return None
-    flags = jax.device_get([flag for _, flag in pending])
-    bad = [s for (s, _), f in zip(pending, flags) if float(f) > 0]
-    pending.clear()
-    skipped_total += len(bad)
-    return bad[0] if bad else None
 
-  def stop_if_nonfinite(bad: int | None):
-    if bad is None or cfg.skip_nonfinite:
-      return
-    last = None
-    if ckpt is not None:
-      ckpt.wait_until_finished()
-      last = ckpt.latest_step()
-    raise NonFiniteError(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
+def _throughput(exp: Experiment, hardware_peak_flops: float | None) -> metrics_lib.Throughput:
+  peak = metrics_lib.peak_flops(exp.run.trainer.peak_flops, hardware_peak_flops,
+                                exp.mesh.devices.flat[0].platform)
+  return metrics_lib.Throughput(
+      flops_per_token=flops.model_flops_per_token(exp.run, exp.abstract_state.params),
+      num_devices=exp.mesh.size, peak=peak)
 
-  def check_finite():
-    stop_if_nonfinite(scan_nonfinite())
 
-  def save(force: bool):
-    if ckpt is not None and (force or ckpt.due(step)):
-      check_finite()  # never write a checkpoint of non-finite parameters
-      ckpt.save(step, state, data.get_state())
+@dataclasses.dataclass
+class LoopState:
+  """What the loop carries from step to step (callbacks read it)."""
+  state: Any  # TrainState after the last dispatched step
+  start: int  # the step the run resumed from (0: a fresh start)
+  step: int  # the last dispatched step
+  last_logged: int  # step of the last metrics record
+  stop_requested: Callable[[], bool]
+  unchecked: list = dataclasses.field(default_factory=list)  # [(step, device nonfinite flag)]
+  unlogged: tuple | None = None  # (step, device metrics, data metrics): written one step late
+  skipped: int = 0  # non-finite steps seen so far
+  first_step_s: float = 0.0  # compile + first step
+  eval_loss: float | None = None
+  preempted: bool = False
+  records: list = dataclasses.field(default_factory=list)  # every record written
+  compiled: dict = dataclasses.field(default_factory=dict)  # the step's per-device memory, FLOPs
 
-  watchdog = Watchdog(cfg.hang_timeout_s)
-  with exp.context():
-    try:
-      for step in range(start + 1, cfg.max_steps + 1):
-        batch = next(data)
-        if step == cfg.debug_nan_at_step:
-          batch = dict(batch, weights=np.full_like(batch["weights"], np.nan))
-        state, metrics = exp.step_fn(state, exp.global_batch(batch))
-        pending.append((step, metrics.pop("nonfinite")))
-        if step == start + 1:
-          jax.block_until_ready(state)
-          first_step_s = timer.lap()
-          progress.message(f"compiled and ran step {step} in {first_step_s:.1f}s "
-                           f"({exp.num_params:,} parameters, mesh {dict(exp.mesh.shape)})")
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-          host = jax.device_get(metrics)  # the only host sync of a logging step
-          bad = scan_nonfinite()
-          elapsed = timer.lap() if step > start + 1 else first_step_s
-          steps = max(step - max(last_logged, start + 1), 1) if step > start + 1 else 1
-          record = {"step": step, **{k: float(v) for k, v in host.items()},
-                    "tokens_per_sec": tokens_per_step * steps / max(elapsed, 1e-9),
-                    "step_time_s": elapsed / steps, **exp.source.metrics()}
-          if cfg.skip_nonfinite:
-            record["nonfinite_skipped"] = skipped_total
-          last_logged = step
-          writer.write(record)
-          progress.step(record)
-          stop_if_nonfinite(bad)
-        save(force=step == cfg.max_steps)
+
+class _Loop:
+  """The steps of the loop; `run` shows their order."""
+
+  def __init__(self, exp: Experiment, loop: LoopState, *, data, eval_batches, ckpt, progress,
+               callbacks, throughput):
+    self.exp, self.s, self.cfg = exp, loop, exp.run.trainer
+    self.data, self.eval_batches, self.ckpt = data, eval_batches, ckpt
+    self.progress, self.callbacks, self.throughput = progress, callbacks, throughput
+    self.tokens_per_step = exp.source.batch_size * exp.source.seq_len
+    self.timer = Timer()
+    self.watchdog = Watchdog(self.cfg.hang_timeout_s)
+
+  def run(self) -> None:
+    call_all(self.callbacks, "on_train_start", self.s)
+    with self.exp.context(), self.watchdog:
+      for step in range(self.s.start + 1, self.cfg.max_steps + 1):
+        metrics = self.dispatch(step)  # returns before the devices finish the step
+        self.log(step, metrics)  # writes step - 1's record (one step late), holds step's
+        self.save(step, force=step == self.cfg.max_steps)
         # Dispatch runs ahead of the devices by a few steps at most, so a hung device stops
         # these calls soon after; the first countdown starts once compilation is done.
-        watchdog.pet()
-        if step == pause_after_step:
-          while not stop_requested():
-            time.sleep(0.01)
-        if stop_requested() and step < cfg.max_steps:
-          save(force=True)
-          preempted = True
-          progress.message(f"axtrain: stop requested; saved a checkpoint at step {step}")
+        self.watchdog.pet()
+        call_all(self.callbacks, "on_step_end", step, self.s)
+        if self.stop(step):
           break
-        if (run.eval.every_steps and step % run.eval.every_steps == 0) or step == cfg.max_steps:
-          result = evaluate(exp, state.params, eval_batches)
-          eval_loss = result["eval_loss"]
-          writer.write({"step": step, **result})
-          progress.message(f"step {step}: eval_loss {eval_loss:.4f} "
-                           f"(perplexity {result['eval_perplexity']:.2f})")
-          timer.lap()  # evaluation time is not step time
-      if start >= cfg.max_steps:  # killed after the final save: only the evaluation is missing
-        result = evaluate(exp, state.params, eval_batches)
-        eval_loss = result["eval_loss"]
-        writer.write({"step": start, **result})
-      check_finite()
-    finally:
-      watchdog.stop()
-  if ckpt is not None:
-    ckpt.wait_until_finished()
-  return Result(records=writer.records, final_eval_loss=None if preempted else eval_loss,
-                time_to_first_step_s=first_step_s, state=state, start_step=start,
-                preempted=preempted, last_step=step)
+        self.evaluate(step, due=self._eval_due(step))
+      if self.s.start >= self.cfg.max_steps:  # killed after the final save: only eval is missing
+        self.evaluate(self.s.start, due=True)
+      self.flush_log()
+      self.check_finite()
+    if self.ckpt is not None:
+      self.ckpt.wait_until_finished()
+
+  def dispatch(self, step: int) -> dict:
+    s, exp = self.s, self.exp
+    batch = next(self.data)
+    for cb in self.callbacks:
+      batch = cb.on_batch(step, batch)
+    batch = exp.global_batch(batch)
+    if step == s.start + 1:  # compiles here, once; exp.step_fn reuses the executable
+      s.compiled = metrics_lib.compiled_stats(exp.step_fn.lower(s.state, batch).compile())
+    s.state, metrics = exp.step_fn(s.state, batch)
+    s.step = step
+    s.unchecked.append((step, metrics.pop("nonfinite")))
+    if step == s.start + 1:
+      jax.block_until_ready(s.state)
+      s.first_step_s = self.timer.lap()
+      memory = s.compiled.get("total_bytes")
+      self.progress.message(f"compiled and ran step {step} in {s.first_step_s:.1f}s"
+                            + (f"; step memory {memory / 2**20:,.1f} MiB per device"
+                               if memory is not None else ""))
+    return metrics
+
+  def log(self, step: int, metrics: dict) -> None:
+    self.flush_log()
+    if step % self.cfg.log_every == 0 or step == self.cfg.max_steps:
+      self.s.unlogged = (step, metrics, self.exp.source.metrics())
+
+  def flush_log(self) -> None:
+    """Writes the held record: the only host sync of a logging step."""
+    s = self.s
+    if s.unlogged is None:
+      return
+    step, metrics, data_metrics = s.unlogged
+    s.unlogged = None
+    host = jax.device_get(metrics)
+    bad = self._scan_nonfinite(upto=step)
+    first = step == s.start + 1
+    elapsed = s.first_step_s if first else self.timer.lap()
+    steps = 1 if first else max(step - max(s.last_logged, s.start + 1), 1)
+    tokens_per_sec = self.tokens_per_step * steps / max(elapsed, 1e-9)
+    record = {"step": step, **{k: float(v) for k, v in host.items()},
+              "tokens_per_sec": tokens_per_sec, "step_time_s": elapsed / steps,
+              **self.throughput(tokens_per_sec), **metrics_lib.device_memory(self.exp.mesh.local_devices),
+              **data_metrics}
+    if self.cfg.skip_nonfinite:
+      record["nonfinite_skipped"] = s.skipped
+    s.last_logged = step
+    self._emit(record)
+    self.progress.step(record)
+    self._raise_if_nonfinite(bad)
+
+  def check_finite(self) -> None:
+    self._raise_if_nonfinite(self._scan_nonfinite(upto=self.s.step))
+
+  def save(self, step: int, *, force: bool) -> None:
+    if self.ckpt is not None and (force or self.ckpt.due(step)):
+      self.flush_log()
+      self.check_finite()  # never write a checkpoint of non-finite parameters
+      self.ckpt.save(step, self.s.state, self.data.get_state())
+
+  def evaluate(self, step: int, *, due: bool) -> None:
+    if not due:
+      return
+    self.flush_log()  # keeps the records in step order
+    result = evaluate(self.exp, self.s.state.params, self.eval_batches)
+    self.s.eval_loss = result["eval_loss"]
+    self._emit({"step": step, **result})
+    self.progress.message(f"step {step}: eval_loss {result['eval_loss']:.4f} "
+                          f"(perplexity {result['eval_perplexity']:.2f})")
+    self.timer.lap()  # evaluation time is not step time
+
+  def stop(self, step: int) -> bool:
+    if not (self.s.stop_requested() and step < self.cfg.max_steps):
+      return False
+    self.save(step, force=True)
+    self.flush_log()
+    self.s.preempted = True
+    self.progress.message(f"axtrain: stop requested; saved a checkpoint at step {step}")
+    return True
+
+  def _eval_due(self, step: int) -> bool:
+    every = self.exp.run.eval.every_steps
+    return bool(every and step % every == 0) or step == self.cfg.max_steps
+
+  def _emit(self, record: dict) -> None:
+    record = writers.plain(record)
+    self.s.records.append(record)
+    call_all(self.callbacks, "on_record", record)
+
+  def _scan_nonfinite(self, *, upto: int) -> int | None:
+    """Counts the non-finite steps up to `upto` not yet seen; returns the first one."""
+    s = self.s
+    seen = [(step, flag) for step, flag in s.unchecked if step <= upto]
+    if not seen:
+      return None
+    s.unchecked = s.unchecked[len(seen):]
+    flags = jax.device_get([flag for _, flag in seen])
+    bad = [step for (step, _), f in zip(seen, flags) if float(f) > 0]
+    s.skipped += len(bad)
+    return bad[0] if bad else None
+
+  def _raise_if_nonfinite(self, bad: int | None) -> None:
+    if bad is None or self.cfg.skip_nonfinite:
+      return
+    last = None
+    if self.ckpt is not None:
+      self.ckpt.wait_until_finished()
+      last = self.ckpt.latest_step()
+    raise NonFiniteError(bad, f"step {last} in {self.ckpt.directory}" if last is not None
+                         else "none")
 
 
 def initial_eval_loss(exp: Experiment) -> float:

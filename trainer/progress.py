@@ -18,6 +18,17 @@ def _rate(x: float) -> str:
   return f"{x:.0f}"
 
 
+def header(*, mesh_shape: dict, devices: list, num_params: int, state_bytes: int,
+           run_dir=None) -> list[str]:
+  """The first lines of a run: where it runs, how big it is, where to look."""
+  kinds = sorted({f"{d.platform} {d.device_kind}" for d in devices})
+  lines = [f"mesh {mesh_shape} over {len(devices)} device(s) ({', '.join(kinds)}); "
+           f"{num_params:,} parameters; train state {state_bytes / 2**20:,.1f} MiB per device"]
+  if run_dir is not None:
+    lines.append(f"run directory {run_dir}; view with: tensorboard --logdir {run_dir}")
+  return lines
+
+
 class Progress:
   def __init__(self, max_steps: int, stream=None, enabled: bool = True):
     self.max_steps = max_steps

@@ -104,6 +104,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
       "loss": loss,
       "aux_loss": stats["aux_loss"],
       "grad_norm": grad_norm,
+      "param_norm": optax.tree.norm(params),
+      "update_norm": optax.tree.norm(updates),  # the optimizer's update, before a skip
       "learning_rate": optimizer.schedule(state.step),
       "nonfinite": 1.0 - finite.astype(jnp.float32),
   }

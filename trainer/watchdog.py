@@ -26,8 +26,7 @@ class Watchdog:
     if self.timeout_s > 0:
       faulthandler.cancel_dump_traceback_later()
 
-  def __enter__(self):
-    self.pet()
+  def __enter__(self):  # the countdown starts at the first pet()
     return self
 
   def __exit__(self, *exc):

@@ -1,0 +1,64 @@
+"""axtrain with test callbacks, for tests that need a real process (signals, exit codes).
+
+    python tests/launch_with_hooks.py [--pause_after_step=N --paused_file=PATH] [--nan_at_step=N] \\
+        -- --config=... (axtrain's own arguments)
+
+The callbacks are also used in-process (`launcher.main.main(argv, callbacks=[...])`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from trainer.callbacks import Callback
+
+
+class PauseAfter(Callback):
+  """Holds the loop after step `step` until a stop is requested (a signal), so that
+  signals land at a known step; `paused_file` is written when the hold begins."""
+
+  def __init__(self, step: int, paused_file: pathlib.Path):
+    self.step, self.paused_file = step, pathlib.Path(paused_file)
+
+  def on_step_end(self, step: int, loop) -> None:
+    if step == self.step:
+      self.paused_file.write_text(str(step))
+      while not loop.stop_requested():
+        time.sleep(0.01)
+
+
+class NanAt(Callback):
+  """Gives the batch of `step` NaN loss weights: a non-finite loss and gradient."""
+
+  def __init__(self, step: int):
+    self.step = step
+
+  def on_batch(self, step: int, batch: dict) -> dict:
+    if step == self.step:
+      return dict(batch, weights=np.full_like(batch["weights"], np.nan))
+    return batch
+
+
+def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
+  """(callbacks, axtrain arguments) from this script's arguments."""
+  split = args.index("--")
+  options = dict(a.removeprefix("--").split("=", 1) for a in args[:split])
+  callbacks: list[Callback] = []
+  if "pause_after_step" in options:
+    callbacks.append(PauseAfter(int(options.pop("pause_after_step")),
+                                pathlib.Path(options.pop("paused_file"))))
+  if "nan_at_step" in options:
+    callbacks.append(NanAt(int(options.pop("nan_at_step"))))
+  if options:
+    raise SystemExit(f"launch_with_hooks: unknown options {sorted(options)}")
+  return callbacks, args[split + 1:]
+
+
+if __name__ == "__main__":
+  from launcher import main  # pylint: disable=import-outside-toplevel
+  hooks, axtrain_args = parse(sys.argv[1:])
+  sys.exit(main.main(["axtrain", *axtrain_args], callbacks=hooks))

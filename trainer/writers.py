@@ -1,0 +1,95 @@
+"""Where metrics records go: metrics.jsonl, TensorBoard event files, Weights & Biases.
+
+Each writer is a loop callback (trainer/callbacks.py) that takes every record in
+`on_record` and closes in `on_train_end`. `for_run` gives the writers of a run
+directory; only process 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from trainer.callbacks import Callback
+from trainer.config import TrainerConfig
+
+def plain(record: dict) -> dict:
+  """Numbers as Python floats, ints and strings kept (what every writer receives)."""
+  return {k: (v if isinstance(v, (int, str)) and not isinstance(v, bool) else float(v))
+          for k, v in record.items()}
+
+
+def scalars(record: dict) -> dict[str, float]:
+  """The finite numeric values of a record, without its step."""
+  return {k: float(v) for k, v in record.items()
+          if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+class JsonlWriter(Callback):
+  """One JSON object per line; NaN/Inf are written as null."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path = pathlib.Path(path)
+    self._file = open(self.path, "a", encoding="utf-8")
+
+  def on_record(self, record: dict) -> None:
+    self._file.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v)
+                                     else v) for k, v in record.items()}) + "\n")
+    self._file.flush()
+
+  def on_train_end(self, loop) -> None:
+    self._file.close()
+
+
+class TensorBoardWriter(Callback):
+  """Event files under <run_dir>/tensorboard/, written by tensorboardX (no TensorFlow).
+
+  A resumed run starts a new event file that purges the steps it redoes, so
+  TensorBoard shows each step once.
+  """
+
+  def __init__(self, directory: pathlib.Path):
+    self.directory = pathlib.Path(directory)
+    self._writer = None
+
+  def on_train_start(self, loop) -> None:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10,
+                                 purge_step=loop.start + 1 if loop.start else None)
+
+  def on_record(self, record: dict) -> None:
+    for key, value in scalars(record).items():
+      self._writer.add_scalar(key, value, global_step=record["step"])
+
+  def on_train_end(self, loop) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+class WandbWriter(Callback):
+  """A Weights & Biases run named after the run directory (`trainer.wandb_project`)."""
+
+  def __init__(self, project: str, run_dir: pathlib.Path, config: dict | None):
+    import wandb  # pylint: disable=import-outside-toplevel  (TrainerConfig.check: installed)
+    self._run = wandb.init(project=project, name=str(run_dir), dir=str(run_dir), config=config,
+                           resume="allow")
+
+  def on_record(self, record: dict) -> None:
+    self._run.log(scalars(record), step=record["step"])
+
+  def on_train_end(self, loop) -> None:
+    self._run.finish()
+
+
+def for_run(run_dir: pathlib.Path | None, cfg: TrainerConfig, *, main_process: bool,
+            config: dict | None = None) -> list[Callback]:
+  """The writers of a run directory (none without one, or off process 0)."""
+  if run_dir is None or not main_process:
+    return []
+  run_dir = pathlib.Path(run_dir)
+  out: list[Callback] = [JsonlWriter(run_dir / "metrics.jsonl"),
+                         TensorBoardWriter(run_dir / "tensorboard")]
+  if cfg.wandb_project:
+    out.append(WandbWriter(cfg.wandb_project, run_dir, config))
+  return out
