@@ -1,0 +1,115 @@
+"""Analytic model FLOPs of one training token, read from the parameters' logical axis names.
+
+    flops/token = 6 * N_matmul + 12 * sum_layers(heads * head_dim) * seq_len
+
+`N_matmul` is the number of parameters a token multiplies through (forward 2,
+backward 4 FLOPs each): every weight with an `embed` axis and at least two
+axes (layer stacks aside), the LM head included, lookup tables excluded. A
+lookup table is `[vocab or unnamed, embed]` (token and learned position
+embeddings); with tied embeddings (no `[embed, vocab]` head) the token table is
+the head and counts once. Weights with an `experts` axis count `top_k /
+num_experts` of their size, since each token visits `top_k` experts (capacity
+padding and dropped tokens aside). Biases and norm scales do no matmul and are
+not counted.
+
+The attention term is the PaLM convention (Chowdhury et al. 2022, appendix B):
+QK^T and AV over the full `seq_len` x `seq_len` square, forward and backward;
+causal masking is NOT halved out. Query projections are found by their axes:
+`embed` first, then `heads`, `head_dim`.
+
+Nothing here names a layer, so a new layer needs no edit as long as its weights
+carry logical axis names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlopCount:
+  matmul_params: float  # parameters used per token in matmuls (experts scaled by top_k/E)
+  attention_width: int  # sum over layers of heads * head_dim (query projections)
+  seq_len: int
+
+  @property
+  def per_token(self) -> float:
+    return 6 * self.matmul_params + 12 * self.attention_width * self.seq_len
+
+
+def _named_leaves(params):
+  """[(names, shape)] of boxed parameters (flax LogicallyPartitioned / Partitioned)."""
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  out = []
+  for leaf in leaves:
+    if not isinstance(leaf, nn.meta.AxisMetadata):
+      raise ValueError("model FLOPs need parameters boxed with logical axis names "
+                       "(the abstract state of trainer.experiment, before unboxing)")
+    out.append((tuple(leaf.names), tuple(leaf.value.shape)))
+  return out
+
+
+def _without_layers(names, shape):
+  """(names, shape, stacked layer count) with the `layers` axis taken out."""
+  if "layers" in names:
+    i = names.index("layers")
+    return names[:i] + names[i + 1:], shape[:i] + shape[i + 1:], shape[i]
+  return names, shape, 1
+
+
+def count(params, *, seq_len: int, top_k: int | None = None) -> FlopCount:
+  """The FLOP model's inputs from boxed (abstract) parameters."""
+  matmul, width, tables, has_head = 0.0, 0, [], False
+  for names, shape in _named_leaves(params):
+    names, shape, layers = _without_layers(names, shape)
+    size = math.prod(shape) * layers
+    if len(names) == 2 and names[1] == "embed" and names[0] in ("vocab", None):
+      tables.append((names, size))
+      continue
+    if "embed" not in names or len(names) < 2:
+      continue  # biases, norm scales
+    if "vocab" in names:
+      has_head = True
+    if "experts" in names:
+      experts = shape[names.index("experts")]
+      if top_k is None:
+        raise ValueError("parameters have an 'experts' axis: pass top_k")
+      size = size * top_k / experts
+    matmul += size
+    if names[:1] == ("embed",) and names[1:] == ("heads", "head_dim"):
+      width += layers * shape[1] * shape[2]
+  if not has_head:
+    matmul += sum(size for names, size in tables if names[0] == "vocab")
+  return FlopCount(matmul_params=matmul, attention_width=width, seq_len=seq_len)
+
+
+def _find_field(node, name: str):
+  """The first value of dataclass field `name` anywhere under `node` (None if absent)."""
+  if dataclasses.is_dataclass(node):
+    for f in dataclasses.fields(node):
+      value = getattr(node, f.name)
+      if f.name == name:
+        return value
+      found = _find_field(value, name)
+      if found is not None:
+        return found
+  elif isinstance(node, (tuple, list)):
+    for item in node:
+      found = _find_field(item, name)
+      if found is not None:
+        return found
+  return None
+
+
+def model_flops_per_token(run, abstract_params) -> float:
+  """Training FLOPs (forward + backward) per token of `run` (a trainer.config.RunConfig).
+
+  `abstract_params`: the boxed parameter tree, e.g. `Experiment.abstract_state.params`.
+  Multiply by tokens per step (`data.batch_size * data.seq_len`) for FLOPs per step.
+  """
+  return count(abstract_params, seq_len=run.data.seq_len,
+               top_k=_find_field(run.model, "top_k")).per_token
