@@ -12,7 +12,7 @@ from launcher import session
 from launcher.errors import UserError
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli
-from trainer import meshes, sharding
+from trainer import meshes, meshes_doc, sharding
 from trainer.config import MeshConfig
 
 
@@ -92,11 +92,11 @@ def test_named_mesh_must_fit_the_devices():
 def test_docs_table_is_generated_from_the_registry():
   path = ROOT / "docs" / "meshes.md"
   text = path.read_text()
-  expected = meshes.docs_with_table(text)
+  expected = meshes_doc.docs_with_table(text)
   if os.environ.get("UPDATE_GOLDEN") and text != expected:
     path.write_text(expected)
     text = expected
-  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes --write-docs"
+  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes_doc --write"
   for name in meshes.MESHES:
     assert f"| `{name}` |" in text
 
