@@ -27,6 +27,9 @@ class TrainerConfig:
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
   compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+  # Positions per cross-entropy chunk: the LM head and loss run chunk by chunk, never holding
+  # float32 [batch, seq, vocab] logits; must divide data.seq_len. 0 = the whole sequence at once.
+  loss_chunk_size: int = 0
   # A step whose loss or gradient is NaN/Inf: False stops the run (exit 1); True leaves the
   # parameters and optimizer state unchanged for that step and counts it (metric nonfinite_skipped).
   skip_nonfinite: bool = False
@@ -37,6 +40,8 @@ class TrainerConfig:
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+    if self.loss_chunk_size < 0:
+      raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
     if self.hang_timeout_s < 0 or self.debug_nan_at_step < 0:
       raise ConfigError("trainer: hang_timeout_s and debug_nan_at_step must be >= 0")
 
