@@ -2,6 +2,7 @@
 
     axtrain --config=configs/llm_1b.py --print_config
     axtrain --config=configs/llm_1b.py --mesh=gpu-h100-8
+    axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
 """
 
 from configs.base import lm_config
@@ -17,4 +18,15 @@ def get_config(arg=None):
   cfg.eval.every_steps = 1000
   cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
   cfg.eval.batch_size = 64
+  # Per-mesh settings that fit the global batch of 256 x 2048 (`axtrain plan`, docs/plan.md).
+  full, chunk = "full", 256  # recompute each layer; cross-entropy over 256-position chunks
+  cfg.mesh.rules = (
+      (r"tpu-v5e-16", {"model.remat": full, "trainer.grad_accum_steps": 4,
+                       "trainer.loss_chunk_size": chunk}),
+      (r"tpu-v5p-128", {"model.remat": full, "trainer.loss_chunk_size": chunk}),
+      (r"gpu-(h100|h200|b200)-8", {"model.remat": full, "trainer.grad_accum_steps": 8,
+                                   "trainer.loss_chunk_size": chunk}),
+      (r"neuron-trn1-32", {"model.remat": full, "trainer.grad_accum_steps": 4,
+                           "trainer.loss_chunk_size": chunk}),
+  )
   return cfg

@@ -18,4 +18,15 @@ def get_config(arg=None):
   cfg.eval.every_steps = 1000
   cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
   cfg.eval.batch_size = 64
+  # Per-mesh settings that fit the global batch of 256 x 4096 (`axtrain plan`, docs/plan.md).
+  full, chunk = "full", 1024  # recompute each layer; cross-entropy over 1024-position chunks
+  cfg.mesh.rules = (
+      (r"tpu-v5p-128|tpu-v6e-64", {"model.remat": full, "trainer.grad_accum_steps": 4,
+                                   "trainer.loss_chunk_size": chunk}),
+      # FSDP over both hosts: the state would not fit sharded over one host's 8 GPUs.
+      (r"gpu-h100-8x2", {"model.remat": full, "trainer.grad_accum_steps": 16,
+                         "trainer.loss_chunk_size": chunk, "mesh.data": 1, "mesh.fsdp": -1}),
+      (r"neuron-trn2-64", {"model.remat": full, "trainer.grad_accum_steps": 4,
+                           "trainer.loss_chunk_size": chunk}),
+  )
   return cfg

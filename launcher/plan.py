@@ -35,6 +35,7 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_boolean("sweep", False, "Try mesh axes, remat policies and gradient "
                        "accumulation that keep the global batch; rank those that fit.",
                        flag_values=fv)
+  flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
   flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
   flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
                      flag_values=fv)
@@ -109,7 +110,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     else:
       sys.stdout.write(plan_lib.sweep_text(result))
     return 0
-  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin)
+  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval)
   if fv.json:
     print(json.dumps(dict(plan_lib.to_json(p), mesh_rule=rule), indent=1, default=str))
   else:

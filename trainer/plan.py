@@ -233,20 +233,22 @@ def model_shape(params, *, top_k: int | None) -> Shape:
 
 
 # Per token and layer, bytes kept for the backward pass under each remat policy (c: bytes of
-# the compute dtype). A rough model (after Korthikanti et al. 2022, without dropout); the TPU
-# compiler's figures replace it where they exist.
-def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int) -> float:
-  matmul_outputs = c * (s.q_width + 2 * s.kv_width + s.dim + s.mlp + s.dim)
-  attention_scores = (4 + c) * s.heads * seq_len  # float32 scores + probabilities
-  everything = c * (4 * s.dim + 2 * s.q_width + 2 * s.kv_width + 2 * s.mlp) + attention_scores
+# the compute dtype; heads and mlp widths split over the `model` axis, the residual stream
+# not). A rough model (after Korthikanti et al. 2022, without dropout); the TPU compiler's
+# figures replace it where they exist.
+def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: int) -> float:
+  q, kv, mlp, heads = s.q_width / model, s.kv_width / model, s.mlp / model, s.heads / model
+  matmul_outputs = c * (q + 2 * kv + s.dim + mlp + s.dim)
+  attention_scores = (4 + c) * heads * seq_len  # float32 scores + probabilities
+  everything = c * (4 * s.dim + 2 * q + 2 * kv + 2 * mlp) + attention_scores
   return {
       "none": everything,
       "full": c * s.dim,  # the layer's input
-      "dots_saveable": c * s.dim + matmul_outputs + c * s.heads * seq_len,
+      "dots_saveable": c * s.dim + matmul_outputs + c * heads * seq_len,
       "dots_with_no_batch_dims_saveable": c * s.dim + matmul_outputs,
-      "save_qkv_proj": c * (s.dim + s.q_width + 2 * s.kv_width),
-      "save_attn_out": c * (s.dim + 2 * s.q_width + 2 * s.kv_width),
-  }.get(policy, c * (s.dim + 2 * s.q_width + 2 * s.kv_width))
+      "save_qkv_proj": c * (s.dim + q + 2 * kv),
+      "save_attn_out": c * (s.dim + 2 * q + 2 * kv),
+  }.get(policy, c * (s.dim + 2 * q + 2 * kv))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -276,10 +278,10 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   rows = exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"])
   tokens = max(rows, 1) * seq
   policy = getattr(run.model, "remat", "none")
-  saved = _saved_per_token_layer(policy, shape, compute_bytes, seq) * shape.layers
-  if policy != "none":
-    saved += _saved_per_token_layer("none", shape, compute_bytes, seq)  # one layer recomputed
-  activations = int(tokens * saved)  # model-axis sharding of heads/mlp ignored: an upper bound
+  saved = _saved_per_token_layer(policy, shape, compute_bytes, seq, mesh["model"]) * shape.layers
+  if policy != "none":  # one layer's recompute at a time
+    saved += _saved_per_token_layer("none", shape, compute_bytes, seq, mesh["model"])
+  activations = int(tokens * saved)
   chunk = run.trainer.loss_chunk_size
   vocab = shape.vocab // (mesh["model"] if shape.vocab % mesh["model"] == 0 else 1)
   logit_tokens = rows * chunk if chunk else tokens
@@ -457,7 +459,15 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
 # --- the report ---------------------------------------------------------------------------
 
 def _gib(n: float) -> str:
-  return f"{n / GiB:.2f} GiB"
+  """Bytes in GiB (MiB, KiB for small figures), three significant digits."""
+  for unit, scale in (("GiB", GiB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+    if abs(n) >= scale / 10 or unit == "KiB":
+      return f"{n / scale:.3g} {unit}"
+  return f"{n} B"
+
+
+def _secs(x: float) -> str:
+  return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} us"
 
 
 def _num(x: float) -> str:
@@ -467,7 +477,7 @@ def _num(x: float) -> str:
   return f"{x:.0f}"
 
 
-def text(p: Plan) -> str:
+def text(p: Plan, *, timings: bool = True) -> str:
   """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
   src = "TPU compiler" if p.fit_source == "compiler" else "CPU compiler"
   a, t = p.analytic, p.train
@@ -511,13 +521,14 @@ def text(p: Plan) -> str:
     lines.append("  estimate: none (the entry lists no peak FLOP/s or bandwidths)")
   else:
     lines += [
-        f"  ESTIMATE (roofline, not a measurement): step {e.step_s:.3f} s overlapped, "
-        f"{e.serial_s:.3f} s serial; compute {e.compute_s:.3f} s, HBM {e.hbm_s:.3f} s, "
-        f"collectives {e.collective_s:.3f} s",
+        f"  ESTIMATE (roofline, not a measurement): step {_secs(e.step_s)} overlapped, "
+        f"{_secs(e.serial_s)} serial; compute {_secs(e.compute_s)}, HBM {_secs(e.hbm_s)}, "
+        f"collectives {_secs(e.collective_s)}",
         f"    {_num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} (overlapped)",
     ]
-  lines.append(f"  compile: train {t.seconds:.0f} s"
-               + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
+  if timings:
+    lines.append(f"  compile: train {t.seconds:.0f} s"
+                 + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
   return "\n".join(lines) + "\n"
 
 
@@ -626,7 +637,7 @@ def sweep_text(result: SweepResult) -> str:
   lines = [f"sweep: {len(result.ranked)} fitting, {len(result.rejected)} rejected, "
            f"{result.skipped} not compiled (budget)"]
   for i, (cand, p) in enumerate(result.ranked):
-    step = f"{p.estimate.step_s:.3f} s" if p.estimate else "no estimate"
+    step = _secs(p.estimate.step_s) if p.estimate else "no estimate"
     lines.append(f"  {i + 1}. step {step} (estimate), needs {_gib(p.needed)}: {cand.flags()}")
   if result.ranked:
     lines.append(f"best: {result.ranked[0][0].flags()}")
