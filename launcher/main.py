@@ -31,7 +31,7 @@ import sys
 
 from absl import flags
 
-from launcher import config_loading
+from launcher import config_loading, platforms
 from launcher.errors import EXIT_USAGE, ConfigError, UserError
 
 
@@ -109,6 +109,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
 
 def train_main(argv: list[str]) -> int:
   fv = parse_flags(argv)
+  platforms.cpu_when_no_accelerator()
   from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
   return session.run(fv, argv)
 

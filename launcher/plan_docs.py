@@ -2,6 +2,7 @@
 
     python -m launcher.plan_docs            # every report (hours on a 2-core machine)
     python -m launcher.plan_docs llm_1b     # only the reports of configs/llm_1b.py
+    python -m launcher.plan_docs llm_1b@gpu-h100-8   # only this report
 
 Each report runs `axtrain plan ... --noeval` in a subprocess (GPU and Trainium entries need
 their own count of CPU devices) and is written to docs/plan.md as soon as it is done.
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
   only = set(argv[1:])
   env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
   for config, mesh in PLANS:
-    if only and config not in only:
+    if only and config not in only and f"{config}@{mesh}" not in only:
       continue
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "launcher", *command(config, mesh)],

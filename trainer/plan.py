@@ -292,6 +292,34 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
                   logits=logits)
 
 
+def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_bytes: int) -> float:
+  """Bytes one device moves to and from HBM per step (a model, labelled so).
+
+  Per microbatch: the gathered weights read once per pass (forward, the recompute under
+  remat, backward), saved activations written and read once, the attention scores written
+  and read in every pass; per step: the optimizer reads parameters, gradients and state and
+  writes parameters and state.
+  """
+  run = exp.run
+  params = exp.abstract_state.params
+  top_k = flops_lib.find_field(run.model, "top_k")
+  shape = model_shape(params, top_k=top_k)
+  mesh = dict(exp.mesh.shape)
+  accum = run.trainer.grad_accum_steps
+  seq = exp.source.seq_len
+  rows = max(exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"]), 1)
+  tokens = rows * seq
+  remat = getattr(run.model, "remat", "none")
+  passes = 3 if remat == "none" else 4
+  weights = flops_lib.count(params, seq_len=seq, top_k=top_k).matmul_params
+  per_micro = passes * compute_bytes * weights / mesh["model"]
+  per_micro += 2 * analytic.activations
+  per_micro += passes * tokens * shape.layers * (4 + compute_bytes) * (
+      shape.heads / mesh["model"]) * seq
+  optimizer = 2 * (analytic.params + analytic.opt_state) + analytic.grads
+  return accum * per_micro + optimizer
+
+
 def nn_unbox(tree):
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   return nn.meta.unbox(tree)
@@ -320,15 +348,17 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Estimate:
-  """A roofline: not a measurement. Compute at peak FLOP/s, HBM traffic at peak bandwidth,
-  collectives at the link bandwidth; `step_s` overlaps all three, `serial_s` adds them."""
+  """A roofline: not a measurement. Compute (model FLOPs with remat recompute) at peak
+  FLOP/s, HBM traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at
+  the link bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
   compute_s: float
   hbm_s: float
   collective_s: float
   step_s: float
   serial_s: float
   tokens_per_s: float
-  mfu: float
+  mfu: float  # at step_s
+  mfu_serial: float  # at serial_s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -353,6 +383,7 @@ class Plan:
   needed: int  # bytes per device the verdict is based on
   model_flops: float  # per step, all devices (6N + attention)
   executed_flops: float  # per step per device, with remat recompute (estimate)
+  hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
 
   @property
@@ -399,15 +430,13 @@ def _compile(fn, args, *, exp, num_devices: int) -> Compiled:
 _RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
 
-def estimate(plan_flops: float, executed: float, compiled: Compiled, entry: Entry, *,
-             tokens: int) -> Estimate | None:
+def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Compiled,
+             entry: Entry, *, tokens: int) -> Estimate | None:
   hw = entry.hardware
   if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth):
     return None
   compute_s = executed / hw.peak_bf16_flops
-  # The compiler counts a while-loop body once: scale its HBM traffic like its FLOPs.
-  scale = max(1.0, executed / compiled.flops) if compiled.flops else 1.0
-  hbm_s = compiled.bytes_accessed * scale / hw.hbm_bandwidth
+  hbm_s = hbm_bytes / hw.hbm_bandwidth
   link = hw.link_bandwidth
   if entry.num_hosts > 1 and hw.host_bandwidth and entry.topology is None:
     link = hw.host_bandwidth  # the data axis spans hosts: the slowest link bounds the step
@@ -417,7 +446,8 @@ def estimate(plan_flops: float, executed: float, compiled: Compiled, entry: Entr
   devices = entry.num_devices
   return Estimate(compute_s=compute_s, hbm_s=hbm_s, collective_s=collective_s, step_s=step_s,
                   serial_s=serial_s, tokens_per_s=tokens / step_s,
-                  mfu=plan_flops / (step_s * hw.peak_bf16_flops * devices))
+                  mfu=plan_flops / (step_s * hw.peak_bf16_flops * devices),
+                  mfu_serial=plan_flops / (serial_s * hw.peak_bf16_flops * devices))
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
@@ -439,6 +469,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
     evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n)
   analytic = analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
+  traffic = hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
@@ -452,8 +483,8 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               loss_chunk_size=run.trainer.loss_chunk_size, num_params=exp.num_params,
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
               fit_source="compiler" if on_tpu else "model", needed=needed,
-              model_flops=model_flops, executed_flops=executed,
-              estimate=estimate(model_flops, executed, train, entry, tokens=tokens))
+              model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
+              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens))
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -524,7 +555,8 @@ def text(p: Plan, *, timings: bool = True) -> str:
         f"  ESTIMATE (roofline, not a measurement): step {_secs(e.step_s)} overlapped, "
         f"{_secs(e.serial_s)} serial; compute {_secs(e.compute_s)}, HBM {_secs(e.hbm_s)}, "
         f"collectives {_secs(e.collective_s)}",
-        f"    {_num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} (overlapped)",
+        f"    {_num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
+        f"{e.mfu_serial:.2f} serial; HBM traffic [model] {_gib(p.hbm_traffic)} per device",
     ]
   if timings:
     lines.append(f"  compile: train {t.seconds:.0f} s"
