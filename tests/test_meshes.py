@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import types
 
@@ -269,3 +270,26 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
   assert tuple(specs["head"]) == ("fsdp", "model")
   assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
       ("data", "fsdp"), None)
+
+
+# --- the table's derived facts -----------------------------------------------------------
+
+@pytest.mark.parametrize("name, topology", [
+    ("tpu-v5e-16", "v5e:4x4"), ("tpu-v5e-8", "v5e:2x4"), ("tpu-v6e-256", "v6e:16x16"),
+    ("tpu-v4-8", "v4:2x2x1"), ("tpu-v5p-128", "v5p:4x4x4"), ("tpu-v5p-512", "v5p:4x8x8"),
+    ("tpu-v5p-12288", "v5p:16x16x24"),
+])
+def test_tpu_topology_names_follow_cloud_tpu(name, topology):
+  entry = meshes.lookup(name)
+  assert entry.topology == topology
+  dims = [int(n) for n in topology.split(":")[1].split("x")]
+  assert math.prod(dims) == entry.num_devices
+
+
+def test_multi_host_platforms_come_from_the_table():
+  assert meshes.MULTI_HOST_PLATFORMS == ("gpu", "neuron")
+  for entry in meshes.MESHES.values():
+    hw = entry.hardware
+    if entry.num_devices is not None:  # named entries carry every figure the planner needs
+      assert hw.peak_bf16_flops and hw.hbm_bytes and hw.hbm_bandwidth and hw.link_bandwidth
+      assert hw.source

@@ -121,18 +121,20 @@ class Collectives:
   """Bytes each device sends per step (ring algorithms), by collective kind, loops unrolled."""
   bytes_by_kind: dict
   count: int  # collective instructions executed per step
+  cross_host_bytes: float = 0.0  # of the total, sent by groups larger than one host
 
   @property
   def total_bytes(self) -> float:
     return sum(self.bytes_by_kind.values())
 
 
-def collectives(hlo_text: str, num_devices: int) -> Collectives:
+def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None) -> Collectives:
   """Scans compiled HLO: each collective's per-device traffic times its loop trip counts.
 
   With n devices in a group: all-gather and all-to-all send (n-1)/n of the full result,
   reduce-scatter (n-1)/n of the full input, all-reduce 2 (n-1)/n of the buffer,
-  collective-permute the buffer.
+  collective-permute the buffer. A group of more than `per_host` devices counts as crossing
+  hosts (the mesh puts the fast axes inside a host).
   """
   comps, current, entry = {}, None, None
   for line in hlo_text.splitlines():
@@ -164,7 +166,7 @@ def collectives(hlo_text: str, num_devices: int) -> Collectives:
   if entry is None:
     return Collectives(bytes_by_kind={}, count=0)
   visit(entry, 1)
-  by_kind, count = {}, 0
+  by_kind, count, cross = {}, 0, 0.0
   for name, n in times.items():
     # TPU reduce-scatters are fusions named all-reduce-scatter: an all-reduce, then a slice.
     scatter = name.startswith("all-reduce-scatter")
@@ -187,7 +189,9 @@ def collectives(hlo_text: str, num_devices: int) -> Collectives:
                      else share)
       by_kind[op] = by_kind.get(op, 0.0) + sent * n
       count += n
-  return Collectives(bytes_by_kind=by_kind, count=int(count))
+      if per_host and g > per_host:
+        cross += sent * n
+  return Collectives(bytes_by_kind=by_kind, count=int(count), cross_host_bytes=cross)
 
 
 # --- analytic memory model ----------------------------------------------------------------
@@ -411,7 +415,7 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
   return state, batch
 
 
-def _compile(fn, args, *, exp, num_devices: int) -> Compiled:
+def _compile(fn, args, *, exp, num_devices: int, per_host: int | None) -> Compiled:
   start = time.perf_counter()
   with exp.context():
     compiled = fn.lower(*args).compile()
@@ -423,7 +427,7 @@ def _compile(fn, args, *, exp, num_devices: int) -> Compiled:
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                   code=mem.generated_code_size_in_bytes, flops=float(cost.get("flops", 0.0)),
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)), seconds=seconds,
-                  collectives=collectives(compiled.as_text(), num_devices))
+                  collectives=collectives(compiled.as_text(), num_devices, per_host=per_host))
 
 
 # Forward + backward = 3 forward passes; full remat recomputes the forward once more.
@@ -437,10 +441,10 @@ def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Com
     return None
   compute_s = executed / hw.peak_bf16_flops
   hbm_s = hbm_bytes / hw.hbm_bandwidth
-  link = hw.link_bandwidth
-  if entry.num_hosts > 1 and hw.host_bandwidth and entry.topology is None:
-    link = hw.host_bandwidth  # the data axis spans hosts: the slowest link bounds the step
-  collective_s = compiled.collectives.total_bytes / link
+  c = compiled.collectives
+  cross = c.cross_host_bytes if hw.host_bandwidth else 0.0
+  collective_s = (c.total_bytes - cross) / hw.link_bandwidth + (
+      cross / hw.host_bandwidth if cross else 0.0)
   step_s = max(compute_s, hbm_s, collective_s)
   serial_s = max(compute_s, hbm_s) + collective_s
   devices = entry.num_devices
@@ -463,11 +467,14 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   exp = dataclasses.replace(exp, compute_dtype=dtype)
   n = len(devices)
   state, batch = abstract_inputs(exp, exp.source.batch_size)
-  train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n)
+  # Hosts of GPU/Trainium entries talk over the network; a TPU slice is one ICI domain.
+  per_host = entry.hardware.devices_per_host if entry.topology is None else None
+  train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host)
   evaluated = None
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
-    evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n)
+    evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n,
+                         per_host=per_host)
   analytic = analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
   traffic = hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
   tokens = exp.source.batch_size * exp.source.seq_len
@@ -545,7 +552,9 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"(while-loop bodies counted once)",
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {_gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
-         or "none"),
+         or "none")
+      + (f"; {_gib(t.collectives.cross_host_bytes)} between hosts"
+         if t.collectives.cross_host_bytes else ""),
   ]
   e = p.estimate
   if e is None:
