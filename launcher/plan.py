@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
 
 def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   from launcher.session import apply_mesh_rules  # pylint: disable=import-outside-toplevel
-  from trainer import config as config_lib, plan as plan_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from trainer import config as config_lib, plan as plan_lib
   cfg = fv["config"].value
   rule = apply_mesh_rules(cfg, entry.name, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)

@@ -64,7 +64,9 @@ class Hardware:
 class Entry:
   name: str
   hardware: Hardware
-  axes: tuple[tuple[str, int], ...] = (("data", 1), ("fsdp", -1), ("model", 1))  # one size may be -1
+  # ((axis, size), ...), one size may be -1. Default: FSDP over every device of one host; with
+  # several hosts the data axis spans them (with_hosts).
+  axes: tuple[tuple[str, int], ...] = (("data", 1), ("fsdp", -1), ("model", 1))
   num_hosts: int = 1
   rules: tuple = DEFAULT_RULES
   topology: str | None = None  # TPU slice shape for libtpu's compiler, e.g. "v5e:4x4"

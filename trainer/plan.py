@@ -21,7 +21,7 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from core.registry import ConfigError
 from trainer import experiment as experiment_lib, flops as flops_lib
