@@ -18,7 +18,7 @@ from launcher import session
 from tests.conftest import ROOT, cli
 from trainer import config as config_lib, experiment, flops, meshes, plan
 
-GOLDEN = ROOT / "tests" / "testdata" / "golden" / "plan_tiny_tpu-v5e-8.txt"
+GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
 
 
 def _run(cfg):
