@@ -343,6 +343,7 @@ class Compiled:
   bytes_accessed: float
   seconds: float  # compile wall time
   collectives: Collectives
+  refused: str = ""  # the compiler's out-of-memory message when it refused to compile
 
   @property
   def peak(self) -> int:
@@ -418,7 +419,18 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
 def _compile(fn, args, *, exp, num_devices: int, per_host: int | None) -> Compiled:
   start = time.perf_counter()
   with exp.context():
-    compiled = fn.lower(*args).compile()
+    lowered = fn.lower(*args)
+    try:
+      compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+      # The TPU compiler refuses a program whose temporaries exceed HBM; that is a verdict.
+      m = re.search(r"HLO temporaries \(([\d.]+)G\)", str(e))
+      if "RESOURCE_EXHAUSTED" not in str(e) or not m:
+        raise
+      return Compiled(argument=0, output=0, alias=0, temp=int(float(m[1]) * GiB), code=0,
+                      flops=0.0, bytes_accessed=0.0, seconds=time.perf_counter() - start,
+                      collectives=Collectives(bytes_by_kind={}, count=0),
+                      refused=" ".join(str(e).split())[:300])
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
@@ -538,6 +550,8 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"    train code         [{src}]  {_gib(t.code)}",
       f"    train peak         [{src}]  {_gib(t.peak)}",
   ]
+  if t.refused:
+    lines.append(f"    the TPU compiler refused: {t.refused}")
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {_gib(p.eval.peak)} (temporaries "
                  f"{_gib(p.eval.temp)})")
