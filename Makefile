@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) -e '.[test,hf]'
+	$(PIP_INSTALL) -e '.[test,hf,tpu]'
 	touch $(STAMP)
 
 demo: $(STAMP)

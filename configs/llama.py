@@ -27,6 +27,16 @@ class Recipe:
   warmup_steps: int  # optimizer steps
   remat: str = "none"  # model.remat: what the backward pass recomputes
   state_dtype: str = "float32"  # optimizer.state_dtype
+  # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md)
+  mesh_rules: tuple = ()
+
+
+_FULL = "full"  # recompute each layer
+
+
+def _fit(chunk: int, **changes) -> dict:
+  """A mesh rule's changes: full remat, cross-entropy over `chunk`-position chunks, `changes`."""
+  return {"model.remat": _FULL, "trainer.loss_chunk_size": chunk, **changes}
 
 
 # 125m: GPT-3 Small's 0.5M-token batches and peak rate (Brown et al. 2020, Table 2.1).
@@ -34,15 +44,37 @@ class Recipe:
 # 8b, 70b: LLaMA-3's 8k context, 70b at half the rate with bfloat16 optimizer state.
 RECIPES: dict[str, Recipe] = {
     "125m": Recipe(batch_size=256, seq_len=2048, learning_rate=6e-4, warmup_steps=700),
-    "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000),
+    "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000, mesh_rules=(
+        (r"tpu-v5e-16", _fit(256, **{"trainer.grad_accum_steps": 4})),
+        (r"tpu-v5p-128", _fit(256)),
+        (r"gpu-(h100|h200|b200)-8", _fit(256, **{"trainer.grad_accum_steps": 8})),
+        (r"neuron-trn1-32", _fit(256, **{"trainer.grad_accum_steps": 4})),
+    )),
     "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,
                  remat="dots_with_no_batch_dims_saveable"),
     "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
-                 remat="dots_with_no_batch_dims_saveable"),
+                 remat="dots_with_no_batch_dims_saveable", mesh_rules=(
+        (r"tpu-v5p-128|tpu-v6e-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        # FSDP within a host, data parallel across the two (the entry's axes): the gradient
+        # all-reduce is the only traffic over the network.
+        (r"gpu-h100-8x2", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        (r"neuron-trn2-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+    )),
     "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable"),
     "70b": Recipe(batch_size=1024, seq_len=8192, learning_rate=1.5e-4, warmup_steps=2000,
-                  remat="full", state_dtype="bfloat16"),
+                  remat="full", state_dtype="bfloat16", mesh_rules=(
+        # FSDP over every host, tensor parallel (model=8) within one, one or two sequences per
+        # device per microbatch; cross-entropy over 512-position chunks.
+        (r"tpu-v5p-512", {"mesh.data": 1, "mesh.fsdp": 32, "mesh.model": 8,
+                          "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
+        (r"tpu-v5p-1024", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
+                           "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
+        (r"gpu-h100-8x16", {"mesh.data": 1, "mesh.fsdp": 16, "mesh.model": 8,
+                            "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
+        (r"neuron-trn2-64x8", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
+                               "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
+    )),
 }
 DEMO_SIZES = ("test", "tiny")  # byte vocabulary: configs/tiny.py's recipe
 
@@ -65,4 +97,5 @@ def get_config(arg=None):
   cfg.eval.every_steps = 1000
   cfg.checkpoint.every_steps = 1000  # a crash loses at most this many steps
   cfg.eval.batch_size = 64
+  cfg.mesh.rules = r.mesh_rules
   return cfg

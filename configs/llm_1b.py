@@ -2,6 +2,7 @@
 
     axtrain --config=configs/llm_1b.py --print_config
     axtrain --config=configs/llm_1b.py --mesh=gpu-h100-8
+    axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
 """
 
 from configs import llama

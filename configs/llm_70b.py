@@ -2,6 +2,7 @@
 
     axtrain --config=configs/llm_70b.py --print_config
     axtrain --config=configs/llm_70b.py --mesh=tpu-v5p-1024
+    axtrain plan --config=configs/llm_70b.py --mesh=gpu-h100-8x16
 """
 
 from configs import llama

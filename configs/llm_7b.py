@@ -2,6 +2,7 @@
 
     axtrain --config=configs/llm_7b.py --print_config
     axtrain --config=configs/llm_7b.py --mesh=gpu-h100-8
+    axtrain plan --config=configs/llm_7b.py --mesh=tpu-v5p-128
 """
 
 from configs import llama

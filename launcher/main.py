@@ -5,6 +5,7 @@ usage:
   axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR
   axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
   axtrain tokenize --input=GLOB --kind=jsonl --output_dir=DIR [--tokenizer=...] (docs/data.md)
+  axtrain plan --config=FILE --mesh=NAME [--json] [--sweep]  (fits? how fast? docs/plan.md)
 
 examples:
   axtrain --config=configs/tiny.py
@@ -33,7 +34,7 @@ import sys
 
 from absl import flags
 
-from launcher import config_loading
+from launcher import config_loading, platforms
 from launcher.errors import EXIT_USAGE, ConfigError, UserError
 
 
@@ -84,6 +85,9 @@ def main(argv: list[str], *, callbacks=()) -> int:
     if len(argv) > 1 and argv[1] == "convert":
       from launcher import convert  # pylint: disable=import-outside-toplevel
       return convert.main(argv[:1] + argv[2:])
+    if len(argv) > 1 and argv[1] == "plan":
+      from launcher import plan  # pylint: disable=import-outside-toplevel
+      return plan.main(argv[:1] + argv[2:])
     if len(argv) > 1 and argv[1] == "tokenize":
       from launcher import tokenize  # pylint: disable=import-outside-toplevel
       return tokenize.main(argv[:1] + argv[2:])
@@ -102,7 +106,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
-                    f"commands: convert, tokenize")
+                    f"commands: convert, tokenize, plan")
   config_loading.check_file(config_loading.config_file_arg(argv))
   try:
     fv(argv)
@@ -115,6 +119,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
 
 def train_main(argv: list[str], *, callbacks=()) -> int:
   fv = parse_flags(argv)
+  platforms.cpu_when_no_accelerator()
   from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
   return session.run(fv, argv, callbacks=callbacks)
 

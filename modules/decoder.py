@@ -72,11 +72,15 @@ class _Layer(nn.Module):
 
 @MODELS.register("decoder_lm", DecoderLMConfig)
 class DecoderLM(nn.Module):
-  """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype)."""
+  """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype).
+
+  With `head=False`: (final hidden states [B, L, D], LM head matrix [D, V]) instead, for a
+  loss that computes the logits chunk by chunk (trainer.step, trainer.loss_chunk_size).
+  """
   cfg: DecoderLMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None):
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, head: bool = True):
     cfg = self.cfg
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
@@ -104,10 +108,14 @@ class DecoderLM(nn.Module):
 
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
     if cfg.tie_embeddings:
+      if not head:
+        return x, embed.embedding.T.astype(x.dtype)
       logits = embed.attend(x)
     else:
       w = self.param("head", nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
           (cfg.dim, cfg.vocab_size))
+      if not head:
+        return x, w.astype(x.dtype)
       logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))

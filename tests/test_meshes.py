@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import types
 
@@ -10,7 +11,7 @@ import pytest
 from configs import tiny
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli
-from trainer import meshes, sharding
+from trainer import meshes, meshes_doc, sharding
 from trainer.config import MeshConfig
 
 
@@ -90,11 +91,11 @@ def test_named_mesh_must_fit_the_devices():
 def test_docs_table_is_generated_from_the_registry():
   path = ROOT / "docs" / "meshes.md"
   text = path.read_text()
-  expected = meshes.docs_with_table(text)
+  expected = meshes_doc.docs_with_table(text)
   if os.environ.get("UPDATE_GOLDEN") and text != expected:
     path.write_text(expected)
     text = expected
-  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes --write-docs"
+  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes_doc --write"
   for name in meshes.MESHES:
     assert f"| `{name}` |" in text
 
@@ -267,3 +268,26 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
   assert tuple(specs["head"]) == ("fsdp", "model")
   assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
       ("data", "fsdp"), None)
+
+
+# --- the table's derived facts -----------------------------------------------------------
+
+@pytest.mark.parametrize("name, topology", [
+    ("tpu-v5e-16", "v5e:4x4"), ("tpu-v5e-8", "v5e:2x4"), ("tpu-v6e-256", "v6e:16x16"),
+    ("tpu-v4-8", "v4:2x2x1"), ("tpu-v5p-128", "v5p:4x4x4"), ("tpu-v5p-512", "v5p:4x8x8"),
+    ("tpu-v5p-12288", "v5p:16x16x24"),
+])
+def test_tpu_topology_names_follow_cloud_tpu(name, topology):
+  entry = meshes.lookup(name)
+  assert entry.topology == topology
+  dims = [int(n) for n in topology.split(":")[1].split("x")]
+  assert math.prod(dims) == entry.num_devices
+
+
+def test_multi_host_platforms_come_from_the_table():
+  assert meshes.MULTI_HOST_PLATFORMS == ("gpu", "neuron")
+  for entry in meshes.MESHES.values():
+    hw = entry.hardware
+    if entry.num_devices is not None:  # named entries carry every figure the planner needs
+      assert hw.peak_bf16_flops and hw.hbm_bytes and hw.hbm_bandwidth and hw.link_bandwidth
+      assert hw.source

@@ -30,6 +30,9 @@ class TrainerConfig:
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
   compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+  # Positions per cross-entropy chunk: the LM head and loss run chunk by chunk, never holding
+  # float32 [batch, seq, vocab] logits; must divide data.seq_len. 0 = the whole sequence at once.
+  loss_chunk_size: int = 0
   # A step whose loss or gradient is NaN/Inf: False stops the run (exit 1); True leaves the
   # parameters and optimizer state unchanged for that step and counts it (metric nonfinite_skipped).
   skip_nonfinite: bool = False
@@ -44,6 +47,8 @@ class TrainerConfig:
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+    if self.loss_chunk_size < 0:
+      raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:
       raise ConfigError("trainer: hang_timeout_s and peak_flops must be >= 0")
     if self.profile_steps and (len(self.profile_steps) != 2

@@ -77,14 +77,16 @@ class Experiment:
     fn = functools.partial(train_step, model=self.model, optimizer=self.optimizer,
                            compute_dtype=self.compute_dtype,
                            grad_accum_steps=self.run.trainer.grad_accum_steps,
-                           skip_nonfinite=self.run.trainer.skip_nonfinite)
+                           skip_nonfinite=self.run.trainer.skip_nonfinite,
+                           loss_chunk_size=self.run.trainer.loss_chunk_size)
     replicated = NamedSharding(self.mesh, PartitionSpec())
     return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
                    out_shardings=(self.state_shardings, replicated), donate_argnums=0)
 
   @functools.cached_property
   def eval_fn(self):
-    fn = functools.partial(eval_step, model=self.model, compute_dtype=self.compute_dtype)
+    fn = functools.partial(eval_step, model=self.model, compute_dtype=self.compute_dtype,
+                           loss_chunk_size=self.run.trainer.loss_chunk_size)
     return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
 
   def init(self) -> TrainState:
@@ -125,6 +127,10 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
                       f"trainer.grad_accum_steps={accum} microbatches, each divisible by the "
                       f"{shards} batch shards of the mesh ({over}); change the batch size, "
                       f"grad_accum_steps or --config.mesh.*")
+  chunk = run.trainer.loss_chunk_size
+  if chunk and source.seq_len % chunk:
+    raise ConfigError(f"trainer.loss_chunk_size {chunk} must divide data.seq_len "
+                      f"{source.seq_len}; pick a divisor or 0 (no chunking)")
   if run.eval.batch_size % shards:
     raise ConfigError(f"eval.batch_size {run.eval.batch_size} is not divisible by the {shards} "
                       f"batch shards of the mesh ({over}); change eval.batch_size or "

@@ -41,7 +41,7 @@ class FlopCount:
     return 6 * self.matmul_params + 12 * self.attention_width * self.seq_len
 
 
-def _named_leaves(params):
+def named_leaves(params):
   """[(names, shape)] of boxed parameters (flax LogicallyPartitioned / Partitioned)."""
   leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
   out = []
@@ -53,7 +53,7 @@ def _named_leaves(params):
   return out
 
 
-def _without_layers(names, shape):
+def without_layers(names, shape):
   """(names, shape, stacked layer count) with the `layers` axis taken out."""
   if "layers" in names:
     i = names.index("layers")
@@ -64,8 +64,8 @@ def _without_layers(names, shape):
 def count(params, *, seq_len: int, top_k: int | None = None) -> FlopCount:
   """The FLOP model's inputs from boxed (abstract) parameters."""
   matmul, width, tables, has_head = 0.0, 0, [], False
-  for names, shape in _named_leaves(params):
-    names, shape, layers = _without_layers(names, shape)
+  for names, shape in named_leaves(params):
+    names, shape, layers = without_layers(names, shape)
     size = math.prod(shape) * layers
     if len(names) == 2 and names[1] == "embed" and names[0] in ("vocab", None):
       tables.append((names, size))
@@ -87,19 +87,19 @@ def count(params, *, seq_len: int, top_k: int | None = None) -> FlopCount:
   return FlopCount(matmul_params=matmul, attention_width=width, seq_len=seq_len)
 
 
-def _find_field(node, name: str):
+def find_field(node, name: str):
   """The first value of dataclass field `name` anywhere under `node` (None if absent)."""
   if dataclasses.is_dataclass(node):
     for f in dataclasses.fields(node):
       value = getattr(node, f.name)
       if f.name == name:
         return value
-      found = _find_field(value, name)
+      found = find_field(value, name)
       if found is not None:
         return found
   elif isinstance(node, (tuple, list)):
     for item in node:
-      found = _find_field(item, name)
+      found = find_field(item, name)
       if found is not None:
         return found
   return None
@@ -112,4 +112,4 @@ def model_flops_per_token(run, abstract_params) -> float:
   Multiply by tokens per step (`data.batch_size * data.seq_len`) for FLOPs per step.
   """
   return count(abstract_params, seq_len=run.data.seq_len,
-               top_k=_find_field(run.model, "top_k")).per_token
+               top_k=find_field(run.model, "top_k")).per_token

@@ -2,18 +2,20 @@
 
 Each entry gives the mesh axes (`-1` fills from the device count), the
 logical-axis -> mesh-axis rules, and per-device facts for planning (peak bf16
-FLOP/s, HBM bytes, devices per host, interconnect). Multi-host GPU and Trainium
+FLOP/s, HBM bytes and bandwidth, link bandwidths, devices per host; TPU slices
+also their libtpu topology for `axtrain plan`). Multi-host GPU and Trainium
 meshes take a host-count suffix: `gpu-h100-8x4` is four 8-GPU hosts.
 
 To add an entry, add a row to `_GPU`, `_TPU` or `_NEURON` below (or an `Entry`
-to `_OTHER`), then regenerate the table in docs/meshes.md with
-`python -m trainer.meshes --write-docs` (tests/test_meshes.py fails while the
+to `_GENERIC`), then regenerate the table in docs/meshes.md with
+`python -m trainer.meshes_doc --write` (tests/test_meshes.py fails while the
 table and this file disagree).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from core.registry import ConfigError, suggest
@@ -44,23 +46,30 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Hardware:
   platform: str  # jax platform: cpu / gpu / tpu / neuron
   device_kind: str  # regex matched against jax.devices()[0].device_kind
-  devices_per_host: int  # jax devices on one host
-  peak_bf16_flops: float | None  # dense bf16 FLOP/s per device (None: not published / CPU)
-  hbm_bytes: int | None  # accelerator memory per device
-  interconnect: str  # between devices (and hosts)
+  devices_per_host: int  # jax devices on one host (-1: any number, a generic entry)
+  peak_bf16_flops: float | None = None  # dense bf16 FLOP/s per device (None: unknown / CPU)
+  hbm_bytes: int | None = None  # accelerator memory per device
+  hbm_bandwidth: float | None = None  # memory bytes/s per device
+  link_bandwidth: float | None = None  # device-to-device bytes/s per device, one direction
+  host_bandwidth: float | None = None  # bytes/s per device between hosts (network), one direction
+  interconnect: str = "unknown"  # between devices (and hosts), in words
+  source: str = ""  # where the figures come from
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Entry:
   name: str
   hardware: Hardware
-  axes: tuple[tuple[str, int], ...]  # ((axis, size), ...); one size may be -1
+  # ((axis, size), ...), one size may be -1. Default: FSDP over every device of one host; with
+  # several hosts the data axis spans them (with_hosts).
+  axes: tuple[tuple[str, int], ...] = (("data", 1), ("fsdp", -1), ("model", 1))
   num_hosts: int = 1
   rules: tuple = DEFAULT_RULES
+  topology: str | None = None  # TPU slice shape for libtpu's compiler, e.g. "v5e:4x4"
 
   @property
   def num_devices(self) -> int | None:
@@ -70,69 +79,153 @@ class Entry:
 
 GiB = 1024 ** 3
 GB = 1000 ** 3
+GBps = 1e9  # bytes/s
 
-# (name, device_kind regex, devices/host, peak bf16 FLOP/s, HBM bytes, interconnect)
-# Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity); the A100
-# row is the 80 GB part. `\b` keeps "GH200" (Grace Hopper) from matching H200.
-_GPU = (
-    ("gpu-a100-8", r"\bA100", 8, 312e12, 80 * GB, "NVLink3 600 GB/s per GPU"),
-    ("gpu-h100-8", r"\bH100", 8, 989e12, 80 * GB, "NVLink4 900 GB/s per GPU"),
-    ("gpu-h200-8", r"\bH200", 8, 989e12, 141 * GB, "NVLink4 900 GB/s per GPU"),
-    ("gpu-b200-8", r"\bB200", 8, 2250e12, 180 * GB, "NVLink5 1.8 TB/s per GPU"),
-)
-# (family, device_kind regex, chips on a single-host slice, chips per host of a
-#  multi-host slice, peak bf16 FLOP/s per chip, HBM per chip, interconnect,
-#  TensorCores per chip in the name, slice sizes). Slice names follow Cloud TPU:
-#  v4 and v5p count TensorCores (2 per chip, one jax device per chip), v5e and v6e
-#  count chips (v5litepod-8 / v6e-8 are one 8-chip host; larger slices use 4-chip
-#  hosts). Source: Cloud TPU system-architecture docs.
+# Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity; SXM parts; the A100
+# row is the 80 GB part). NVLink figures are the datasheets' bidirectional totals, halved for
+# one direction; between hosts, one 400 Gb/s (A100: 200 Gb/s) InfiniBand NIC per GPU as in
+# DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200.
+_GPU = {
+    "gpu-a100-8": Hardware(
+        platform="gpu", device_kind=r"\bA100", devices_per_host=8, peak_bf16_flops=312e12,
+        hbm_bytes=80 * GB, hbm_bandwidth=2039 * GBps, link_bandwidth=300 * GBps,
+        host_bandwidth=25 * GBps, interconnect="NVLink3 600 GB/s per GPU",
+        source="NVIDIA A100 datasheet; DGX A100"),
+    "gpu-h100-8": Hardware(
+        platform="gpu", device_kind=r"\bH100", devices_per_host=8, peak_bf16_flops=989e12,
+        hbm_bytes=80 * GB, hbm_bandwidth=3350 * GBps, link_bandwidth=450 * GBps,
+        host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
+        source="NVIDIA H100 SXM datasheet; DGX H100"),
+    "gpu-h200-8": Hardware(
+        platform="gpu", device_kind=r"\bH200", devices_per_host=8, peak_bf16_flops=989e12,
+        hbm_bytes=141 * GB, hbm_bandwidth=4800 * GBps, link_bandwidth=450 * GBps,
+        host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
+        source="NVIDIA H200 SXM datasheet; DGX H200"),
+    "gpu-b200-8": Hardware(
+        platform="gpu", device_kind=r"\bB200", devices_per_host=8, peak_bf16_flops=2250e12,
+        hbm_bytes=180 * GB, hbm_bandwidth=8000 * GBps, link_bandwidth=900 * GBps,
+        host_bandwidth=50 * GBps, interconnect="NVLink5 1.8 TB/s per GPU",
+        source="NVIDIA DGX B200 datasheet"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuFamily:
+  """One TPU generation; every slice size becomes an entry `{name}-{size}`."""
+  name: str  # tpu-v5e
+  chip: Hardware  # devices_per_host: chips per host of a multi-host slice
+  single_host: int  # chips on a single-host slice
+  cores_per_chip: int  # TensorCores per chip counted in the slice name
+  sizes: tuple[int, ...]  # slice names' sizes
+  dims: int  # torus dimensions (2 or 3), for the libtpu topology name
+  libtpu_name: str  # the generation in libtpu topology names ("v5e" in "v5e:4x4")
+
+  def topology(self, chips: int) -> str:
+    """Cloud TPU's slice shape: 2D a x b (a <= b); 3D from 2x2x1, doubling the smallest axis."""
+    if self.dims == 2:
+      a = 1
+      while a * a * 4 <= chips:
+        a *= 2
+      shape = [a, chips // a]
+    else:
+      odd = chips // (chips & -chips)  # 12288 cores = 6144 chips = 2048 x 3: 16x16x24
+      shape = [1, 1, 1] if chips == 1 else [2, 1, 1] if chips == 2 else [2, 2, 1]
+      while math.prod(shape) * odd < chips:
+        shape[max(j for j in range(3) if shape[j] == min(shape))] *= 2
+      if odd > 1:
+        shape[shape.index(min(shape))] *= odd
+        shape.sort()
+    return f"{self.libtpu_name}:{'x'.join(map(str, shape))}"
+
+
+# Slice names follow Cloud TPU: v4 and v5p count TensorCores (2 per chip, one jax device
+# per chip), v5e and v6e count chips (v5litepod-8 / v6e-8 are one 8-chip host; larger
+# slices use 4-chip hosts). Source: Cloud TPU system-architecture pages (per chip: peak
+# bf16, HBM capacity and bandwidth, ICI bandwidth; ICI halved for one direction).
 _TPU = (
-    ("tpu-v4", r"TPU v4", 4, 4, 275e12, 32 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
-    ("tpu-v5e", r"TPU v5 ?lite|TPU v5e", 8, 4, 197e12, 16 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
-    ("tpu-v5p", r"TPU v5p|TPU v5$", 4, 4, 459e12, 95 * GiB, "ICI 3D torus", 2, (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288)),
-    ("tpu-v6e", r"TPU v6 ?lite|TPU v6e", 8, 4, 918e12, 32 * GiB, "ICI 2D torus", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
+    TpuFamily(name="tpu-v4", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v4",
+              sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+              chip=Hardware(platform="tpu", device_kind=r"TPU v4", devices_per_host=4,
+                            peak_bf16_flops=275e12, hbm_bytes=32 * GiB,
+                            hbm_bandwidth=1200 * GBps, link_bandwidth=150 * GBps,
+                            interconnect="ICI 3D torus, 2400 Gb/s per chip",
+                            source="Cloud TPU v4 docs")),
+    TpuFamily(name="tpu-v5e", single_host=8, cores_per_chip=1, dims=2, libtpu_name="v5e",
+              sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+              chip=Hardware(platform="tpu", device_kind=r"TPU v5 ?lite|TPU v5e",
+                            devices_per_host=4, peak_bf16_flops=197e12, hbm_bytes=16 * GiB,
+                            hbm_bandwidth=819 * GBps, link_bandwidth=100 * GBps,
+                            interconnect="ICI 2D torus, 1600 Gb/s per chip",
+                            source="Cloud TPU v5e docs")),
+    TpuFamily(name="tpu-v5p", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v5p",
+              sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
+              chip=Hardware(platform="tpu", device_kind=r"TPU v5p|TPU v5$", devices_per_host=4,
+                            peak_bf16_flops=459e12, hbm_bytes=95 * GiB,
+                            hbm_bandwidth=2765 * GBps, link_bandwidth=300 * GBps,
+                            interconnect="ICI 3D torus, 4800 Gb/s per chip",
+                            source="Cloud TPU v5p docs")),
+    TpuFamily(name="tpu-v6e", single_host=8, cores_per_chip=1, dims=2, libtpu_name="v6e",
+              sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+              chip=Hardware(platform="tpu", device_kind=r"TPU v6 ?lite|TPU v6e",
+                            devices_per_host=4, peak_bf16_flops=918e12, hbm_bytes=32 * GiB,
+                            hbm_bandwidth=1640 * GBps, link_bandwidth=224 * GBps,
+                            interconnect="ICI 2D torus, 3584 Gb/s per chip",
+                            source="Cloud TPU v6e docs")),
 )
 # Trainium: one jax device per (logical) NeuronCore. trn1.32xlarge: 16 chips x 2 cores,
-# 190 TFLOP/s bf16 and 32 GiB per chip. trn2.48xlarge: 16 chips x 4 logical cores
-# (LNC=2), 667 TFLOP/s bf16 and 96 GiB per chip. Source: AWS Neuron docs.
-_NEURON = (
-    ("neuron-trn1-32", r"NC_v2|trn1|Trainium1", 32, 95e12, 16 * GiB, "NeuronLink 384 GB/s per chip, EFA between hosts"),
-    ("neuron-trn2-64", r"NC_v3|trn2|Trainium2", 64, 166.75e12, 24 * GiB, "NeuronLink 1 TB/s per chip, EFA between hosts"),
-)
+# 190 TFLOP/s bf16, 32 GiB and 820 GB/s HBM per chip, NeuronLink-v2 384 GB/s per chip,
+# 800 Gb/s EFA per host. trn2.48xlarge: 16 chips x 4 logical cores (LNC=2), 667 TFLOP/s
+# bf16, 96 GiB and 2.9 TB/s HBM per chip, NeuronLink-v3 1 TB/s per chip, 3.2 Tb/s EFA per
+# host. Per-device figures divide the chip's by its cores. Source: AWS Neuron docs.
+_NEURON = {
+    "neuron-trn1-32": Hardware(
+        platform="neuron", device_kind=r"NC_v2|trn1|Trainium1", devices_per_host=32,
+        peak_bf16_flops=95e12, hbm_bytes=16 * GiB, hbm_bandwidth=410 * GBps,
+        link_bandwidth=96 * GBps, host_bandwidth=3.125 * GBps,
+        interconnect="NeuronLink 384 GB/s per chip, EFA between hosts",
+        source="AWS Neuron docs: trn1 architecture"),
+    "neuron-trn2-64": Hardware(
+        platform="neuron", device_kind=r"NC_v3|trn2|Trainium2", devices_per_host=64,
+        peak_bf16_flops=166.75e12, hbm_bytes=24 * GiB, hbm_bandwidth=725 * GBps,
+        link_bandwidth=125 * GBps, host_bandwidth=6.25 * GBps,
+        interconnect="NeuronLink 1 TB/s per chip, EFA between hosts",
+        source="AWS Neuron docs: trn2 architecture"),
+}
 
-_OTHER = (
-    Entry("cpu", Hardware("cpu", r"cpu", -1, None, None, "host memory"),
-          (("data", -1), ("fsdp", 1), ("model", 1))),
-    Entry("gpu", Hardware("gpu", r".*", -1, None, None, "unknown"),
-          (("data", 1), ("fsdp", -1), ("model", 1))),
-    Entry("tpu", Hardware("tpu", r".*", -1, None, None, "ICI"),
-          (("data", 1), ("fsdp", -1), ("model", 1))),
-    Entry("neuron", Hardware("neuron", r".*", -1, None, None, "NeuronLink"),
-          (("data", 1), ("fsdp", -1), ("model", 1))),
+# Generic entries: whatever devices of a platform JAX sees. CPU is data parallel.
+_GENERIC = (
+    Entry(name="cpu", hardware=Hardware(platform="cpu", device_kind=r"cpu", devices_per_host=-1,
+                                        interconnect="host memory"),
+          axes=(("data", -1), ("fsdp", 1), ("model", 1))),
+    Entry(name="gpu", hardware=Hardware(platform="gpu", device_kind=r".*", devices_per_host=-1)),
+    Entry(name="tpu", hardware=Hardware(platform="tpu", device_kind=r".*", devices_per_host=-1,
+                                        interconnect="ICI")),
+    Entry(name="neuron", hardware=Hardware(platform="neuron", device_kind=r".*",
+                                           devices_per_host=-1, interconnect="NeuronLink")),
 )
 
 
 def _build_table() -> dict[str, Entry]:
-  table = {e.name: e for e in _OTHER}
-  for name, kind, per_host, flops, hbm, link in _GPU:
-    # Within a host FSDP over NVLink; across hosts data parallel (hybrid sharding).
-    table[name] = Entry(name, Hardware("gpu", kind, per_host, flops, hbm, link),
-                        (("data", 1), ("fsdp", -1), ("model", 1)))
-  for family, kind, single_host, multi_host, flops, hbm, link, cores_per_chip, sizes in _TPU:
-    for size in sizes:
-      chips = size // cores_per_chip
-      per_host = chips if chips <= single_host else multi_host
-      hosts = chips // per_host
-      hw = Hardware("tpu", kind, per_host, flops, hbm, link)
-      table[f"{family}-{size}"] = Entry(f"{family}-{size}", hw,
-                                        (("data", 1), ("fsdp", -1), ("model", 1)), hosts)
-  for name, kind, per_host, flops, hbm, link in _NEURON:
-    table[name] = Entry(name, Hardware("neuron", kind, per_host, flops, hbm, link),
-                        (("data", 1), ("fsdp", -1), ("model", 1)))
+  """Every entry by name. Within a host FSDP over the fast links (the default axes); across
+  hosts data parallel (hybrid sharding, see with_hosts)."""
+  table = {e.name: e for e in _GENERIC}
+  for name, hw in {**_GPU, **_NEURON}.items():
+    table[name] = Entry(name=name, hardware=hw)
+  for family in _TPU:
+    for size in family.sizes:
+      chips = size // family.cores_per_chip
+      per_host = chips if chips <= family.single_host else family.chip.devices_per_host
+      hw = dataclasses.replace(family.chip, devices_per_host=per_host)
+      table[f"{family.name}-{size}"] = Entry(name=f"{family.name}-{size}", hardware=hw,
+                                            num_hosts=chips // per_host,
+                                            topology=family.topology(chips))
   return table
 
 
 MESHES: dict[str, Entry] = _build_table()
+# Platforms whose named entries take a host-count suffix (NAMExHOSTS): hosts of a fixed size.
+MULTI_HOST_PLATFORMS = tuple(sorted({e.hardware.platform for e in MESHES.values()
+                                     if e.topology is None and e.num_devices is not None}))
 _HOSTS = re.compile(r"^(?P<base>.+)x(?P<hosts>\d+)$")
 
 
@@ -149,7 +242,7 @@ def lookup(name: str) -> Entry:
   if name in MESHES:
     return MESHES[name]
   m = _HOSTS.match(name)
-  if m and m["base"] in MESHES and MESHES[m["base"]].hardware.platform in ("gpu", "neuron"):
+  if m and m["base"] in MESHES and MESHES[m["base"]].hardware.platform in MULTI_HOST_PLATFORMS:
     hosts = int(m["hosts"])
     if hosts < 1:
       raise ConfigError(f"--mesh={name}: the host count must be at least 1")
@@ -181,7 +274,7 @@ def auto(platform: str, device_kind: str, device_count: int, process_count: int)
         and re.search(hw.device_kind, device_kind, re.IGNORECASE)):
       if entry.num_devices == device_count:
         return entry
-      if (platform in ("gpu", "neuron") and process_count > 1
+      if (platform in MULTI_HOST_PLATFORMS and process_count > 1
           and device_count == hw.devices_per_host * process_count):
         return with_hosts(entry, process_count)
       partial = partial or hw
@@ -193,38 +286,6 @@ def auto(platform: str, device_kind: str, device_count: int, process_count: int)
     return generic
   hw = dataclasses.replace(partial, devices_per_host=-1)  # not a fixed-size entry
   return dataclasses.replace(generic, hardware=hw)
-
-
-def markdown_table() -> str:
-  """The docs/meshes.md table: one row per registry entry."""
-  def num(x, unit, scale):
-    return "-" if x is None else f"{x / scale:g} {unit}"
-  rows = ["| name | platform | device kind (regex) | devices | hosts | axes | peak bf16 / device "
-          "| HBM / device | interconnect |",
-          "|---|---|---|---|---|---|---|---|---|"]
-  for e in MESHES.values():
-    hw = e.hardware
-    devices = "all" if e.num_devices is None else str(e.num_devices)
-    hosts = "any" if e.num_devices is None else str(e.num_hosts)
-    axes = ", ".join(f"{a}={n}" for a, n in e.axes)
-    kind = hw.device_kind.replace("|", "\\|")
-    rows.append(f"| `{e.name}` | {hw.platform} | `{kind}` | {devices} | {hosts} | {axes} | "
-                f"{num(hw.peak_bf16_flops, 'TFLOP/s', 1e12)} | {num(hw.hbm_bytes, *(('GiB', GiB) if (hw.hbm_bytes or 0) % GiB == 0 else ('GB', GB)))} | "
-                f"{hw.interconnect} |")
-  return "\n".join(rows) + "\n"
-
-
-DOCS_START = "<!-- mesh-table:start (generated: python -m trainer.meshes --write-docs) -->\n"
-DOCS_END = "<!-- mesh-table:end -->"
-
-
-def docs_with_table(text: str) -> str:
-  """`text` (docs/meshes.md) with the generated table between its markers."""
-  head, sep, rest = text.partition(DOCS_START)
-  _, sep2, tail = rest.partition(DOCS_END)
-  if not sep or not sep2:
-    raise ValueError("docs/meshes.md lacks the mesh-table markers")
-  return head + DOCS_START + markdown_table() + DOCS_END + tail
 
 
 # -- choosing an entry for a run, and the config's per-mesh rules ----------------------------
@@ -280,12 +341,3 @@ def apply_rules(cfg, mesh_name: str, explicit: set[str]) -> str | None:
     return regex
   return None
 
-
-if __name__ == "__main__":
-  import pathlib
-  import sys
-  docs = pathlib.Path(__file__).resolve().parents[1] / "docs" / "meshes.md"
-  if sys.argv[1:] == ["--write-docs"]:
-    docs.write_text(docs_with_table(docs.read_text()))
-  else:
-    sys.stdout.write(markdown_table())

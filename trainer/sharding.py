@@ -62,7 +62,8 @@ def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
   or process) is one block of the outer axes, so that `data` (then `fsdp`) spans
   hosts and the fast axes stay inside one, as in hybrid sharded data parallel.
   """
-  if devices[0].platform == "tpu" and len({d.slice_index for d in devices}) > 1:
+  # Compile-only TPU topology devices (axtrain plan) have no slice_index: one slice.
+  if devices[0].platform == "tpu" and len({getattr(d, "slice_index", 0) for d in devices}) > 1:
     attr = "slice_index"
   elif devices[0].platform != "tpu" and len({d.process_index for d in devices}) > 1:
     attr = "process_index"

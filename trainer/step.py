@@ -41,20 +41,55 @@ def cast_floats(tree, dtype):
                       tree)
 
 
-def loss_sums(params, batch, *, model: nn.Module, compute_dtype) -> tuple[jax.Array, dict]:
-  """(sum of token losses + weighted aux losses, stats) for one (micro)batch, in float32."""
-  logits, variables = model.apply(
-      {"params": cast_floats(params, compute_dtype)}, batch["inputs"], batch.get("positions"),
-      batch.get("segment_ids"), mutable=["losses"])
-  logits = logits.astype(jnp.float32)
-  token_loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
+              loss_chunk_size: int = 0) -> tuple[jax.Array, dict]:
+  """(sum of token losses + weighted aux losses, stats) for one (micro)batch, in float32.
+
+  `loss_chunk_size` > 0: the LM head and the cross-entropy run over chunks of that many
+  positions (chunked_token_losses), never holding the [batch, seq, vocab] logits at once.
+  """
+  variables = {"params": cast_floats(params, compute_dtype)}
+  args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
   weights = batch["weights"].astype(jnp.float32)
-  loss_sum = jnp.sum(token_loss * weights)
+  if loss_chunk_size:
+    (x, head), state = model.apply(variables, *args, head=False, mutable=["losses"])
+    loss_sum = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size)
+  else:
+    logits, state = model.apply(variables, *args, mutable=["losses"])
+    token_loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                                 batch["targets"])
+    loss_sum = jnp.sum(token_loss * weights)
   weight_sum = jnp.sum(weights)
-  aux = sum((jnp.sum(x) for x in jax.tree.leaves(variables.get("losses", {}))), jnp.float32(0))
+  aux = sum((jnp.sum(x) for x in jax.tree.leaves(state.get("losses", {}))), jnp.float32(0))
   # Aux losses (e.g. MoE load balancing) are means; scale them like the token sum.
   return loss_sum + aux * weight_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum,
                                        "aux_loss": aux}
+
+
+def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int) -> jax.Array:
+  """sum(weights * cross-entropy(x @ head, targets)) over sequence chunks of `chunk` positions.
+
+  A scan over chunks whose body is rematerialised: forward and backward each hold one
+  chunk's float32 logits [B, chunk, V], and the head's gradient accumulates across chunks.
+  """
+  b, length = x_BxLxD.shape[:2]
+  n = length // chunk
+
+  def split(a):  # [B, L, ...] -> [n, B, chunk, ...]
+    return a.reshape(b, n, chunk, *a.shape[2:]).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def body(total, xs):
+    x_BxCxD, targets_BxC, weights_BxC = xs
+    logits = jnp.einsum("bcd,dv->bcv", x_BxCxD, head_DxV)
+    logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                             targets_BxC)
+    return total + jnp.sum(losses * weights_BxC), None
+
+  total, _ = jax.lax.scan(body, jnp.float32(0),
+                          (split(x_BxLxD), split(targets_BxL), split(weights_BxL)))
+  return total
 
 
 def _microbatches(batch, n: int):
@@ -70,15 +105,16 @@ def _microbatches(batch, n: int):
 
 
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,
-               compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False):
+               compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False,
+               loss_chunk_size: int = 0):
   """One optimizer step on a global batch; returns (new state, metrics of this step).
 
   metrics["nonfinite"] is 1.0 when the loss or gradient norm is NaN/Inf; with
   `skip_nonfinite` such a step keeps the old parameters and optimizer state
   (the step counter still advances, so the data stream stays aligned).
   """
-  grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype),
-                     has_aux=True)
+  grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype,
+                                       loss_chunk_size=loss_chunk_size), has_aux=True)
   if grad_accum_steps == 1:
     grads, stats = grad_fn(state.params, batch)
   else:
@@ -112,7 +148,9 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch, *, model: nn.Module, compute_dtype=jnp.float32):
+def eval_step(params, batch, *, model: nn.Module, compute_dtype=jnp.float32,
+              loss_chunk_size: int = 0):
   """(loss sum, weight sum) of one held-out batch."""
-  _, stats = loss_sums(params, batch, model=model, compute_dtype=compute_dtype)
+  _, stats = loss_sums(params, batch, model=model, compute_dtype=compute_dtype,
+                       loss_chunk_size=loss_chunk_size)
   return stats["loss_sum"], stats["weight_sum"]

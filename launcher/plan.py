@@ -1,0 +1,118 @@
+"""`axtrain plan`: will this config fit that mesh, and how fast should it run? Ahead of time.
+
+usage:
+  axtrain plan --config=FILE [--config.a.b=VALUE ...] --mesh=NAME [--json] [--sweep]
+
+examples:
+  axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
+  axtrain plan --config=configs/llm_70b.py --mesh=gpu-h100-8x16 --json
+  axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-4 --sweep
+
+Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
+TPU entries with the real TPU compiler (libtpu), others for as many CPU devices plus an
+analytic memory model. A plan that does not fit is a report like any other (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags
+
+from launcher import config_loading
+from launcher.errors import UserError
+from trainer import meshes
+
+
+def _define_flags(argv: list[str]) -> flags.FlagValues:
+  fv = flags.FlagValues()
+  config_loading.define(fv, argv)
+  flags.DEFINE_string("mesh", None, "Mesh entry to plan for (docs/meshes.md).", flag_values=fv)
+  flags.DEFINE_boolean("json", False, "Print the report as JSON.", flag_values=fv)
+  flags.DEFINE_boolean("sweep", False, "Try mesh axes, remat policies and gradient "
+                       "accumulation that keep the global batch; rank those that fit.",
+                       flag_values=fv)
+  flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
+  flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
+  flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
+                     flag_values=fv)
+  flags.DEFINE_integer("sweep_limit", 12, "Most candidates a sweep compiles.", flag_values=fv)
+  config_loading.register_flag_names(fv)
+  return fv
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _cpu_devices_flag(n: int) -> str:
+  return f"--xla_force_host_platform_device_count={n}"
+
+
+def main(argv: list[str]) -> int:
+  """argv without the `plan` word: [prog, flags...]."""
+  if any(a in ("-h", "--help", "-help") for a in argv[1:]):
+    sys.stdout.write(__doc__.strip() + "\n")
+    return 0
+  name = _flag(argv, "mesh")
+  if not name:
+    raise UserError("plan: --mesh=NAME is required (an entry of docs/meshes.md, e.g. "
+                    "tpu-v5e-16 or gpu-h100-8)")
+  entry = meshes.lookup(name)
+  if entry.num_devices is None:
+    raise UserError(f"plan: --mesh={name} has no fixed device count; plan a named entry, e.g. "
+                    f"tpu-v5e-16 or gpu-h100-8")
+  # Planning never runs on an accelerator: the CPU backend only (no TPU/GPU initialisation).
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if entry.hardware.platform != "tpu":
+    want = _cpu_devices_flag(entry.num_devices)
+    if want not in os.environ.get("XLA_FLAGS", ""):
+      # The CPU device count is fixed when jax initialises: run ourselves again with it.
+      env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {want}".strip())
+      return subprocess.run([sys.executable, "-m", "launcher", "plan", *argv[1:]],
+                            env=env, check=False).returncode
+  config_loading.check_file(config_loading.config_file_arg(argv))
+  fv = _define_flags(argv)
+  try:
+    fv(argv)
+  except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
+    raise config_loading.translate(e, argv) from None
+  return _plan(fv, argv, entry)
+
+
+def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
+  # pylint: disable-next=import-outside-toplevel
+  from trainer import config as config_lib, plan as plan_lib
+  cfg = fv["config"].value
+  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in config_loading.overrides(argv)})
+  run = config_lib.parse(cfg)
+  name = config_loading.config_file_arg(argv)
+  if fv.sweep:
+    def progress(cand, p):
+      verdict = "fits" if p.fits else "does not fit"
+      print(f"  compiled {cand.flags()}: {verdict} ({p.train.seconds:.0f} s)", file=sys.stderr)
+    result = plan_lib.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
+                            limit=fv.sweep_limit, margin=fv.margin, progress=progress)
+    if fv.json:
+      print(json.dumps({"ranked": [{"flags": c.flags(), "plan": plan_lib.to_json(p)}
+                                   for c, p in result.ranked],
+                        "rejected": [{"flags": c.flags(), "reason": r}
+                                     for c, r in result.rejected],
+                        "skipped": result.skipped}, indent=1, default=str))
+    else:
+      sys.stdout.write(plan_lib.sweep_text(result))
+    return 0
+  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval)
+  if fv.json:
+    print(json.dumps(dict(plan_lib.to_json(p), mesh_rule=rule), indent=1, default=str))
+  else:
+    sys.stdout.write(plan_lib.text(p) + (f"  mesh rule: {rule!r}\n" if rule else ""))
+  return 0

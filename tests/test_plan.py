@@ -1,0 +1,159 @@
+"""`axtrain plan`: the real TPU compiler on libtpu topologies, the report, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+
+import flax.linen as nn
+import jax
+import pytest
+
+import configs.llm_1b
+import configs.tiny
+from launcher import main as main_lib
+from tests.conftest import ROOT, cli
+from trainer import config as config_lib, experiment, flops, meshes, plan
+
+GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
+
+
+def _run(cfg):
+  return config_lib.parse(cfg)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+  """configs/tiny.py on an 8-chip v5e slice (fsdp=8), compiled once by the TPU compiler."""
+  return plan.plan(_run(configs.tiny.get_config()), meshes.lookup("tpu-v5e-8"),
+                   config_name="configs/tiny.py", with_eval=False)
+
+
+def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
+  assert tiny_plan.compiler == "TPU compiler (libtpu)"
+  assert tiny_plan.axes == {"data": 1, "fsdp": 8, "model": 1}
+  exp = experiment.build(_run(configs.tiny.get_config()), meshes.lookup("cpu"), jax.devices()[:1])
+  leaves = jax.tree.leaves(exp.abstract_state.params,
+                           is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  total = sum(math.prod(x.value.shape) * x.value.dtype.itemsize for x in leaves)
+  norms = sum(math.prod(x.value.shape) * x.value.dtype.itemsize for x in leaves
+              if "norm" in x.names)
+  # Norm scales (no embed axis) stay whole on every device; everything else is split 8 ways.
+  assert tiny_plan.analytic.params == (total - norms) // 8 + norms
+  # The compiler's arguments hold the state: parameters + optimizer state, plus the batch.
+  assert tiny_plan.train.argument >= tiny_plan.analytic.params + tiny_plan.analytic.opt_state
+
+
+def test_tiny_compiler_flops_match_the_analytic_count(tiny_plan):
+  # tiny unrolls its layers, so the compiler sees every matmul once per step.
+  per_device = tiny_plan.model_flops / tiny_plan.devices
+  assert tiny_plan.train.flops == pytest.approx(per_device, rel=0.10)
+  run = _run(configs.tiny.get_config())
+  exp = experiment.build(run, meshes.lookup("cpu"), jax.devices()[:1])
+  assert tiny_plan.model_flops == flops.model_flops_per_token(
+      run, exp.abstract_state.params) * 8 * 128
+
+
+def test_report_golden_text(tiny_plan):
+  text = plan.text(tiny_plan, timings=False)
+  if os.environ.get("UPDATE_GOLDEN"):
+    GOLDEN.write_text(text)
+  assert text == GOLDEN.read_text(), "regenerate: UPDATE_GOLDEN=1 pytest tests/test_plan.py"
+  assert "fits" in text and "ESTIMATE" in text
+
+
+def test_collectives_multiply_loop_bodies_by_their_trip_count():
+  hlo = """HloModule m
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %c = s32[] constant(5)
+  ROOT %lt = pred[] compare(%g, %c), direction=LT
+}
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %ag = f32[8,4]{1,0} all-gather(%x), replica_groups=[2,4]<=[8], dimensions={1}
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body
+  %ar = f32[16]{0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%add
+}
+"""
+  c = plan.collectives(hlo, 8)
+  assert c.bytes_by_kind["all-gather"] == 5 * 8 * 4 * 4 * 3 / 4
+  assert c.bytes_by_kind["all-reduce"] == 2 * 16 * 4 * 1 / 2
+
+
+# --- bad input: one line, exit 2 ----------------------------------------------------------
+
+def _main(capsys, *args):
+  code = main_lib.main(["axtrain", "plan", *args])
+  return code, capsys.readouterr()
+
+
+def test_unknown_mesh_suggests(capsys):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-17")
+  assert code == 2
+  assert out.err.count("\n") == 1 and "unknown mesh (did you mean 'tpu-v5e-" in out.err
+
+
+def test_batch_that_cannot_split_over_the_devices(capsys):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-16")
+  assert code == 2
+  assert out.err.count("\n") == 1 and "data.batch_size 8" in out.err
+
+
+def test_topology_libtpu_does_not_know():
+  entry = dataclasses.replace(meshes.lookup("tpu-v5e-8"), topology="v9z:2x4")
+  with pytest.raises(plan.ConfigError, match="libtpu cannot make topology 'v9z:2x4'"):
+    plan.target_devices(entry)
+
+
+def test_libtpu_missing_says_how_to_install(monkeypatch, capsys):
+  monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-8")
+  assert code == 2
+  assert out.err.count("\n") == 1 and "pip install 'jax[tpu]==" in out.err
+
+
+# --- the shipped configs ------------------------------------------------------------------
+
+def _llm_1b(entry_name, *, rules: bool):
+  cfg = configs.llm_1b.get_config()
+  if rules:
+    meshes.apply_rules(cfg, entry_name, set())
+  return _run(cfg)
+
+
+@pytest.mark.slow
+def test_llm_1b_fits_tpu_v5e_16_with_its_rule_and_not_without():
+  entry = meshes.lookup("tpu-v5e-16")
+  fitted = plan.plan(_llm_1b(entry.name, rules=True), entry, config_name="llm_1b",
+                     with_eval=False)
+  assert fitted.fits and fitted.fit_source == "compiler", plan.text(fitted)
+  bare = _llm_1b(entry.name, rules=False)  # remat none, no accumulation, no chunking
+  assert bare.model.remat == "none" and bare.trainer.grad_accum_steps == 1
+  p = plan.plan(bare, entry, config_name="llm_1b", with_eval=False)
+  assert not p.fits and p.headroom < 0
+  assert f"short by {plan._gib(-p.headroom)}" in plan.text(p)  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_llm_70b_does_not_fit_one_gpu_host():
+  result = cli("plan", "--config=configs/llm_70b.py", "--mesh=gpu-h100-8", "--noeval",
+               timeout=1800)
+  assert result.returncode == 0, result.stderr
+  assert "does NOT fit" in result.stdout and "short by" in result.stdout
+
+
+@pytest.mark.slow
+def test_sweep_ranks_fitting_candidates():
+  entry = meshes.lookup("tpu-v5e-4")
+  result = plan.sweep(_run(configs.tiny.get_config()), entry, config_name="tiny", limit=3)
+  assert len(result.ranked) == 3
+  steps = [p.estimate.step_s for _, p in result.ranked]
+  assert steps == sorted(steps)
+  assert all(p.fits for _, p in result.ranked)
+  assert "--config.mesh.fsdp=" in plan.sweep_text(result).splitlines()[-1]
