@@ -217,8 +217,9 @@ def write_initial(run_dir: pathlib.Path | str, state) -> None:
     ckpt.close()
 
 
-def load_params(run_dir: pathlib.Path | str, abstract_params, shardings):
-  """The parameters of the newest committed checkpoint of `run_dir`, placed in `shardings`.
+def load_params(run_dir: pathlib.Path | str, abstract_params, shardings, *,
+                step: int | None = None):
+  """The parameters of the newest (or `step`'s) committed checkpoint of `run_dir`, in `shardings`.
 
   Only the "params" subtree is read, so optimizer state (if any) is ignored and
   a converted model (`axtrain convert`) works the same as a training run.
@@ -228,9 +229,13 @@ def load_params(run_dir: pathlib.Path | str, abstract_params, shardings):
     raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
   ckpt = Checkpointer(directory, _SaveAll(), read_only=True)
   try:
-    step = ckpt.latest_step()
-    if step is None:
+    if ckpt.latest_step() is None:
       raise CheckpointError(f"{directory} holds no committed checkpoint")
+    if step is None:
+      step = ckpt.latest_step()
+    elif step not in ckpt.all_steps():
+      raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
+                            f"{', '.join(map(str, ckpt.all_steps()))}")
     target = {"params": _with_shardings(abstract_params, shardings)}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     with ocp.PyTreeCheckpointer() as reader:

@@ -75,6 +75,10 @@ class Tokenizer(abc.ABC):
   def _encode(self, docs: list) -> list:
     """Token ids of each document, without BOS/EOS."""
 
+  @abc.abstractmethod
+  def decode(self, ids) -> str:
+    """The text of a sequence of ids (undecodable bytes become U+FFFD)."""
+
   def describe(self) -> dict:
     return {"kind": self.cfg.kind, "path": self.cfg.path, "vocab_size": self.vocab_size,
             "add_bos": self.cfg.add_bos, "add_eos": self.cfg.add_eos}
@@ -92,6 +96,9 @@ class BytesTokenizer(Tokenizer):
   def _encode(self, docs):
     return [np.frombuffer(d if isinstance(d, bytes) else d.encode("utf-8"), np.uint8)
             for d in docs]
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 def _text(doc) -> str:
@@ -117,6 +124,9 @@ class SentencePieceTokenizer(Tokenizer):
 
   def _encode(self, docs):
     return self._sp.encode([_text(d) for d in docs])
+
+  def decode(self, ids) -> str:
+    return self._sp.decode([int(i) for i in ids])
 
 
 # Special tokens looked for in a tokenizer.json, most specific first.
@@ -151,6 +161,9 @@ class HuggingFaceTokenizer(Tokenizer):
   def _encode(self, docs):
     return [e.ids for e in self._tok.encode_batch([_text(d) for d in docs],
                                                   add_special_tokens=False)]
+
+  def decode(self, ids) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def build(*, kind: str, path: str | None, add_bos: bool, add_eos: bool) -> Tokenizer:
