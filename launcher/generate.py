@@ -136,6 +136,7 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
   import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (all registries)
   from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
@@ -172,10 +173,14 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
   abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
                             jax.random.key(0))
   shardings = sharding.logical_shardings(abstract, mesh, entry.rules)
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on a read-only manager
   try:
     params = checkpoint.load_params(run_dir, nn.meta.unbox(abstract), shardings, step=step)
   except checkpoint.CheckpointError as e:
     raise UserError(f"generate: {e}") from None
+  finally:
+    absl_logging.set_verbosity(verbosity)
   if note:
     print(note, file=sys.stderr)
   params = cast_floats(params, compute_dtype(run.trainer.compute_dtype,
