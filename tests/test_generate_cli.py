@@ -136,3 +136,40 @@ def test_max_length_of_a_converted_model_comes_from_its_hf_config(tmp_path):
   assert generate_cli.max_length(run, pathlib.Path(tmp_path)) == 16
   (tmp_path / "hf_config.json").write_text(json.dumps({"max_position_embeddings": 64}))
   assert generate_cli.max_length(run, pathlib.Path(tmp_path)) == 64
+
+
+TEXT = "def parse(self, text): return [line.strip() for line in text.splitlines()]"
+
+
+def _spm(tmp_path):
+  import sentencepiece as spm
+  (tmp_path / "corpus.txt").write_text(TEXT * 20)
+  spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(
+      tmp_path / "sp"), vocab_size=40, model_type="bpe", character_coverage=1.0,
+      hard_vocab_limit=False, minloglevel=2)
+  return str(tmp_path / "sp.model")
+
+
+def _hf(tmp_path):
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator([TEXT] * 20, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<s>", "</s>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  return str(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize("kind,make", [("bytes", None), ("sentencepiece", _spm),
+                                       ("huggingface", _hf)])
+def test_run_tokenizer_encodes_prompts_without_eos_and_decodes_back(tmp_path, kind, make):
+  data = {"tokenizer": kind, "tokenizer_path": make(tmp_path) if make else None,
+          "add_bos": kind != "bytes", "add_eos": True}
+  tok = generate_cli.run_tokenizer({"data": data})
+  (ids,) = tok.encode([TEXT])
+  assert tok.eos_id not in ids.tolist()
+  body = ids[1:] if data["add_bos"] else ids
+  assert data["add_bos"] == (ids[0] == tok.bos_id)
+  assert tok.decode(body) == TEXT
