@@ -168,8 +168,10 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
   options = dataclasses.replace(options, max_new_tokens=new, eos_id=tok.eos_id,
                                 cache_length=longest + new)
 
+  # The auto mesh of the devices here, not the run's axis sizes: those were for its devices.
   entry = select_mesh("auto")
-  mesh = sharding.make_mesh(sharding.resolve_axes(entry, run.mesh, jax.device_count()))
+  mesh = sharding.make_mesh(sharding.resolve_axes(entry, config_lib.MeshConfig(),
+                                                  jax.device_count()))
   abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
                             jax.random.key(0))
   shardings = sharding.logical_shardings(abstract, mesh, entry.rules)
