@@ -173,3 +173,14 @@ def test_run_tokenizer_encodes_prompts_without_eos_and_decodes_back(tmp_path, ki
   body = ids[1:] if data["add_bos"] else ids
   assert data["add_bos"] == (ids[0] == tok.bos_id)
   assert tok.decode(body) == TEXT
+
+
+def test_docs_name_real_code():
+  """Every `path.py:name` that docs/generate.md cites exists."""
+  import importlib
+  import re
+  root = pathlib.Path(__file__).resolve().parents[1]
+  cited = set(re.findall(r"`([\w/]+)\.py:(\w+)`", (root / "docs" / "generate.md").read_text()))
+  assert len(cited) >= 4
+  for path, name in sorted(cited):
+    assert hasattr(importlib.import_module(path.replace("/", ".")), name), f"{path}.py:{name}"
