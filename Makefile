@@ -16,9 +16,14 @@ $(STAMP): pyproject.toml
 	$(PIP_INSTALL) -e '.[test,hf,tpu]'
 	touch $(STAMP)
 
+# `make demo` ends by sampling a continuation of this prompt from the model it trained.
+DEMO_PROMPT := def __init__(self
 demo: $(STAMP)
 	$(BIN)/axtrain --config=configs/tiny.py --output_dir=runs/demo --overwrite
 	@$(BIN)/python -c "import json; r = json.load(open('runs/demo/run.json')); print('demo: final validation loss %.3f nats/byte (status %s)' % (r['final_eval_loss'], r['status']))"
+	@echo "demo: a sample from it (axtrain generate, temperature 0.6, seed 0; docs/generate.md):"
+	@printf '%s' "$(DEMO_PROMPT)"
+	@$(BIN)/axtrain generate --run_dir=runs/demo --prompt="$(DEMO_PROMPT)" --max_new_tokens=100 --temperature=0.6 --seed=0
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -147,7 +147,8 @@ def main(argv=None) -> int:
   extras = {}
   for key, module_name, kwargs in (
       ("checkpoint", "benchmarks.bench_checkpoint", {}),
-      ("data", "benchmarks.bench_data", {"train_tokens_per_sec": tiny_tps})):
+      ("data", "benchmarks.bench_data", {"train_tokens_per_sec": tiny_tps}),
+      ("decode", "benchmarks.bench_decode", {})):
     try:
       extras[key] = _extra(module_name, **kwargs)
     except Exception as e:  # another issue's benchmark must not sink this report
@@ -251,6 +252,11 @@ def _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps
       *[f"- {k}: {v / tiny_tps:,.0f}x what training tiny consumes"
         for k, v in (extras["data"] or {}).items()
         if isinstance(extras["data"], dict) and k.endswith("tokens_per_s")],
+      "",
+      "## Decoding (KV cache, `axtrain generate`)",
+      "",
+      (_render_extra(extras["decode"]) if extras["decode"] is not None
+       else "benchmarks/bench_decode.py does not exist yet."),
       "",
       "## GPU",
       "",

@@ -6,6 +6,7 @@ usage:
   axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
   axtrain tokenize --input=GLOB --kind=jsonl --output_dir=DIR [--tokenizer=...] (docs/data.md)
   axtrain plan --config=FILE --mesh=NAME [--json] [--sweep]  (fits? how fast? docs/plan.md)
+  axtrain generate --run_dir=DIR --prompt=TEXT [--max_new_tokens=N --temperature=T ...] (docs/generate.md)
 
 examples:
   axtrain --config=configs/tiny.py
@@ -91,6 +92,9 @@ def main(argv: list[str], *, callbacks=()) -> int:
     if len(argv) > 1 and argv[1] == "tokenize":
       from launcher import tokenize  # pylint: disable=import-outside-toplevel
       return tokenize.main(argv[:1] + argv[2:])
+    if len(argv) > 1 and argv[1] == "generate":
+      from launcher import generate  # pylint: disable=import-outside-toplevel
+      return generate.main(argv[:1] + argv[2:])
     return train_main(argv, callbacks=callbacks)
   except ConfigError as e:
     message = " ".join(str(e).split())
@@ -106,7 +110,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
-                    f"commands: convert, tokenize, plan")
+                    f"commands: convert, tokenize, plan, generate")
   config_loading.check_file(config_loading.config_file_arg(argv))
   try:
     fv(argv)

@@ -1,4 +1,13 @@
-"""Causal self-attention with MHA / GQA / MQA, optional biases, and a position child."""
+"""Causal self-attention with MHA / GQA / MQA, optional biases, and a position child.
+
+With `decode=True` attention keeps its own key/value cache in the flax "cache"
+collection ([B, S, G, K] per layer, S = the cache length): each call writes the
+keys and values of its tokens at their positions (`positions_BxL`, consecutive
+per row) and attends to every cached slot at or before each query's position.
+The first call is the prefill (the prompt), the following ones decode a token
+each; rows may stand at different positions (prompts of unequal length). The
+rest of the model only passes the flag through. See trainer/generate.py.
+"""
 
 import dataclasses
 from typing import Any, Literal
@@ -53,6 +62,21 @@ def causal_mask(segment_ids_BxL, length: int):
   return (causal_LxL[None] & same_BxLxL)[:, None]
 
 
+# The cache holds keys/values like the activations they come from (same logical axes).
+CACHE_AXES = ("act_batch", "act_length", "act_heads", None)
+
+
+def decode_mask(positions_BxL, cache_length: int):
+  """[B, 1, L, S] boolean: query at position p sees cache slots 0..p."""
+  return (jnp.arange(cache_length)[None, None, :] <= positions_BxL[:, :, None])[:, None]
+
+
+def write_cache(cache_BxSxGxK, new_BxLxGxK, start_B):
+  """Writes each row's L new entries at slots start..start+L-1 of that row."""
+  return jax.vmap(lambda c, x, s: jax.lax.dynamic_update_slice(c, x, (s, 0, 0)))(
+      cache_BxSxGxK, new_BxLxGxK.astype(cache_BxSxGxK.dtype), start_B)
+
+
 def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS):
   """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
 
@@ -80,7 +104,7 @@ class Attention(nn.Module):
   dim: int
 
   @nn.compact
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, decode: bool = False):
     cfg = self.cfg
     h, g, k = cfg.heads(self.dim)
     init = nn.initializers.normal(cfg.init_std)
@@ -100,7 +124,10 @@ class Attention(nn.Module):
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
     length = x_BxLxD.shape[1]
-    if cfg.implementation == "xla":
+    if decode:
+      kk, v = self._cached(kk, v, positions_BxL)
+      out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
+    elif cfg.implementation == "xla":
       out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length))
     else:
       mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
@@ -113,3 +140,19 @@ class Attention(nn.Module):
       y = y + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
                          (self.dim,)).astype(y.dtype)
     return y
+
+  def _cached(self, k_BxLxGxK, v_BxLxGxK, positions_BxL):
+    """(keys, values) of the whole cache after writing this call's; made on first use.
+
+    The cache is created by `model.init(..., decode=True)` on tokens of the cache
+    length (trainer/generate.py:init_cache), so its shape is that call's k/v shape.
+    """
+    make = nn.with_logical_partitioning(jnp.zeros, CACHE_AXES)
+    cached_k = self.variable("cache", "key", make, k_BxLxGxK.shape, k_BxLxGxK.dtype)
+    cached_v = self.variable("cache", "value", make, v_BxLxGxK.shape, v_BxLxGxK.dtype)
+    start_B = positions_BxL[:, 0]
+    cached_k.value = nn.with_logical_constraint(
+        write_cache(cached_k.value, k_BxLxGxK, start_B), CACHE_AXES)
+    cached_v.value = nn.with_logical_constraint(
+        write_cache(cached_v.value, v_BxLxGxK, start_B), CACHE_AXES)
+    return cached_k.value, cached_v.value

@@ -1,4 +1,7 @@
-"""Decoder blocks: pre-norm residual, and the parallel-residual variant."""
+"""Decoder blocks: pre-norm residual, and the parallel-residual variant.
+
+`decode` is passed through to attention, which owns the KV cache.
+"""
 
 import dataclasses
 from typing import Any
@@ -28,11 +31,11 @@ class PreNormBlock(nn.Module):
   dim: int
 
   @nn.compact
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, decode: bool = False):
     cfg = self.cfg
     h = NORMS.build(cfg.norm, dim=self.dim, name="attention_norm")(x_BxLxD)
     x_BxLxD = x_BxLxD + ATTENTION.build(cfg.attention, dim=self.dim, name="attention")(
-        h, positions_BxL, segment_ids_BxL)
+        h, positions_BxL, segment_ids_BxL, decode=decode)
     h = NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
     x_BxLxD = x_BxLxD + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h)
     return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))
@@ -55,12 +58,12 @@ class ParallelBlock(nn.Module):
   dim: int
 
   @nn.compact
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, decode: bool = False):
     cfg = self.cfg
     h_attn = NORMS.build(cfg.norm, dim=self.dim, name="attention_norm")(x_BxLxD)
     h_ffn = (NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
              if cfg.separate_norms else h_attn)
     attn = ATTENTION.build(cfg.attention, dim=self.dim, name="attention")(
-        h_attn, positions_BxL, segment_ids_BxL)
+        h_attn, positions_BxL, segment_ids_BxL, decode=decode)
     x_BxLxD = x_BxLxD + attn + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h_ffn)
     return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))

@@ -63,11 +63,12 @@ class _Layer(nn.Module):
   """Adapts a block to nn.scan's (carry, x) -> (carry, y) signature."""
   cfg: Any
   dim: int
+  decode: bool = False  # an attribute, not a call input: nn.scan broadcasts arrays only
 
   @nn.compact
   def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL):
     block = BLOCKS.build(self.cfg, dim=self.dim, name="block")
-    return block(x_BxLxD, positions_BxL, segment_ids_BxL), None
+    return block(x_BxLxD, positions_BxL, segment_ids_BxL, decode=self.decode), None
 
 
 @MODELS.register("decoder_lm", DecoderLMConfig)
@@ -76,11 +77,14 @@ class DecoderLM(nn.Module):
 
   With `head=False`: (final hidden states [B, L, D], LM head matrix [D, V]) instead, for a
   loss that computes the logits chunk by chunk (trainer.step, trainer.loss_chunk_size).
+  decode=True: attention reads and writes its KV cache (the mutable "cache"
+  collection) at `positions_BxL`; see trainer/generate.py.
   """
   cfg: DecoderLMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, head: bool = True):
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, head: bool = True,
+               decode: bool = False):
     cfg = self.cfg
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
@@ -94,16 +98,17 @@ class DecoderLM(nn.Module):
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
 
     layer = _Layer
-    if cfg.remat != "none":
+    if cfg.remat != "none" and not decode:
       layer = nn.remat(layer, policy=remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0},
+      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(cfg=cfg.block, dim=cfg.dim, name="layers")(x, positions_BxL, segment_ids_BxL)
+      x, _ = stack(cfg=cfg.block, dim=cfg.dim, decode=decode, name="layers")(
+          x, positions_BxL, segment_ids_BxL)
     else:
       for i in range(cfg.num_layers):
-        x, _ = layer(cfg=cfg.block, dim=cfg.dim, name=f"layers_{i}")(
+        x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
 
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)

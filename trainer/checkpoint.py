@@ -405,14 +405,18 @@ def check_restore_step(directory: pathlib.Path | str, step: int) -> None:
                       f"{', '.join(map(str, steps)) if steps else 'none'})")
 
 
-def _newest_step_dir(run_dir: pathlib.Path | str) -> pathlib.Path:
+def _step_dir(run_dir: pathlib.Path | str, step: int | None = None) -> pathlib.Path:
+  """checkpoints/<step> of `run_dir`: the newest committed one, or `step`, which must be committed."""
   directory = pathlib.Path(run_dir) / "checkpoints"
   if not directory.is_dir():
     raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
   steps = committed_steps(directory)
   if not steps:
     raise CheckpointError(f"{directory} holds no committed checkpoint")
-  return directory / str(steps[-1])
+  if step is not None and step not in steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
+                          f"{', '.join(map(str, steps))}")
+  return directory / str(steps[-1] if step is None else step)
 
 
 def _names(tree, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -431,7 +435,7 @@ def check_params_compatible(run_dir: pathlib.Path | str, abstract_params) -> Non
   """
   field = f"init.from_run={run_dir}"
   try:
-    step_dir = _newest_step_dir(run_dir)
+    step_dir = _step_dir(run_dir)
     saved = check_step(step_dir, items=(STATE,))
   except CheckpointError as e:
     raise ConfigError(f"{field}: {e}") from None
@@ -462,13 +466,14 @@ def write_initial(run_dir: pathlib.Path | str, state) -> None:
     ckpt.close()
 
 
-def load_params(run_dir: pathlib.Path | str, abstract_params, shardings):
-  """The parameters of the newest committed checkpoint of `run_dir`, placed in `shardings`.
+def load_params(run_dir: pathlib.Path | str, abstract_params, shardings, *,
+                step: int | None = None):
+  """The parameters of the newest (or `step`'s) committed checkpoint of `run_dir`, in `shardings`.
 
   Only the "params" subtree is read, so optimizer state (if any) is ignored and
   a converted model (`axtrain convert`) works the same as a training run.
   """
-  step_dir = _newest_step_dir(run_dir)
+  step_dir = _step_dir(run_dir, step)
   try:
     check_step(step_dir, items=(STATE,))
   except CheckpointError as e:

@@ -75,6 +75,10 @@ class Tokenizer(abc.ABC):
   def _encode(self, docs: list) -> list:
     """Token ids of each document, without BOS/EOS."""
 
+  @abc.abstractmethod
+  def decode(self, ids) -> str:
+    """The text of a sequence of ids (undecodable bytes become U+FFFD)."""
+
   def describe(self) -> dict:
     return {**dataclasses.asdict(self.cfg), "vocab_size": self.vocab_size}
 
@@ -91,6 +95,9 @@ class BytesTokenizer(Tokenizer):
   def _encode(self, docs):
     return [np.frombuffer(d if isinstance(d, bytes) else d.encode("utf-8"), np.uint8)
             for d in docs]
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 def _text(doc) -> str:
@@ -116,6 +123,9 @@ class SentencePieceTokenizer(Tokenizer):
 
   def _encode(self, docs):
     return self._sp.encode([_text(d) for d in docs])
+
+  def decode(self, ids) -> str:
+    return self._sp.decode([int(i) for i in ids])
 
 
 # Special tokens looked for in a tokenizer.json, most specific first.
@@ -150,6 +160,9 @@ class HuggingFaceTokenizer(Tokenizer):
   def _encode(self, docs):
     return [e.ids for e in self._tok.encode_batch([_text(d) for d in docs],
                                                   add_special_tokens=False)]
+
+  def decode(self, ids) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def build(kind: str, **fields) -> Tokenizer:

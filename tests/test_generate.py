@@ -1,0 +1,146 @@
+"""KV-cache decoding and sampling (trainer/generate.py) on tiny random models, in float32."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import modules  # noqa: F401  (registers the layer library)
+from core.registry import registry
+from modules import gpt2, llama
+from modules.decoder import MODELS
+from trainer.generate import SamplingOptions, generate, init_cache, zeros_like_cache
+
+V = 64
+
+
+def _llama(scan):
+  node = llama.node(llama.Size(32, 2, 4, 2, 64, V))  # GQA: 4 query heads, 2 kv heads, RoPE
+  node.scan_layers = scan
+  return node
+
+
+def _gpt2(scan):
+  node = gpt2.node(gpt2.Size(32, 2, 4, vocab_size=V, max_length=32))  # learned positions, biases
+  node.scan_layers = scan
+  return node
+
+
+def _moe_parallel(scan):
+  """Parallel block, dropless MoE (capacity drops depend on the sequence), LLaMA-3 RoPE, MQA."""
+  node = llama.node(llama.Size(32, 2, 4, 1, 64, V, rope_scaling=(8.0, 1.0, 4.0, 8)))
+  r = registry
+  block = node.block
+  node.block = r("block").node("parallel", attention=block.attention, norm=block.norm,
+                               ffn=r("ffn").node("moe", num_experts=4, top_k=2, hidden_dim=32,
+                                                 capacity_factor=0.0))
+  node.scan_layers = scan
+  return node
+
+
+def _model(node):
+  return MODELS.build(MODELS.parse(node, "model"))
+
+
+@functools.cache
+def _random(make, scan):
+  model = _model(make(scan))
+  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  return model, jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
+                             is_leaf=lambda x: hasattr(x, "unbox"))
+
+
+@pytest.mark.parametrize("make,scan", [(_llama, True), (_llama, False), (_gpt2, True),
+                                       (_gpt2, False), (_moe_parallel, False)],
+                         ids=["llama-scan", "llama-unrolled", "gpt2-scan", "gpt2-unrolled",
+                              "moe-parallel-unrolled"])
+def test_cached_decoding_matches_full_forward(make, scan):
+  model, params = _random(make, scan)
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)
+  full = jax.jit(model.apply)({"params": params}, tokens)
+
+  @jax.jit
+  def step(cache, tokens_BxL, positions_BxL):
+    logits, variables = model.apply({"params": params, "cache": cache}, tokens_BxL, positions_BxL,
+                                    decode=True, mutable=["cache"])
+    return logits, variables["cache"]
+
+  cache = zeros_like_cache(init_cache(model, batch=2, length=16), jnp.float32)
+  prefill = 4
+  logits, cache = step(cache, tokens[:, :prefill], jnp.broadcast_to(jnp.arange(prefill), (2, 4)))
+  got = [logits]
+  for p in range(prefill, 12):
+    logits, cache = step(cache, tokens[:, p:p + 1], jnp.full((2, 1), p))
+    got.append(logits)
+  np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5, rtol=0)
+
+
+def test_cache_carries_activation_axes():
+  model, _ = _random(_llama, True)
+  boxed = init_cache(model, batch=2, length=16)
+  key = boxed["layers"]["block"]["attention"]["key"]
+  assert key.names == ("layers", "act_batch", "act_length", "act_heads", None)
+  assert key.value.shape == (2, 2, 16, 2, 8)  # layers, batch, length, kv heads, head_dim
+
+
+def _generate(model, params, prompts, **options):
+  """Right-pads `prompts` (lists of ids) into one batch and generates."""
+  longest = max(map(len, prompts))
+  batch = np.zeros((len(prompts), longest), np.int32)
+  for i, p in enumerate(prompts):
+    batch[i, :len(p)] = p
+  seed = options.pop("seed", 0)
+  opts = SamplingOptions(**{"max_new_tokens": 10, **options})
+  out = generate(params, jnp.asarray(batch), jnp.asarray([len(p) for p in prompts], jnp.int32),
+                 jax.random.key(seed), model=model, options=opts)
+  return np.asarray(out.tokens), np.asarray(out.num_tokens), np.asarray(out.hit_eos)
+
+
+PROMPTS = [[5, 9, 2], [7, 1, 3, 3, 8, 20, 11], [40, 41, 42, 43, 44]]
+
+
+def test_batched_prompts_of_unequal_length_match_one_at_a_time():
+  # GPT-2 and LLaMA batches are also checked against transformers (test_generate_cli.py).
+  model, params = _random(_llama, False)
+  batched, _, _ = _generate(model, params, PROMPTS, temperature=0.0)
+  for i, prompt in enumerate(PROMPTS):
+    alone, _, _ = _generate(model, params, [prompt], temperature=0.0)
+    np.testing.assert_array_equal(batched[i], alone[0], err_msg=f"prompt {i}")
+
+
+def test_stops_at_eos_per_row():
+  model, params = _random(_llama, False)
+  free, _, _ = _generate(model, params, PROMPTS, temperature=0.0)
+  eos = int(free[1, 3])  # row 1 emits this as its 4th token
+  tokens, counts, hit = _generate(model, params, PROMPTS, temperature=0.0, eos_id=eos)
+  first = [int(np.argmax(row == eos)) + 1 if (row == eos).any() else 10 for row in free]
+  np.testing.assert_array_equal(counts, first)
+  assert hit[1] and counts[1] <= 4
+  for row, n in zip(range(3), counts):
+    np.testing.assert_array_equal(tokens[row, :n], free[row, :n])
+    assert (tokens[row, n:] == eos).all()
+
+
+def test_seeded_sampling_is_reproducible_and_filters_reduce_to_greedy():
+  model, params = _random(_llama, False)
+  greedy, _, _ = _generate(model, params, PROMPTS, temperature=0.0)
+  sample = functools.partial(_generate, model, params, PROMPTS, temperature=1.0)
+  a, b = sample(seed=1)[0], sample(seed=1)[0]
+  np.testing.assert_array_equal(a, b)
+  assert (a != sample(seed=2)[0]).any(), "different seeds drew the same 30 tokens"
+  assert (a != greedy).any(), "temperature 1 drew the greedy tokens"
+  np.testing.assert_array_equal(sample(seed=3, top_k=1)[0], greedy)
+  np.testing.assert_array_equal(sample(seed=3, top_p=1e-6)[0], greedy)
+
+
+def test_top_k_and_top_p_keep_only_the_likely_tokens():
+  from trainer.generate import sample
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]] * 2000))
+  keys = jax.random.key(0)
+  top2 = np.asarray(sample(logits, keys, SamplingOptions(top_k=2)))
+  assert set(top2.tolist()) == {0, 1}
+  nucleus = np.asarray(sample(logits, keys, SamplingOptions(top_p=0.9)))  # 0.5 + 0.3 < 0.9
+  assert set(nucleus.tolist()) == {0, 1, 2}
+  assert abs(np.mean(nucleus == 0) - 0.5 / 0.95) < 0.05

@@ -1,0 +1,186 @@
+"""`axtrain generate`: greedy parity with transformers on converted models, the CLI, bad input."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from launcher import convert, generate as generate_cli
+from launcher import main as main_lib
+
+PROMPTS = [[5, 17, 99, 3, 64, 120, 7], [1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_equals_transformers_generate(tmp_path, family):
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from tests import test_hf_parity
+  from trainer.generate import SamplingOptions, generate
+
+  torch.manual_seed(0)
+  hf = {"llama": test_hf_parity._llama, "gpt2": test_hf_parity._gpt2}[family]().eval()
+  hf.save_pretrained(tmp_path / "hf")
+  assert convert.main(["axtrain", f"--from_hf={tmp_path / 'hf'}",
+                       f"--output_dir={tmp_path / 'run'}"]) == 0
+  _, model, _, abstract = convert._experiment_parts(
+      json.loads((tmp_path / "run" / "config.json").read_text()))
+  params = convert._load_params(tmp_path / "run", abstract)
+
+  batch = np.zeros((2, 7), np.int32)
+  for i, p in enumerate(PROMPTS):
+    batch[i, :len(p)] = p
+  out = generate(params, jnp.asarray(batch), jnp.asarray([7, 4], jnp.int32), jax.random.key(0),
+                 model=model, options=SamplingOptions(max_new_tokens=20, temperature=0.0))
+  for i, prompt in enumerate(PROMPTS):  # transformers one prompt at a time: no padding
+    with torch.no_grad():
+      want = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20,
+                         min_new_tokens=20, pad_token_id=0)[0, len(prompt):].numpy()
+    np.testing.assert_array_equal(np.asarray(out.tokens[i]), want, err_msg=f"prompt {i}")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+  """A `test`-size LLaMA run directory with random parameters: config.json + a step-0 checkpoint."""
+  from configs.base import lm_config
+  from modules import llama
+  from modules.decoder import MODELS
+  from trainer import checkpoint, config as config_lib
+
+  cfg = lm_config(llama.model_node("test"), max_steps=10, learning_rate=1e-3, batch_size=2,
+                  seq_len=32, warmup_steps=1)
+  cfg.model.scan_layers = False
+  resolved = json.loads(cfg.to_json_best_effort())
+  model = MODELS.build(config_lib.parse(resolved).model)
+  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x,
+                        model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"],
+                        is_leaf=lambda x: hasattr(x, "unbox"))
+  path = tmp_path_factory.mktemp("gen") / "run"
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps(resolved))
+  checkpoint.write_initial(path, {"params": params})
+  return path
+
+
+def _generate(capsys, *args) -> tuple[int, str, str]:
+  code = main_lib.main(["axtrain", "generate", *map(str, args)])
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_cli_prints_continuations_and_json(run_dir, tmp_path, capsys):
+  code, out, _ = _generate(capsys, f"--run_dir={run_dir}", "--prompt=def f(x):",
+                           "--max_new_tokens=8", "--temperature=0", "--json")
+  assert code == 0
+  (result,) = [json.loads(line) for line in out.splitlines()]
+  assert result["prompt_ids"] == list(b"def f(x):")
+  assert 1 <= len(result["ids"]) <= 8 and (len(result["ids"]) == 8) == (result["stop"] == "length")
+  assert result["text"] == bytes(result["ids"]).decode("utf-8", errors="replace")
+
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("import os\ndef f(x):\n")
+  code, out, _ = _generate(capsys, f"--run_dir={run_dir}", f"--prompt_file={prompts}",
+                           "--max_new_tokens=8", "--temperature=0", "--json", "--step=0")
+  assert code == 0
+  both = [json.loads(line) for line in out.splitlines()]
+  assert [r["prompt"] for r in both] == ["import os", "def f(x):"]
+  assert both[1]["ids"] == result["ids"], "batched with another prompt, the tokens changed"
+
+  code, out, _ = _generate(capsys, f"--run_dir={run_dir}", "--prompt=def f(x):",
+                           "--max_new_tokens=8", "--temperature=0")
+  assert code == 0 and out == result["text"] + "\n"
+
+
+def test_cli_cuts_max_new_tokens_to_the_model_length(run_dir, capsys):
+  code, out, err = _generate(capsys, f"--run_dir={run_dir}", "--prompt=" + "x" * 28,
+                             "--max_new_tokens=50", "--top_k=5", "--json")
+  assert code == 0 and "max_new_tokens cut to 4" in err
+  assert len(json.loads(out)["ids"]) <= 4
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt=hi"], "holds no checkpoint"),
+    (["--prompt="], "--prompt is empty"),
+    (["--prompt=" + "x" * 40], "a prompt is 40 tokens long but the model's maximum length is 32"),
+    (["--prompt=hi", "--temperature=-0.5"], "temperature must be >= 0"),
+    (["--prompt=hi", "--top_p=0"], "top_p must be in (0, 1]"),
+    (["--prompt=hi", "--top_p=1.5"], "top_p must be in (0, 1]"),
+    (["--prompt=hi", "--top_k=-1"], "top_k must be >= 0"),
+    (["--prompt_file=/nonexistent/prompts.txt"], "does not exist"),
+    (["--prompt=hi", "--step=7"], "no committed checkpoint of step 7; steps: 0"),
+    (["--prompt=hi", "--temprature=1"], "did you mean 'temperature'"),
+    (["--prompt=hi", "--top_k=two"], "--top_k must be an integer, got 'two'"),
+])
+def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys, args, message):
+  target = run_dir
+  if message == "holds no checkpoint":
+    target = tmp_path / "empty"
+    target.mkdir()
+    (target / "config.json").write_text((run_dir / "config.json").read_text())
+  code, out, err = _generate(capsys, f"--run_dir={target}", *args)
+  assert code == 2 and out == ""
+  assert err.startswith("axtrain: error: ") and err.count("\n") == 1, err
+  assert message in err, err
+
+
+def test_max_length_of_a_converted_model_comes_from_its_hf_config(tmp_path):
+  from trainer import config as config_lib
+  from configs.base import lm_config
+  from modules import llama
+  run = config_lib.parse(json.loads(lm_config(
+      llama.model_node("test"), max_steps=1, learning_rate=1e-3, batch_size=1, seq_len=16,
+      warmup_steps=1).to_json_best_effort()))
+  assert generate_cli.max_length(run, pathlib.Path(tmp_path)) == 16
+  (tmp_path / "hf_config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+  assert generate_cli.max_length(run, pathlib.Path(tmp_path)) == 64
+
+
+TEXT = "def parse(self, text): return [line.strip() for line in text.splitlines()]"
+
+
+def _spm(tmp_path):
+  import sentencepiece as spm
+  (tmp_path / "corpus.txt").write_text(TEXT * 20)
+  spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(
+      tmp_path / "sp"), vocab_size=40, model_type="bpe", character_coverage=1.0,
+      hard_vocab_limit=False, minloglevel=2)
+  return str(tmp_path / "sp.model")
+
+
+def _hf(tmp_path):
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator([TEXT] * 20, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<s>", "</s>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  return str(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize("kind,make", [("bytes", None), ("sentencepiece", _spm),
+                                       ("huggingface", _hf)])
+def test_run_tokenizer_encodes_prompts_without_eos_and_decodes_back(tmp_path, kind, make):
+  data = {"tokenizer": kind, "tokenizer_path": make(tmp_path) if make else None,
+          "add_bos": kind != "bytes", "add_eos": True}
+  tok = generate_cli.run_tokenizer({"data": data})
+  (ids,) = tok.encode([TEXT])
+  assert tok.eos_id not in ids.tolist()
+  body = ids[1:] if data["add_bos"] else ids
+  assert data["add_bos"] == (ids[0] == tok.bos_id)
+  assert tok.decode(body) == TEXT
+
+
+def test_docs_name_real_code():
+  """Every `path.py:name` that docs/generate.md cites exists."""
+  import importlib
+  import re
+  root = pathlib.Path(__file__).resolve().parents[1]
+  cited = set(re.findall(r"`([\w/]+)\.py:(\w+)`", (root / "docs" / "generate.md").read_text()))
+  assert len(cited) >= 4
+  for path, name in sorted(cited):
+    assert hasattr(importlib.import_module(path.replace("/", ".")), name), f"{path}.py:{name}"
