@@ -148,9 +148,8 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
   import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (all registries)
-  from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
   from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
-  from trainer import checkpoint, sharding  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, meshes, sharding  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
   from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
   from trainer.generate import generate  # pylint: disable=import-outside-toplevel
@@ -178,7 +177,7 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
                                 cache_length=longest + new)
 
   # The auto mesh of the devices here, not the run's axis sizes: those were for its devices.
-  entry = select_mesh("auto")
+  entry = meshes.select("auto")
   mesh = sharding.make_mesh(sharding.resolve_axes(entry, config_lib.MeshConfig(),
                                                   jax.device_count()))
   abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],

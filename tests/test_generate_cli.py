@@ -26,9 +26,9 @@ def test_greedy_equals_transformers_generate(tmp_path, family):
   hf.save_pretrained(tmp_path / "hf")
   assert convert.main(["axtrain", f"--from_hf={tmp_path / 'hf'}",
                        f"--output_dir={tmp_path / 'run'}"]) == 0
-  _, model, _, abstract = convert._experiment_parts(
-      json.loads((tmp_path / "run" / "config.json").read_text()))
-  params = convert._load_params(tmp_path / "run", abstract)
+  exp = convert.experiment_of(json.loads((tmp_path / "run" / "config.json").read_text()))
+  model = exp.model
+  params = convert._load_params(tmp_path / "run", convert.abstract_params(exp))
 
   batch = np.zeros((2, 7), np.int32)
   for i, p in enumerate(PROMPTS):
@@ -165,13 +165,14 @@ def _hf(tmp_path):
 @pytest.mark.parametrize("kind,make", [("bytes", None), ("sentencepiece", _spm),
                                        ("huggingface", _hf)])
 def test_run_tokenizer_encodes_prompts_without_eos_and_decodes_back(tmp_path, kind, make):
-  data = {"tokenizer": kind, "tokenizer_path": make(tmp_path) if make else None,
-          "add_bos": kind != "bytes", "add_eos": True}
-  tok = generate_cli.run_tokenizer({"data": data})
+  node = {"kind": kind, "add_bos": kind != "bytes", "add_eos": True}
+  if make:
+    node["path"] = make(tmp_path)
+  tok = generate_cli.run_tokenizer({"data": {"kind": "jsonl", "tokenizer": node}})
   (ids,) = tok.encode([TEXT])
   assert tok.eos_id not in ids.tolist()
-  body = ids[1:] if data["add_bos"] else ids
-  assert data["add_bos"] == (ids[0] == tok.bos_id)
+  body = ids[1:] if node["add_bos"] else ids
+  assert node["add_bos"] == (ids[0] == tok.bos_id)
   assert tok.decode(body) == TEXT
 
 
