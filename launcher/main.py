@@ -5,6 +5,8 @@ usage:
   axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR
   axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
   axtrain tokenize --input=GLOB --kind=jsonl --output_dir=DIR [--tokenizer=...] (docs/data.md)
+  axtrain runs PATH... [--json] [--plot=FILE.png]   (a table of runs; docs/runs.md)
+  axtrain eval --run_dir=DIR [--step=N] [--config.eval.*=...] [--config.data.*=...]
 
 examples:
   axtrain --config=configs/tiny.py
@@ -77,6 +79,12 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1 and argv[1] == "tokenize":
       from launcher import tokenize  # pylint: disable=import-outside-toplevel
       return tokenize.main(argv[:1] + argv[2:])
+    if len(argv) > 1 and argv[1] == "runs":
+      from launcher import runs  # pylint: disable=import-outside-toplevel
+      return runs.main(argv[:1] + argv[2:])
+    if len(argv) > 1 and argv[1] == "eval":
+      from launcher import eval_run  # pylint: disable=import-outside-toplevel  (imports jax)
+      return eval_run.main(argv[:1] + argv[2:])
     return train_main(argv)
   except ConfigError as e:
     message = " ".join(str(e).split())
@@ -92,7 +100,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
-                    f"commands: convert, tokenize")
+                    f"commands: convert, tokenize, runs, eval")
   config_loading.check_file(config_loading.config_file_arg(argv))
   try:
     fv(argv)
