@@ -145,9 +145,11 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
       try:
         record = json.loads(line)
       except ValueError:
-        record = None
+        _warn(f"{path} line {number}: not valid JSON; skipped")
+        continue
       if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-        _warn(f"{path} line {number}: not a metrics record; skipped")
+        _warn(f"{path} line {number}: not a metrics record (an object with an integer step); "
+              f"skipped")
         continue
       records.append(record)
   return records
