@@ -315,6 +315,6 @@ def main(argv: list[str]) -> int:
   else:
     sys.stdout.write(table(runs, keys))
   if target is not None:
-    plot(runs, keys, target)
+    plot(runs, keys, target, title="axtrain runs " + " ".join(paths))
     print(f"axtrain: wrote {target}", file=sys.stderr)
   return 0

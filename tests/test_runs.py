@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from launcher import main as main_lib
+from launcher import main as main_lib, runs as runs_lib
+from tests.conftest import ROOT
 
 LEARNING_RATES = ("1e-3", "3e-3", "1e-2")
 SHORT = ["--config=configs/tiny.py", "--config.trainer.max_steps=6", "--config.trainer.log_every=2",
@@ -117,3 +118,17 @@ def test_no_runs_is_one_line_exit_2(capsys, tmp_path):
     code, out, err = axtrain(capsys, path)
     assert code == 2 and out == ""
     assert err.startswith("axtrain: error: runs: ") and err.count("\n") == 1, err
+
+
+def test_docs_show_the_real_table_and_fields():
+  readme = (ROOT / "README.md").read_text()
+  assert (ROOT / "docs" / "sweep.txt").read_text() in readme  # `make sweep-doc` regenerates both
+  assert (ROOT / "docs" / "sweep.png").stat().st_size > 0
+  doc = (ROOT / "docs" / "runs.md").read_text()
+  listed = re.search(r"one object per run with the keys (.*?) \(`null`", doc, re.S)[1]
+  fields = list(runs_lib.as_dict(runs_lib.Run(path=ROOT, config={}, info={}, train=[],
+                                              evals=[]), []))
+  assert re.findall(r"`(\w+)`", listed) == fields
+  header = cells(runs_lib.table([], []).splitlines()[0])
+  rows = re.findall(r"^\| `([^`|]+)`(?:, `([^`|]+)`)? \|", doc, re.M)
+  assert [c for row in rows for c in row if c] == header
