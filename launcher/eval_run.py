@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import pathlib
 import sys
 
@@ -105,6 +106,15 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
   return fv["config"].value
 
 
+def append_record(path: pathlib.Path, record: dict) -> None:
+  """One metrics.jsonl line (NaN/Inf as null, like training's): a single append, so a run that
+  is still training and appending to the same file is not interleaved with it."""
+  line = json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                     for k, v in record.items()}) + "\n"
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(line)
+
+
 @contextlib.contextmanager
 def _quiet_read_only_notes():
   """Orbax notes at WARNING that a read-only manager is read-only; that is what eval asks for."""
@@ -162,7 +172,6 @@ def main(argv: list[str]) -> int:
 
   from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
   from trainer import checkpoint, config as config_lib, experiment, loop  # pylint: disable=import-outside-toplevel
-  from trainer.metrics import MetricsWriter  # pylint: disable=import-outside-toplevel
   exp = experiment.build(config_lib.parse(cfg), select_mesh("auto"))
   try:
     step, params = _restore_params(exp, run_dir, args["step"])
@@ -177,9 +186,7 @@ def main(argv: list[str]) -> int:
   if config_args:
     record["overrides"] = " ".join(config_args)
   if jax.process_index() == 0:
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
-    writer.write(record)
-    writer.close()
+    append_record(run_dir / "metrics.jsonl", record)
   print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
         f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
         f"{run_dir / 'metrics.jsonl'}")

@@ -232,7 +232,7 @@ def table(runs: list[Run], keys: list[str]) -> str:
     rows.append([r.name, *(show_value(r.config.get(k)) for k in keys), r.status,
                  f"{r.steps}/{show_value(r.max_steps)}", _num(r.final_loss, ".4f"),
                  _num(r.best_eval_loss, ".4f"), _num(r.final_eval_loss, ".4f"),
-                 _num(r.median("tokens_per_sec"), ",.0f"), _num(r.median("mfu"), ".3f"),
+                 _num(r.median("tokens_per_sec"), ",.0f"), _num(r.median("mfu"), ".2%"),
                  _duration(r.wall_time_s)])
   widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
   numeric = set(range(len(keys) + 2, len(header)))  # steps onwards: right-aligned

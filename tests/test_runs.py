@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import sys
 
 import pytest
@@ -100,7 +101,11 @@ def test_plot_without_matplotlib_says_how_to_install(sweep, capsys, tmp_path, mo
 def test_corrupt_line_is_skipped_with_a_warning_and_status_shows(sweep, capsys, tmp_path):
   run = tmp_path / "broken"
   shutil.copytree(sweep / "tiny" / "lr=1e-3", run)
-  lines = (run / "metrics.jsonl").read_text().splitlines()
+  rs = records(run)
+  for r in rs:
+    if "loss" in r:
+      r["mfu"] = r["step"] / 100  # as the loop logs it: a fraction of peak
+  lines = [json.dumps(r) for r in rs]
   lines.insert(1, '{"step": 2, "loss": ')  # a record cut short
   (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
   info = json.loads((run / "run.json").read_text())
@@ -110,6 +115,8 @@ def test_corrupt_line_is_skipped_with_a_warning_and_status_shows(sweep, capsys, 
   assert err.strip() == f"axtrain: warning: {run / 'metrics.jsonl'} line 2: not valid JSON; skipped"
   _, row = out.splitlines()
   assert cells(row)[1:4] == ["failed", "6/6", f"{expected(sweep / 'tiny' / 'lr=1e-3')[0]:.4f}"]
+  mfu = statistics.median(r["mfu"] for r in rs if "mfu" in r)
+  assert cells(row)[7] == f"{100 * mfu:.2f}%"
 
 
 def test_no_runs_is_one_line_exit_2(capsys, tmp_path):
