@@ -1,6 +1,6 @@
 """`axtrain eval`: the held-out loss of a run's checkpoint, without training.
 
-    axtrain eval --run_dir=runs/tiny                         # latest checkpoint, the run's eval data
+    axtrain eval --run_dir=runs/tiny                    # latest checkpoint, the run's eval data
     axtrain eval --run_dir=runs/tiny --step=200 --config.eval.num_batches=32
     axtrain eval --run_dir=runs/tiny --config.data.kind=jsonl --config.data.path=other.jsonl
 
@@ -171,7 +171,8 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=import-outside-toplevel
 
   from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
-  from trainer import checkpoint, config as config_lib, experiment, loop  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from trainer import checkpoint, config as config_lib, experiment, loop
   exp = experiment.build(config_lib.parse(cfg), select_mesh("auto"))
   try:
     step, params = _restore_params(exp, run_dir, args["step"])

@@ -40,7 +40,8 @@ def test_eval_reproduces_the_runs_eval_loss_exactly(run, capsys, tmp_path):
   shutil.copytree(run, run_dir)
   trained = {r["step"]: r for r in evals(run_dir)}
   assert sorted(trained) == [3, 6]
-  assert json.loads((run_dir / "run.json").read_text())["final_eval_loss"] == trained[6]["eval_loss"]
+  info = json.loads((run_dir / "run.json").read_text())
+  assert info["final_eval_loss"] == trained[6]["eval_loss"]
 
   code, out, err = axtrain_eval(capsys, f"--run_dir={run_dir}")  # latest: step 6
   assert code == 0, err
