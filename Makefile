@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # torch==2.13.0 resolves to the CPU build on disk on our machines (a plain `torch` pulls CUDA).
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install demo test bench golden clean
+.PHONY: install demo test bench golden sweep-doc clean
 
 install: $(STAMP)
 
@@ -34,6 +34,19 @@ golden: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(PIP_INSTALL) -e '.[bench]'
 	$(BIN)/python -m benchmarks.run
+
+# The README's sweep: three short tiny runs over the learning rate, their `axtrain runs` table
+# (docs/sweep.txt, pasted into README.md) and plot (docs/sweep.png). About 3 CPU-minutes.
+AXTRAIN ?= $(BIN)/axtrain
+SWEEP_LRS := 1e-3 3e-3 1e-2
+sweep-doc: $(STAMP)
+	for lr in $(SWEEP_LRS); do \
+	  $(AXTRAIN) --config=configs/tiny.py --config.trainer.max_steps=100 \
+	    --config.eval.every_steps=25 --config.optimizer.learning_rate=$$lr \
+	    --output_dir=runs/sweep/lr=$$lr --overwrite || exit 1; \
+	done
+	$(AXTRAIN) runs runs/sweep --plot=docs/sweep.png > docs/sweep.txt
+	cat docs/sweep.txt
 
 clean:
 	rm -rf $(VENV) runs

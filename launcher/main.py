@@ -7,6 +7,8 @@ usage:
   axtrain tokenize --input=GLOB --kind=jsonl --output_dir=DIR [--tokenizer=...] (docs/data.md)
   axtrain plan --config=FILE --mesh=NAME [--json] [--sweep]  (fits? how fast? docs/plan.md)
   axtrain generate --run_dir=DIR --prompt=TEXT [--max_new_tokens=N --temperature=T ...] (docs/generate.md)
+  axtrain runs PATH... [--json] [--plot=FILE.png]   (a table of runs; docs/runs.md)
+  axtrain eval --run_dir=DIR [--step=N] [--config.eval.*=...] [--config.data.*=...]
 
 examples:
   axtrain --config=configs/tiny.py
@@ -30,7 +32,7 @@ preempted by SIGTERM/SIGINT with a checkpoint saved: retry the same command.
 
 from __future__ import annotations
 
-
+import importlib
 import sys
 
 from absl import flags
@@ -75,6 +77,11 @@ def help_text(fv: flags.FlagValues) -> str:
   return __doc__.strip() + "\n\n" + options_text(fv)
 
 
+# `axtrain COMMAND ...` -> the launcher module whose main(argv) runs it (imported on use).
+COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "generate": "generate",
+            "runs": "runs", "eval": "eval_run"}
+
+
 def run() -> None:
   """Console-script entry point."""
   sys.exit(main(sys.argv))
@@ -83,18 +90,10 @@ def run() -> None:
 def main(argv: list[str], *, callbacks=()) -> int:
   """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
   try:
-    if len(argv) > 1 and argv[1] == "convert":
-      from launcher import convert  # pylint: disable=import-outside-toplevel
-      return convert.main(argv[:1] + argv[2:])
-    if len(argv) > 1 and argv[1] == "plan":
-      from launcher import plan  # pylint: disable=import-outside-toplevel
-      return plan.main(argv[:1] + argv[2:])
-    if len(argv) > 1 and argv[1] == "tokenize":
-      from launcher import tokenize  # pylint: disable=import-outside-toplevel
-      return tokenize.main(argv[:1] + argv[2:])
-    if len(argv) > 1 and argv[1] == "generate":
-      from launcher import generate  # pylint: disable=import-outside-toplevel
-      return generate.main(argv[:1] + argv[2:])
+    command = argv[1] if len(argv) > 1 else None
+    if command in COMMANDS:
+      module = importlib.import_module(f"launcher.{COMMANDS[command]}")
+      return module.main(argv[:1] + argv[2:])
     return train_main(argv, callbacks=callbacks)
   except ConfigError as e:
     message = " ".join(str(e).split())
@@ -110,7 +109,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
-                    f"commands: convert, tokenize, plan, generate")
+                    f"commands: {', '.join(COMMANDS)}")
   config_loading.check_file(config_loading.config_file_arg(argv))
   try:
     fv(argv)

@@ -1,0 +1,194 @@
+"""`axtrain eval`: the held-out loss of a run's checkpoint, without training.
+
+    axtrain eval --run_dir=runs/tiny                    # latest checkpoint, the run's eval data
+    axtrain eval --run_dir=runs/tiny --step=200 --config.eval.num_batches=32
+    axtrain eval --run_dir=runs/tiny --config.data.kind=jsonl --config.data.path=other.jsonl
+
+The run's config comes from its config.json; --config.eval.* and
+--config.data.* overrides apply on top (the rest is fixed by the checkpoint).
+The result (loss, perplexity, tokens) is printed and appended to the run's
+metrics.jsonl as {"step": N, "eval_loss": ..., "source": "axtrain eval", ...};
+`axtrain runs` leaves such records out of the training curves. With the run's
+own settings it reproduces the run's eval_loss at that step exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import pathlib
+import sys
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from launcher import config_loading
+from launcher.errors import UserError, suggest
+
+USAGE = ("usage: axtrain eval --run_dir=DIR [--step=N] [--config.eval.FIELD=VALUE ...] "
+         "[--config.data.FIELD=VALUE ...]")
+_FLAGS = ("run_dir", "step")
+OVERRIDABLE = ("eval", "data")  # sections an override may change; the checkpoint fixes the rest
+SOURCE = "axtrain eval"
+EXIT_FAILED = 1
+
+
+def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
+  """({'run_dir': Path, 'step': int | None}, the --config.* override arguments)."""
+  out: dict = {"run_dir": None, "step": None}
+  config_args = []
+  for arg in argv[1:]:
+    if arg in ("-h", "--help"):
+      sys.stdout.write(__doc__.strip() + "\n")
+      raise SystemExit(0)
+    name, sep, value = arg.lstrip("-").partition("=")
+    if arg.startswith("--config."):
+      if not sep:
+        raise UserError(f"eval: {arg} needs a value ({arg}=VALUE)")
+      section = name.split(".")[1]
+      if section not in OVERRIDABLE:
+        raise UserError(f"eval: {arg.partition('=')[0]} cannot be overridden: the checkpoint fixes "
+                        f"everything but --config.eval.* and --config.data.*")
+      config_args.append(arg)
+    elif arg.startswith("--") and name in _FLAGS:
+      if not value:
+        raise UserError(f"eval: --{name} needs a value; {USAGE}")
+      out[name] = value
+    else:
+      raise UserError(f"eval: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
+  if out["run_dir"] is None:
+    raise UserError(f"eval: --run_dir is required; {USAGE}")
+  out["run_dir"] = pathlib.Path(out["run_dir"])
+  if out["step"] is not None:
+    try:
+      out["step"] = int(out["step"])
+    except ValueError:
+      raise UserError(f"eval: --step={out['step']}: expected a whole number") from None
+  return out, config_args
+
+
+def _typed(cfg: dict) -> ml_collections.ConfigDict:
+  """config.json as a ConfigDict whose None fields of the data node are typed placeholders."""
+  from core.registry import registry  # pylint: disable=import-outside-toplevel
+  import trainer.data  # noqa: F401  pylint: disable=import-outside-toplevel  (registers sources)
+  out = ml_collections.ConfigDict(cfg)
+  data = cfg.get("data")
+  if isinstance(data, dict) and "kind" in data:
+    out.data = registry("data").node(data["kind"], **{k: v for k, v in data.items()
+                                                      if k != "kind" and v is not None})
+  return out
+
+
+def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections.ConfigDict:
+  """The run's resolved config with the overrides applied (one-line errors for bad ones)."""
+  path = run_dir / "config.json"
+  try:
+    cfg = json.loads(path.read_text())
+  except FileNotFoundError:
+    raise UserError(f"eval: {run_dir} has no config.json; give an axtrain run directory") \
+        from None
+  except ValueError as e:
+    raise UserError(f"eval: {path} is not valid JSON: {e}") from None
+  base = _typed(cfg)
+  argv = ["axtrain eval", *config_args]
+  message = config_loading.bad_override(base, config_loading.overrides(argv))
+  if message:
+    raise UserError(f"eval: {message}")
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_dict("config", base, flag_values=fv, lock_config=True, sys_argv=argv)
+  try:
+    fv(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    raise UserError(f"eval: {config_loading.translate(e, argv)}") from None
+  return fv["config"].value
+
+
+def append_record(path: pathlib.Path, record: dict) -> None:
+  """One metrics.jsonl line (NaN/Inf as null, like training's): a single append, so a run that
+  is still training and appending to the same file is not interleaved with it."""
+  line = json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                     for k, v in record.items()}) + "\n"
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(line)
+
+
+@contextlib.contextmanager
+def _quiet_read_only_notes():
+  """Orbax notes at WARNING that a read-only manager is read-only; that is what eval asks for."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
+  """(step, parameters) of a committed checkpoint: `step`, or the latest."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  directory = run_dir / "checkpoints"
+  if not directory.is_dir():
+    raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")
+  abstract = nn.meta.unbox(exp.abstract_state)  # outside context(): no sharding constraints
+  with _quiet_read_only_notes():
+    ckpt = checkpoint.Checkpointer(directory, exp.run.checkpoint, read_only=True)
+  try:
+    steps = ckpt.all_steps()
+    if not steps:
+      raise UserError(f"eval: {directory} holds no committed checkpoint; nothing to evaluate")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise UserError(f"eval: --step={step} is not a committed checkpoint in {directory} "
+                      f"(committed: {', '.join(map(str, steps))})")
+    try:
+      with exp.context():
+        state, _ = ckpt.restore(step, abstract, exp.state_shardings)
+    except Exception as e:  # pylint: disable=broad-except  (any read failure: unusable)
+      reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+      raise checkpoint.CheckpointError(f"checkpoint {directory / str(step)} is unreadable "
+                                       f"({reason})") from None
+  finally:
+    ckpt.close()
+  return step, state.params
+
+
+def main(argv: list[str]) -> int:
+  args, config_args = parse_args(argv)
+  run_dir = args["run_dir"]
+  if not run_dir.is_dir():
+    raise UserError(f"eval: --run_dir={run_dir} is not a directory")
+  cfg = load_config(run_dir, config_args)
+  if not (run_dir / "checkpoints").is_dir():  # before anything compiles
+    raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from trainer import checkpoint, config as config_lib, experiment, loop
+  exp = experiment.build(config_lib.parse(cfg), select_mesh("auto"))
+  try:
+    step, params = _restore_params(exp, run_dir, args["step"])
+  except checkpoint.CheckpointError as e:
+    print(f"axtrain: error: {e}", file=sys.stderr)
+    return EXIT_FAILED
+  process = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  batches = exp.source.eval_batches(batch_size=exp.run.eval.batch_size,
+                                    num_batches=exp.run.eval.num_batches, **process)
+  result = loop.evaluate(exp, params, batches)
+  record = {"step": step, **result, "source": SOURCE}
+  if config_args:
+    record["overrides"] = " ".join(config_args)
+  if jax.process_index() == 0:
+    append_record(run_dir / "metrics.jsonl", record)
+  print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
+        f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
+        f"{run_dir / 'metrics.jsonl'}")
+  return 0

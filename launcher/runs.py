@@ -1,0 +1,320 @@
+"""`axtrain runs PATH...`: one table of the runs under some directories (a sweep side by side).
+
+    axtrain runs runs/tiny                     # every run directory below runs/tiny
+    axtrain runs 'runs/tiny/*' --json          # a JSON list instead of the table
+    axtrain runs runs/tiny --plot=sweep.png    # train and eval loss against steps, all runs
+
+A run directory is one that holds config.json and run.json; each PATH (a
+directory or a glob) is searched for them, itself included. Columns: the run's
+name, the config keys whose values differ between the runs, status, steps
+done / max, final train loss, best and final eval loss, median tokens/s,
+median MFU (when the metrics carry `mfu`), wall time. Rows are sorted by final
+eval loss; runs without one come last. Records that `axtrain eval` appended
+(they carry `source`) are not part of the training curves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+
+from launcher.errors import UserError, suggest
+from launcher.flat import flatten
+
+USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png]"
+_FLAGS = ("json", "plot")
+# Directories of a run that never hold other runs (not searched).
+_NOT_RUNS = {"checkpoints", "corrupt_checkpoints", "superseded_checkpoints", "tensorboard",
+             "profile"}
+PLOT_INSTALL = "pip install 'axtrain[plot]'"
+
+
+@dataclasses.dataclass
+class Run:
+  path: pathlib.Path
+  config: dict  # flattened config.json
+  info: dict  # run.json
+  train: list[dict]  # metrics records with a train loss, in file order
+  evals: list[dict]  # training's own evaluation records, in file order
+  name: str = ""
+
+  @property
+  def status(self) -> str:
+    return str(self.info.get("status", "unknown"))
+
+  @property
+  def steps(self) -> int:
+    return max((int(r["step"]) for r in self.train), default=0)
+
+  @property
+  def max_steps(self):
+    return self.config.get("trainer.max_steps")
+
+  @property
+  def final_loss(self) -> float | None:
+    return _finite(self.train[-1].get("loss")) if self.train else None
+
+  @property
+  def final_eval_loss(self) -> float | None:
+    return _finite(self.evals[-1].get("eval_loss")) if self.evals else None
+
+  @property
+  def best_eval_loss(self) -> float | None:
+    losses = [x for x in (_finite(r.get("eval_loss")) for r in self.evals) if x is not None]
+    return min(losses, default=None)
+
+  def median(self, key: str) -> float | None:
+    values = [x for x in (_finite(r.get(key)) for r in self.train) if x is not None]
+    return statistics.median(values) if values else None
+
+  @property
+  def wall_time_s(self) -> float | None:
+    """From the first start to the end (or to now, while running)."""
+    start = _time(self.info.get("first_start_time") or self.info.get("start_time"))
+    end = _time(self.info.get("end_time"))
+    if end is None and self.status == "running":
+      end = datetime.datetime.now(datetime.timezone.utc)
+    return (end - start).total_seconds() if start and end else None
+
+
+def _finite(value) -> float | None:
+  return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _time(text):
+  try:
+    return datetime.datetime.fromisoformat(text) if text else None
+  except (TypeError, ValueError):
+    return None
+
+
+def _warn(text: str) -> None:
+  print(f"axtrain: warning: {text}", file=sys.stderr)
+
+
+# -- finding and reading runs ---------------------------------------------------------------
+
+def is_run_dir(path: pathlib.Path) -> bool:
+  return (path / "config.json").is_file() and (path / "run.json").is_file()
+
+
+def find(patterns: list[str]) -> list[pathlib.Path]:
+  """Run directories at or below each path or glob, in order, without repeats."""
+  found: dict[pathlib.Path, None] = {}
+  for pattern in patterns:
+    matches = sorted(glob.glob(pattern, recursive=True)) or (
+        [pattern] if os.path.exists(pattern) else [])
+    if not matches:
+      raise UserError(f"runs: '{pattern}' matches no file or directory")
+    for match in map(pathlib.Path, matches):
+      for top, dirs, _ in os.walk(match):
+        dirs[:] = sorted(d for d in dirs if d not in _NOT_RUNS and not d.startswith("."))
+        if is_run_dir(pathlib.Path(top)):
+          found.setdefault(pathlib.Path(top), None)
+  if not found:
+    raise UserError(f"runs: no run directories (config.json + run.json) under "
+                    f"{' '.join(patterns)}")
+  return list(found)
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    value = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    _warn(f"{path}: not readable JSON ({' '.join(str(e).split())}); shown as empty")
+    return {}
+  return value if isinstance(value, dict) else {}
+
+
+def read_metrics(path: pathlib.Path) -> list[dict]:
+  """The records of a metrics.jsonl; a line that is not a JSON object is skipped with a warning."""
+  if not path.is_file():
+    return []
+  records = []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError:
+        _warn(f"{path} line {number}: not valid JSON; skipped")
+        continue
+      if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        _warn(f"{path} line {number}: not a metrics record (an object with an integer step); "
+              f"skipped")
+        continue
+      records.append(record)
+  return records
+
+
+def read(path: pathlib.Path) -> Run:
+  records = [r for r in read_metrics(path / "metrics.jsonl") if "source" not in r]
+  return Run(path=path, config=flatten(_read_json(path / "config.json")),
+             info=_read_json(path / "run.json"),
+             train=[r for r in records if "loss" in r],
+             evals=[r for r in records if "eval_loss" in r])
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+  """Config keys whose values are not the same in every run (sorted)."""
+  keys = sorted({k for r in runs for k in r.config})
+  missing = object()
+  return [k for k in keys
+          if len({json.dumps(r.config.get(k, missing), sort_keys=True, default=repr)
+                  for r in runs}) > 1]
+
+
+def _name(runs: list[Run]) -> None:
+  """Each run's path relative to the common folder of the runs' parents."""
+  parents = [str(r.path.absolute().parent) for r in runs]
+  common = pathlib.Path(os.path.commonpath(parents))
+  for r in runs:
+    r.name = str(r.path.absolute().relative_to(common))
+
+
+def _sort_key(run: Run):
+  loss = run.final_eval_loss
+  return (loss is None, loss if loss is not None else 0.0, run.name)
+
+
+def collect(patterns: list[str]) -> tuple[list[Run], list[str]]:
+  """(runs sorted by final eval loss, the config keys that differ between them)."""
+  runs = [read(p) for p in find(patterns)]
+  _name(runs)
+  return sorted(runs, key=_sort_key), differing_keys(runs)
+
+
+# -- output ---------------------------------------------------------------------------------
+
+def show_value(value) -> str:
+  if value is None:
+    return "-"
+  if isinstance(value, float):
+    return f"{value:g}"
+  if isinstance(value, (list, dict)):
+    return json.dumps(value, separators=(",", ":"))
+  return str(value)
+
+
+def _duration(seconds: float | None) -> str:
+  if seconds is None:
+    return ""
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _num(value: float | None, fmt: str) -> str:
+  return "" if value is None else format(value, fmt)
+
+
+def as_dict(run: Run, keys: list[str]) -> dict:
+  return {"name": run.name, "path": str(run.path), "config": {k: run.config.get(k) for k in keys},
+          "status": run.status, "steps": run.steps, "max_steps": run.max_steps,
+          "final_loss": run.final_loss, "best_eval_loss": run.best_eval_loss,
+          "final_eval_loss": run.final_eval_loss, "tokens_per_sec": run.median("tokens_per_sec"),
+          "mfu": run.median("mfu"), "wall_time_s": run.wall_time_s}
+
+
+def table(runs: list[Run], keys: list[str]) -> str:
+  header = ["run", *keys, "status", "steps", "loss", "best eval", "final eval", "tokens/s", "MFU",
+            "wall"]
+  rows = [header]
+  for r in runs:
+    rows.append([r.name, *(show_value(r.config.get(k)) for k in keys), r.status,
+                 f"{r.steps}/{show_value(r.max_steps)}", _num(r.final_loss, ".4f"),
+                 _num(r.best_eval_loss, ".4f"), _num(r.final_eval_loss, ".4f"),
+                 _num(r.median("tokens_per_sec"), ",.0f"), _num(r.median("mfu"), ".2%"),
+                 _duration(r.wall_time_s)])
+  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+  numeric = set(range(len(keys) + 2, len(header)))  # steps onwards: right-aligned
+  return "".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
+                           for i, (cell, w) in enumerate(zip(row, widths))).rstrip() + "\n"
+                 for row in rows)
+
+
+def label(run: Run, keys: list[str]) -> str:
+  return ", ".join(f"{k}={show_value(run.config.get(k))}" for k in keys) or run.name
+
+
+def _pyplot():
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise UserError(f"runs: --plot needs matplotlib, which is not installed; {PLOT_INSTALL}") \
+        from None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def plot(runs: list[Run], keys: list[str], path: pathlib.Path, *, title: str = "") -> None:
+  """Train loss (lines) and eval loss (dashed, markers) against steps, one colour per run."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+  for i, run in enumerate(runs):
+    color = f"C{i % 10}"
+    ax.plot([r["step"] for r in run.train], [r.get("loss") for r in run.train], color=color,
+            label=label(run, keys))
+    if run.evals:
+      ax.plot([r["step"] for r in run.evals], [r.get("eval_loss") for r in run.evals],
+              color=color, linestyle="--", marker="o")
+  ax.plot([], [], color="gray", label="train loss (solid)")
+  ax.plot([], [], color="gray", linestyle="--", marker="o", label="eval loss (dashed)")
+  ax.set_xlabel("step")
+  ax.set_ylabel("loss")
+  ax.set_title(title or "axtrain runs")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, format="png")
+  plt.close(fig)
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], dict]:
+  paths, opts = [], {"json": False, "plot": None}
+  for arg in argv[1:]:
+    if arg in ("-h", "--help"):
+      sys.stdout.write(__doc__.strip() + "\n")
+      raise SystemExit(0)
+    if not arg.startswith("-"):
+      paths.append(arg)
+      continue
+    name, sep, value = arg.lstrip("-").partition("=")
+    if name not in _FLAGS:
+      raise UserError(f"runs: unknown flag '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
+    if name == "json":
+      opts["json"] = True
+    elif not value:
+      raise UserError(f"runs: --plot needs a file name (--plot=FILE.png); {USAGE}")
+    else:
+      opts["plot"] = pathlib.Path(value)
+  if not paths:
+    raise UserError(f"runs: give at least one run directory or glob; {USAGE}")
+  return paths, opts
+
+
+def main(argv: list[str]) -> int:
+  paths, opts = parse_args(argv)
+  target = opts["plot"]
+  if target is not None:
+    _pyplot()  # a missing matplotlib is a usage error before any work
+    if not target.absolute().parent.is_dir():
+      raise UserError(f"runs: --plot={target}: directory {target.parent} does not exist")
+  runs, keys = collect(paths)
+  if opts["json"]:
+    sys.stdout.write(json.dumps([as_dict(r, keys) for r in runs], indent=2) + "\n")
+  else:
+    sys.stdout.write(table(runs, keys))
+  if target is not None:
+    plot(runs, keys, target, title="axtrain runs " + " ".join(paths))
+    print(f"axtrain: wrote {target}", file=sys.stderr)
+  return 0

@@ -1,0 +1,92 @@
+"""`axtrain eval`: a checkpoint's held-out loss without training, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from launcher import main as main_lib
+from trainer.data.base import DATA
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """Six tiny steps with a checkpoint and an evaluation at steps 3 and 6."""
+  out = tmp_path_factory.mktemp("eval") / "run"
+  code = main_lib.main([
+      "axtrain", "--config=configs/tiny.py", "--config.trainer.max_steps=6",
+      "--config.trainer.log_every=3", "--config.data.seq_len=32", "--config.eval.num_batches=1",
+      "--config.eval.batch_size=8", "--config.eval.every_steps=3",
+      "--config.checkpoint.every_steps=3", "--progress=false", f"--output_dir={out}"])
+  assert code == 0
+  return out
+
+
+def axtrain_eval(capsys, *args):
+  code = main_lib.main(["axtrain", "eval", *map(str, args)])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def evals(run_dir):
+  lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+  return [r for r in map(json.loads, lines) if "eval_loss" in r]
+
+
+def test_eval_reproduces_the_runs_eval_loss_exactly(run, capsys, tmp_path):
+  run_dir = tmp_path / "run"
+  shutil.copytree(run, run_dir)
+  trained = {r["step"]: r for r in evals(run_dir)}
+  assert sorted(trained) == [3, 6]
+  info = json.loads((run_dir / "run.json").read_text())
+  assert info["final_eval_loss"] == trained[6]["eval_loss"]
+
+  code, out, err = axtrain_eval(capsys, f"--run_dir={run_dir}")  # latest: step 6
+  assert code == 0, err
+  code, _, err = axtrain_eval(capsys, f"--run_dir={run_dir}", "--step=3")
+  assert code == 0, err
+  latest, earlier = evals(run_dir)[-2:]
+  for got, step in ((latest, 6), (earlier, 3)):
+    assert got == {**trained[step], "source": "axtrain eval"}  # loss, perplexity, tokens
+  assert out.startswith(f"step 6: eval_loss {trained[6]['eval_loss']:.6f} ")
+
+
+def test_eval_with_overrides_reads_other_eval_data(run, capsys, tmp_path):
+  run_dir = tmp_path / "run"
+  shutil.copytree(run, run_dir)
+  code, _, err = axtrain_eval(capsys, f"--run_dir={run_dir}", "--config.eval.num_batches=2",
+                              "--config.data.kind=synthetic")
+  assert code == 0, err
+  record = evals(run_dir)[-1]
+  data = dict(json.loads((run_dir / "config.json").read_text())["data"], kind="synthetic")
+  source = DATA.build(DATA.parse(data, "data"), vocab_size=256, seed=0)
+  batches = source.eval_batches(batch_size=8, num_batches=2, process_index=0, process_count=1)
+  assert record["eval_tokens"] == sum(int(b["weights"].sum()) for b in batches)
+  assert record["eval_loss"] != evals(run)[-1]["eval_loss"]
+  assert record["overrides"] == "--config.eval.num_batches=2 --config.data.kind=synthetic"
+
+
+@pytest.mark.parametrize("case", ["no_checkpoints", "missing_step", "bad_key", "fixed_section",
+                                  "bad_value", "not_a_run"])
+def test_mistakes_are_one_line_exit_2_and_write_nothing(run, capsys, tmp_path, case):
+  run_dir = tmp_path / "run"
+  shutil.copytree(run, run_dir)
+  args, expect = {
+      "no_checkpoints": ([], "holds no checkpoints/ directory"),
+      "missing_step": (["--step=4"], "--step=4 is not a committed checkpoint"),
+      "bad_key": (["--config.eval.num_batch=2"], "did you mean 'num_batches'"),
+      "fixed_section": (["--config.model.dim=8"], "--config.model.dim cannot be overridden"),
+      "bad_value": (["--config.eval.batch_size=big"], "expected a value of type int"),
+      "not_a_run": ([], "has no config.json"),
+  }[case]
+  if case == "no_checkpoints":
+    shutil.rmtree(run_dir / "checkpoints")
+  target = tmp_path if case == "not_a_run" else run_dir
+  before = (run_dir / "metrics.jsonl").read_text()
+  code, out, err = axtrain_eval(capsys, f"--run_dir={target}", *args)
+  assert code == 2 and out == ""
+  assert err.startswith("axtrain: error: eval: ") and err.count("\n") == 1, err
+  assert expect in err
+  assert (run_dir / "metrics.jsonl").read_text() == before

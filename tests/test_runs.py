@@ -1,0 +1,141 @@
+"""`axtrain runs`: a three-run learning-rate sweep side by side (table, --json, --plot)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import statistics
+import sys
+
+import pytest
+
+from launcher import main as main_lib, runs as runs_lib
+from tests.conftest import ROOT
+
+LEARNING_RATES = ("1e-3", "3e-3", "1e-2")
+SHORT = ["--config=configs/tiny.py", "--config.trainer.max_steps=6", "--config.trainer.log_every=2",
+         "--config.data.seq_len=32", "--config.eval.num_batches=1", "--config.eval.batch_size=8",
+         "--progress=false"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sweep")
+  for lr in LEARNING_RATES:
+    code = main_lib.main(["axtrain", *SHORT, f"--config.optimizer.learning_rate={lr}",
+                          f"--output_dir={root / 'tiny' / f'lr={lr}'}"])
+    assert code == 0
+  return root
+
+
+def axtrain(capsys, *args):
+  code = main_lib.main(["axtrain", "runs", *map(str, args)])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def records(run_dir):
+  return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected(run_dir):
+  """(final train loss, final eval loss) read straight from metrics.jsonl."""
+  rs = records(run_dir)
+  return ([r["loss"] for r in rs if "loss" in r][-1], [r["eval_loss"] for r in rs
+                                                       if "eval_loss" in r][-1])
+
+
+def cells(line):
+  return re.split(r"\s{2,}", line.strip())
+
+
+def test_table_shows_only_the_swept_key_and_the_right_losses(sweep, capsys):
+  code, out, err = axtrain(capsys, sweep)
+  assert code == 0, err
+  header, *rows = out.splitlines()
+  columns = cells(header)
+  assert columns[:3] == ["run", "optimizer.learning_rate", "status"]  # the only differing key
+  assert len(rows) == 3
+  evals = []
+  for row in rows:
+    name, lr, status, steps, loss, best, final, *_ = cells(row)
+    run_dir = sweep / "tiny" / name
+    final_loss, eval_loss = expected(run_dir)
+    assert float(lr) == float(name.removeprefix("lr="))
+    assert (status, steps) == ("completed", "6/6")
+    assert loss == f"{final_loss:.4f}" and final == best == f"{eval_loss:.4f}"
+    evals.append(eval_loss)
+  assert evals == sorted(evals)  # best run first
+
+
+def test_glob_and_json(sweep, capsys):
+  code, out, err = axtrain(capsys, sweep / "tiny" / "*", "--json")
+  assert code == 0, err
+  runs = json.loads(out)
+  assert sorted(r["name"] for r in runs) == sorted(f"lr={lr}" for lr in LEARNING_RATES)
+  for r in runs:
+    final_loss, eval_loss = expected(sweep / "tiny" / r["name"])
+    assert r["config"] == {"optimizer.learning_rate": float(r["name"].removeprefix("lr="))}
+    assert (r["final_loss"], r["final_eval_loss"], r["steps"]) == (final_loss, eval_loss, 6)
+    assert r["tokens_per_sec"] > 0 and (r["mfu"] is None or r["mfu"] > 0)
+
+
+def test_plot_writes_a_png(sweep, capsys, tmp_path):
+  from matplotlib import image  # pylint: disable=import-outside-toplevel
+  target = tmp_path / "sweep.png"
+  code, _, err = axtrain(capsys, sweep, f"--plot={target}")
+  assert code == 0, err
+  assert target.stat().st_size > 0
+  pixels = image.imread(target)
+  assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
+def test_plot_without_matplotlib_says_how_to_install(sweep, capsys, tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+  code, out, err = axtrain(capsys, sweep, f"--plot={tmp_path / 'p.png'}")
+  assert code == 2 and out == "" and not (tmp_path / "p.png").exists()
+  assert err.count("\n") == 1 and "pip install 'axtrain[plot]'" in err
+
+
+def test_corrupt_line_is_skipped_with_a_warning_and_status_shows(sweep, capsys, tmp_path):
+  run = tmp_path / "broken"
+  shutil.copytree(sweep / "tiny" / "lr=1e-3", run)
+  rs = records(run)
+  for r in rs:
+    if "loss" in r:
+      r["mfu"] = r["step"] / 100  # as the loop logs it: a fraction of peak
+  lines = [json.dumps(r) for r in rs]
+  lines.insert(1, '{"step": 2, "loss": ')  # a record cut short
+  (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  info = json.loads((run / "run.json").read_text())
+  (run / "run.json").write_text(json.dumps({**info, "status": "failed"}))
+  code, out, err = axtrain(capsys, run)
+  assert code == 0
+  assert err.strip() == f"axtrain: warning: {run / 'metrics.jsonl'} line 2: not valid JSON; skipped"
+  _, row = out.splitlines()
+  assert cells(row)[1:4] == ["failed", "6/6", f"{expected(sweep / 'tiny' / 'lr=1e-3')[0]:.4f}"]
+  mfu = statistics.median(r["mfu"] for r in rs if "mfu" in r)
+  assert cells(row)[7] == f"{100 * mfu:.2f}%"
+
+
+def test_no_runs_is_one_line_exit_2(capsys, tmp_path):
+  (tmp_path / "empty").mkdir()
+  for path in (tmp_path / "empty", tmp_path / "missing*"):
+    code, out, err = axtrain(capsys, path)
+    assert code == 2 and out == ""
+    assert err.startswith("axtrain: error: runs: ") and err.count("\n") == 1, err
+
+
+def test_docs_show_the_real_table_and_fields():
+  readme = (ROOT / "README.md").read_text()
+  assert (ROOT / "docs" / "sweep.txt").read_text() in readme  # `make sweep-doc` regenerates both
+  assert (ROOT / "docs" / "sweep.png").stat().st_size > 0
+  doc = (ROOT / "docs" / "runs.md").read_text()
+  listed = re.search(r"one object per run with the keys (.*?) \(`null`", doc, re.S)[1]
+  fields = list(runs_lib.as_dict(runs_lib.Run(path=ROOT, config={}, info={}, train=[],
+                                              evals=[]), []))
+  assert re.findall(r"`(\w+)`", listed) == fields
+  header = cells(runs_lib.table([], []).splitlines()[0])
+  rows = re.findall(r"^\| `([^`|]+)`(?:, `([^`|]+)`)? \|", doc, re.M)
+  assert [c for row in rows for c in row if c] == header
