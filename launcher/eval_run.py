@@ -14,10 +14,7 @@ own settings it reproduces the run's eval_loss at that step exactly.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import math
 import pathlib
 import sys
 
@@ -26,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launcher import config_loading
-from launcher.errors import UserError, suggest
+from launcher.errors import ConfigError, UserError, suggest
 
 USAGE = ("usage: axtrain eval --run_dir=DIR [--step=N] [--config.eval.FIELD=VALUE ...] "
          "[--config.data.FIELD=VALUE ...]")
@@ -94,9 +91,10 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
     raise UserError(f"eval: {path} is not valid JSON: {e}") from None
   base = _typed(cfg)
   argv = ["axtrain eval", *config_args]
-  message = config_loading.bad_override(base, config_loading.overrides(argv))
-  if message:
-    raise UserError(f"eval: {message}")
+  try:  # kind switches (e.g. --config.data.kind=synthetic), then every path checked
+    config_loading.prepare(base, config_loading.overrides(argv))
+  except ConfigError as e:
+    raise UserError(f"eval: {e}") from None
   fv = flags.FlagValues()
   config_flags.DEFINE_config_dict("config", base, flag_values=fv, lock_config=True, sys_argv=argv)
   try:
@@ -106,57 +104,31 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
   return fv["config"].value
 
 
-def append_record(path: pathlib.Path, record: dict) -> None:
-  """One metrics.jsonl line (NaN/Inf as null, like training's): a single append, so a run that
-  is still training and appending to the same file is not interleaved with it."""
-  line = json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
-                     for k, v in record.items()}) + "\n"
-  with open(path, "a", encoding="utf-8") as f:
-    f.write(line)
-
-
-@contextlib.contextmanager
-def _quiet_read_only_notes():
-  """Orbax notes at WARNING that a read-only manager is read-only; that is what eval asks for."""
-  logger = logging.getLogger("absl")
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
-
-
 def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
   """(step, parameters) of a committed checkpoint: `step`, or the latest."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
   from trainer import checkpoint  # pylint: disable=import-outside-toplevel
   directory = run_dir / "checkpoints"
-  if not directory.is_dir():
-    raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")
-  abstract = nn.meta.unbox(exp.abstract_state)  # outside context(): no sharding constraints
-  with _quiet_read_only_notes():
-    ckpt = checkpoint.Checkpointer(directory, exp.run.checkpoint, read_only=True)
+  steps = checkpoint.committed_steps(directory)
+  if not steps:
+    raise UserError(f"eval: {directory} holds no committed checkpoint; nothing to evaluate")
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise UserError(f"eval: --step={step} is not a committed checkpoint in {directory} "
+                    f"(committed: {', '.join(map(str, steps))})")
+  abstract = nn.meta.unbox(exp.abstract_state.params)  # outside context(): no constraints
   try:
-    steps = ckpt.all_steps()
-    if not steps:
-      raise UserError(f"eval: {directory} holds no committed checkpoint; nothing to evaluate")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise UserError(f"eval: --step={step} is not a committed checkpoint in {directory} "
-                      f"(committed: {', '.join(map(str, steps))})")
-    try:
-      with exp.context():
-        state, _ = ckpt.restore(step, abstract, exp.state_shardings)
-    except Exception as e:  # pylint: disable=broad-except  (any read failure: unusable)
-      reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-      raise checkpoint.CheckpointError(f"checkpoint {directory / str(step)} is unreadable "
-                                       f"({reason})") from None
-  finally:
-    ckpt.close()
-  return step, state.params
+    with exp.context():
+      params = checkpoint.load_params(run_dir, abstract, exp.state_shardings.params, step=step)
+  except checkpoint.CheckpointError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (any read failure: unusable)
+    reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    raise checkpoint.CheckpointError(f"checkpoint {directory / str(step)} is unreadable "
+                                     f"({reason})") from None
+  return step, params
 
 
 def main(argv: list[str]) -> int:
@@ -170,10 +142,9 @@ def main(argv: list[str]) -> int:
 
   import jax  # pylint: disable=import-outside-toplevel
 
-  from launcher.session import select_mesh  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel
-  from trainer import checkpoint, config as config_lib, experiment, loop
-  exp = experiment.build(config_lib.parse(cfg), select_mesh("auto"))
+  from trainer import checkpoint, config as config_lib, experiment, loop, meshes
+  exp = experiment.build(config_lib.parse(cfg), meshes.select("auto"))
   try:
     step, params = _restore_params(exp, run_dir, args["step"])
   except checkpoint.CheckpointError as e:
@@ -187,7 +158,10 @@ def main(argv: list[str]) -> int:
   if config_args:
     record["overrides"] = " ".join(config_args)
   if jax.process_index() == 0:
-    append_record(run_dir / "metrics.jsonl", record)
+    from trainer.writers import JsonlWriter  # pylint: disable=import-outside-toplevel
+    writer = JsonlWriter(run_dir / "metrics.jsonl")  # one line, one write: safe beside training
+    writer.on_record(record)
+    writer.on_train_end(None)
   print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
         f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
         f"{run_dir / 'metrics.jsonl'}")

@@ -28,7 +28,8 @@ from launcher.run_lock import LOCK_NAME
 BASE = "base"  # the directory of a run without overrides (an override name always holds '=')
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
-                       "checkpoints", "superseded_checkpoints", "corrupt_checkpoints", LOCK_NAME})
+                       "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
+                       LOCK_NAME})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,

@@ -17,6 +17,7 @@ def run(tmp_path_factory):
   out = tmp_path_factory.mktemp("eval") / "run"
   code = main_lib.main([
       "axtrain", "--config=configs/tiny.py", "--config.trainer.max_steps=6",
+          "--config.optimizer.schedule.warmup_steps=0",
       "--config.trainer.log_every=3", "--config.data.seq_len=32", "--config.eval.num_batches=1",
       "--config.eval.batch_size=8", "--config.eval.every_steps=3",
       "--config.checkpoint.every_steps=3", "--progress=false", f"--output_dir={out}"])
@@ -60,7 +61,8 @@ def test_eval_with_overrides_reads_other_eval_data(run, capsys, tmp_path):
                               "--config.data.kind=synthetic")
   assert code == 0, err
   record = evals(run_dir)[-1]
-  data = dict(json.loads((run_dir / "config.json").read_text())["data"], kind="synthetic")
+  trained = json.loads((run_dir / "config.json").read_text())["data"]
+  data = {"kind": "synthetic", "seq_len": trained["seq_len"], "batch_size": trained["batch_size"]}
   source = DATA.build(DATA.parse(data, "data"), vocab_size=256, seed=0)
   batches = source.eval_batches(batch_size=8, num_batches=2, process_index=0, process_count=1)
   assert record["eval_tokens"] == sum(int(b["weights"].sum()) for b in batches)
