@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -85,3 +86,16 @@ def test_the_check_fails_when_a_named_file_or_symbol_is_renamed(tmp_path, edit):
     copy.write_text(re.sub(rf"\b(def|class) {head}\b", rf"\1 {head}_renamed", source))
   assert f"{path}:{symbol}" in missing(f"`{path}:{symbol}`", tmp_path) or path in missing(
       f"`{path}:{symbol}`", tmp_path)
+
+
+def test_the_worked_example_diff_is_real_at_head(tmp_path):
+  """docs/adding_a_feature.md's diff: reverse-applying it to the checkout must succeed."""
+  text = (ROOT / "docs" / "adding_a_feature.md").read_text()
+  blocks = re.findall(r"```diff\n(.*?)```", text, flags=re.S)
+  assert blocks, "docs/adding_a_feature.md shows no diff"
+  patch = tmp_path / "feature.diff"
+  patch.write_text("".join(blocks))
+  result = subprocess.run(["git", "apply", "--reverse", "--check", str(patch)], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+  assert result.returncode == 0, (
+      f"docs/adding_a_feature.md's diff no longer matches the files: {result.stderr}")
