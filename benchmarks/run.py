@@ -11,16 +11,13 @@ data-loader figures when benchmarks.bench_checkpoint / bench_data exist.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import inspect
 import pathlib
 import sys
 import time
 
 import jax
 
-from benchmarks import compare, machine, memory, scaling
+from benchmarks import bench_checkpoint, bench_data, bench_decode, compare, machine, memory, scaling
 from configs import bench_lm, tiny
 from configs.base import lm_config
 from modules import llama
@@ -73,15 +70,6 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def _mib(n: float) -> str:
   return f"{n / 2 ** 20:.1f}"
-
-
-def _extra(module_name: str, **kwargs):
-  """run() of an optional benchmark module written by another issue, or None if absent."""
-  if importlib.util.find_spec(module_name) is None:
-    return None
-  run = importlib.import_module(module_name).run
-  accepted = inspect.signature(run).parameters
-  return run(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
 def _render_extra(value) -> str:
@@ -145,15 +133,13 @@ def main(argv=None) -> int:
 
   tiny_tps = next(c.tokens_per_step / c.ours_median_s for c, _ in comparisons if c.name == "tiny")
   extras = {}
-  for key, module_name, kwargs in (
-      ("checkpoint", "benchmarks.bench_checkpoint", {}),
-      ("data", "benchmarks.bench_data", {"train_tokens_per_sec": tiny_tps}),
-      ("decode", "benchmarks.bench_decode", {})):
+  for key, module in (("checkpoint", bench_checkpoint), ("data", bench_data),
+                      ("decode", bench_decode)):
     try:
-      extras[key] = _extra(module_name, **kwargs)
-    except Exception as e:  # another issue's benchmark must not sink this report
-      extras[key] = f"{module_name}.run() failed: {type(e).__name__}: {e}"
-    log(f"{key}: {'absent' if extras[key] is None else 'done'}")
+      extras[key] = module.run()
+    except Exception as e:  # one section's failure must not sink the rest of the report
+      extras[key] = f"{module.__name__}.run() failed: {type(e).__name__}: {e}"
+    log(f"{key}: done")
 
   total = time.perf_counter() - started
   text = _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps,
@@ -238,16 +224,14 @@ def _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps
       "",
       "## Checkpointing",
       "",
-      (_render_extra(extras["checkpoint"]) if extras["checkpoint"] is not None
-       else "benchmarks/bench_checkpoint.py does not exist yet."),
+      _render_extra(extras["checkpoint"]),
       "",
       "## Data loading",
       "",
       f"Training consumption of configs/tiny.py on this machine (from the comparison above): "
       f"{tiny_tps:,.0f} tokens/s.",
       "",
-      (_render_extra(extras["data"]) if extras["data"] is not None
-       else "benchmarks/bench_data.py does not exist yet."),
+      _render_extra(extras["data"]),
       "",
       *[f"- {k}: {v / tiny_tps:,.0f}x what training tiny consumes"
         for k, v in (extras["data"] or {}).items()
@@ -255,8 +239,7 @@ def _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps
       "",
       "## Decoding (KV cache, `axtrain generate`)",
       "",
-      (_render_extra(extras["decode"]) if extras["decode"] is not None
-       else "benchmarks/bench_decode.py does not exist yet."),
+      _render_extra(extras["decode"]),
       "",
       "## GPU",
       "",
