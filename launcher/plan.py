@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
 
 def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   # pylint: disable-next=import-outside-toplevel
-  from trainer import config as config_lib, plan as plan_lib
+  from trainer import config as config_lib, plan as plan_lib, plan_report, plan_sweep
   cfg = fv["config"].value
   rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
@@ -99,20 +99,20 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     def progress(cand, p):
       verdict = "fits" if p.fits else "does not fit"
       print(f"  compiled {cand.flags()}: {verdict} ({p.train.seconds:.0f} s)", file=sys.stderr)
-    result = plan_lib.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
-                            limit=fv.sweep_limit, margin=fv.margin, progress=progress)
+    result = plan_sweep.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
+                              limit=fv.sweep_limit, margin=fv.margin, progress=progress)
     if fv.json:
-      print(json.dumps({"ranked": [{"flags": c.flags(), "plan": plan_lib.to_json(p)}
+      print(json.dumps({"ranked": [{"flags": c.flags(), "plan": plan_report.to_json(p)}
                                    for c, p in result.ranked],
                         "rejected": [{"flags": c.flags(), "reason": r}
                                      for c, r in result.rejected],
                         "skipped": result.skipped}, indent=1, default=str))
     else:
-      sys.stdout.write(plan_lib.sweep_text(result))
+      sys.stdout.write(plan_sweep.sweep_text(result))
     return 0
   p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval)
   if fv.json:
-    print(json.dumps(dict(plan_lib.to_json(p), mesh_rule=rule), indent=1, default=str))
+    print(json.dumps(dict(plan_report.to_json(p), mesh_rule=rule), indent=1, default=str))
   else:
-    sys.stdout.write(plan_lib.text(p) + (f"  mesh rule: {rule!r}\n" if rule else ""))
+    sys.stdout.write(plan_report.text(p) + (f"  mesh rule: {rule!r}\n" if rule else ""))
   return 0

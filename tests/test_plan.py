@@ -15,7 +15,8 @@ import configs.llm_1b
 import configs.tiny
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, experiment, flops, meshes, plan
+from trainer import config as config_lib, experiment, flops, hlo_collectives, meshes, plan
+from trainer import plan_report, plan_sweep
 
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
 
@@ -57,7 +58,7 @@ def test_tiny_compiler_flops_match_the_analytic_count(tiny_plan):
 
 
 def test_report_golden_text(tiny_plan):
-  text = plan.text(tiny_plan, timings=False)
+  text = plan_report.text(tiny_plan, timings=False)
   if os.environ.get("UPDATE_GOLDEN"):
     GOLDEN.write_text(text)
   assert text == GOLDEN.read_text(), "regenerate: UPDATE_GOLDEN=1 pytest tests/test_plan.py"
@@ -81,7 +82,7 @@ ENTRY %main (a: f32[8]) -> f32[8] {
   %ar = f32[16]{0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%add
 }
 """
-  c = plan.collectives(hlo, 8)
+  c = hlo_collectives.collectives(hlo, 8)
   assert c.bytes_by_kind["all-gather"] == 5 * 8 * 4 * 4 * 3 / 4
   assert c.bytes_by_kind["all-reduce"] == 2 * 16 * 4 * 1 / 2
 
@@ -132,12 +133,12 @@ def test_llm_1b_fits_tpu_v5e_16_with_its_rule_and_not_without():
   entry = meshes.lookup("tpu-v5e-16")
   fitted = plan.plan(_llm_1b(entry.name, rules=True), entry, config_name="llm_1b",
                      with_eval=False)
-  assert fitted.fits and fitted.fit_source == "compiler", plan.text(fitted)
+  assert fitted.fits and fitted.fit_source == "compiler", plan_report.text(fitted)
   bare = _llm_1b(entry.name, rules=False)  # remat none, no accumulation, no chunking
   assert bare.model.remat == "none" and bare.trainer.grad_accum_steps == 1
   p = plan.plan(bare, entry, config_name="llm_1b", with_eval=False)
   assert not p.fits and p.headroom < 0
-  assert f"short by {plan._gib(-p.headroom)}" in plan.text(p)  # pylint: disable=protected-access
+  assert f"short by {plan_report.gib(-p.headroom)}" in plan_report.text(p)
 
 
 @pytest.mark.slow
@@ -151,9 +152,9 @@ def test_llm_70b_does_not_fit_one_gpu_host():
 @pytest.mark.slow
 def test_sweep_ranks_fitting_candidates():
   entry = meshes.lookup("tpu-v5e-4")
-  result = plan.sweep(_run(configs.tiny.get_config()), entry, config_name="tiny", limit=3)
+  result = plan_sweep.sweep(_run(configs.tiny.get_config()), entry, config_name="tiny", limit=3)
   assert len(result.ranked) == 3
   steps = [p.estimate.step_s for _, p in result.ranked]
   assert steps == sorted(steps)
   assert all(p.fits for _, p in result.ranked)
-  assert "--config.mesh.fsdp=" in plan.sweep_text(result).splitlines()[-1]
+  assert "--config.mesh.fsdp=" in plan_sweep.sweep_text(result).splitlines()[-1]

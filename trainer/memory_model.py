@@ -1,0 +1,150 @@
+"""The analytic memory model: per-device bytes and HBM traffic of a train step, without compiling.
+
+Parameter and optimizer-state bytes are exact (abstract shapes under their shardings); gradients,
+activations (by remat policy) and logits are a model read from the parameters' logical axis
+names. `axtrain plan` (trainer/plan.py) bases the fit on it wherever the TPU compiler's figures
+are missing (GPU and Trainium entries); `axtrain plan --sweep` screens candidates with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+from jax.sharding import NamedSharding
+
+from trainer import experiment as experiment_lib, flops as flops_lib
+
+
+def _sharded_bytes(abstract_tree, shardings) -> int:
+  """Bytes one device holds of a tree of ShapeDtypeStructs under its NamedShardings."""
+  leaves = jax.tree.leaves(abstract_tree)
+  shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+             for a, s in zip(leaves, shards))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Shape:
+  """Widths read from the parameters' logical axis names (no per-layer code)."""
+  layers: int
+  dim: int
+  mlp: int  # sum of `mlp` widths per layer (experts: per routed token, top_k of them)
+  q_width: int  # heads * head_dim
+  kv_width: int  # kv_heads * head_dim (k and v each)
+  heads: int
+  vocab: int
+
+
+def model_shape(params, *, top_k: int | None) -> Shape:
+  """Per-layer widths: sums over every weight of a kind, divided by the layer count."""
+  layers = dim = vocab = mlp = q = kv = heads = 0
+  for names, shape in flops_lib.named_leaves(params):
+    names, shape, n = flops_lib.without_layers(names, shape)
+    size = dict(zip(names, shape))
+    dim, vocab = max(dim, size.get("embed", 0)), max(vocab, size.get("vocab", 0))
+    if names == ("embed", "heads", "head_dim"):  # one query projection per layer
+      layers += n
+      q += n * size["heads"] * size["head_dim"]
+      heads += n * size["heads"]
+    elif names == ("embed", "kv_heads", "head_dim"):  # k and v
+      kv += n * size["kv_heads"] * size["head_dim"]
+    elif names[:1] == ("embed",) and "mlp" in names:  # ffn gate / up projections
+      mlp += n * size["mlp"] * (top_k if "experts" in size else 1)
+  per = max(layers, 1)
+  return Shape(layers=layers, dim=dim, mlp=mlp // per, q_width=q // per,
+               kv_width=kv // (2 * per), heads=heads // per, vocab=vocab)
+
+
+# Per token and layer, bytes kept for the backward pass under each remat policy (c: bytes of
+# the compute dtype; heads and mlp widths split over the `model` axis, the residual stream
+# not). A rough model (after Korthikanti et al. 2022, without dropout); the TPU compiler's
+# figures replace it where they exist.
+def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: int) -> float:
+  q, kv, mlp, heads = s.q_width / model, s.kv_width / model, s.mlp / model, s.heads / model
+  matmul_outputs = c * (q + 2 * kv + s.dim + mlp + s.dim)
+  attention_scores = (4 + c) * heads * seq_len  # float32 scores + probabilities
+  everything = c * (4 * s.dim + 2 * q + 2 * kv + 2 * mlp) + attention_scores
+  return {
+      "none": everything,
+      "full": c * s.dim,  # the layer's input
+      "dots_saveable": c * s.dim + matmul_outputs + c * heads * seq_len,
+      "dots_with_no_batch_dims_saveable": c * s.dim + matmul_outputs,
+      "save_qkv_proj": c * (s.dim + q + 2 * kv),
+      "save_attn_out": c * (s.dim + 2 * q + 2 * kv),
+  }.get(policy, c * (s.dim + 2 * q + 2 * kv))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Analytic:
+  """Per-device bytes by the analytic model (labelled `model` in the report)."""
+  params: int  # exact: sharded parameter bytes
+  opt_state: int  # exact: sharded optimizer-state bytes
+  grads: int  # float32 gradients (and the accumulator under gradient accumulation)
+  activations: int  # saved for the backward pass, plus one layer's working set under remat
+  logits: int  # LM-head logits and their float32 loss buffers (one chunk with chunking)
+
+  @property
+  def total(self) -> int:
+    return self.params + self.opt_state + self.grads + self.activations + self.logits
+
+
+def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> Analytic:
+  run = exp.run
+  abstract = nn_unbox(exp.abstract_state)
+  params = _sharded_bytes(abstract.params, exp.state_shardings.params)
+  opt_state = _sharded_bytes(abstract.opt_state, exp.state_shardings.opt_state)
+  accum = run.trainer.grad_accum_steps
+  grads = params * (2 if accum > 1 else 1)
+  shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
+  mesh = dict(exp.mesh.shape)
+  seq = exp.source.seq_len
+  rows = exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"])
+  tokens = max(rows, 1) * seq
+  policy = getattr(run.model, "remat", "none")
+  saved = _saved_per_token_layer(policy, shape, compute_bytes, seq, mesh["model"]) * shape.layers
+  if policy != "none":  # one layer's recompute at a time
+    saved += _saved_per_token_layer("none", shape, compute_bytes, seq, mesh["model"])
+  activations = int(tokens * saved)
+  chunk = run.trainer.loss_chunk_size
+  vocab = shape.vocab // (mesh["model"] if shape.vocab % mesh["model"] == 0 else 1)
+  logit_tokens = rows * chunk if chunk else tokens
+  # bf16 logits and their gradient for every token (unchunked), float32 logits, softmax
+  # and gradient for the tokens in flight.
+  logits = int(logit_tokens * vocab * (2 * compute_bytes + 12))
+  return Analytic(params=params, opt_state=opt_state, grads=grads, activations=activations,
+                  logits=logits)
+
+
+def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_bytes: int) -> float:
+  """Bytes one device moves to and from HBM per step (a model, labelled so).
+
+  Per microbatch: the gathered weights read once per pass (forward, the recompute under
+  remat, backward), saved activations written and read once, the attention scores written
+  and read in every pass; per step: the optimizer reads parameters, gradients and state and
+  writes parameters and state.
+  """
+  run = exp.run
+  params = exp.abstract_state.params
+  top_k = flops_lib.find_field(run.model, "top_k")
+  shape = model_shape(params, top_k=top_k)
+  mesh = dict(exp.mesh.shape)
+  accum = run.trainer.grad_accum_steps
+  seq = exp.source.seq_len
+  rows = max(exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"]), 1)
+  tokens = rows * seq
+  remat = getattr(run.model, "remat", "none")
+  passes = 3 if remat == "none" else 4
+  weights = flops_lib.count(params, seq_len=seq, top_k=top_k).matmul_params
+  per_micro = passes * compute_bytes * weights / mesh["model"]
+  per_micro += 2 * analytic.activations
+  per_micro += passes * tokens * shape.layers * (4 + compute_bytes) * (
+      shape.heads / mesh["model"]) * seq
+  optimizer = 2 * (analytic.params + analytic.opt_state) + analytic.grads
+  return accum * per_micro + optimizer
+
+
+def nn_unbox(tree):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  return nn.meta.unbox(tree)

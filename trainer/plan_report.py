@@ -1,0 +1,98 @@
+"""The `axtrain plan` report: a Plan (trainer/plan.py) as text, every figure labelled with its
+source, or as JSON; and the byte, time and count formats it and the sweep's ranking share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainer.plan import GiB, Plan
+
+
+def gib(n: float) -> str:
+  """Bytes in GiB (MiB, KiB for small figures), three significant digits."""
+  for unit, scale in (("GiB", GiB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+    if abs(n) >= scale / 10 or unit == "KiB":
+      return f"{n / scale:.3g} {unit}"
+  return f"{n} B"
+
+
+def secs(x: float) -> str:
+  """Seconds in s, ms or us, three significant digits."""
+  return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} us"
+
+
+def num(x: float) -> str:
+  """A count with a K, M, G, T or P suffix and two decimals."""
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.2f}{unit}"
+  return f"{x:.0f}"
+
+
+def text(p: Plan, *, timings: bool = True) -> str:
+  """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
+  src = "TPU compiler" if p.fit_source == "compiler" else "CPU compiler"
+  a, t = p.analytic, p.train
+  axes = " ".join(f"{k}={v}" for k, v in p.axes.items())
+  lines = [
+      f"plan: {p.config} on {p.mesh} ({p.devices} devices, {axes}), compiled by {p.compiler}",
+      f"  run: batch {p.batch} x {p.seq_len} tokens, grad_accum_steps {p.grad_accum_steps}, "
+      f"remat {p.remat}, loss_chunk_size {p.loss_chunk_size}, {num(p.num_params)} parameters",
+      "  per device                       bytes",
+      f"    parameters         [exact]     {gib(a.params)}",
+      f"    optimizer state    [exact]     {gib(a.opt_state)}",
+      f"    gradients          [model]     {gib(a.grads)}",
+      f"    activations        [model]     {gib(a.activations)}",
+      f"    logits + loss      [model]     {gib(a.logits)}",
+      f"    total              [model]     {gib(a.total)}",
+      f"    train arguments    [{src}]  {gib(t.argument)}",
+      f"    train outputs      [{src}]  {gib(t.output)} (aliased to arguments: "
+      f"{gib(t.alias)})",
+      f"    train temporaries  [{src}]  {gib(t.temp)}",
+      f"    train code         [{src}]  {gib(t.code)}",
+      f"    train peak         [{src}]  {gib(t.peak)}",
+  ]
+  if t.refused:
+    lines.append(f"    the TPU compiler refused: {t.refused}")
+  if p.eval is not None:
+    lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
+                 f"{gib(p.eval.temp)})")
+  verdict = "fits" if p.fits else "does NOT fit"
+  how = (f"{gib(p.headroom)} to spare" if p.fits else f"short by {gib(-p.headroom)}")
+  basis = "TPU compiler peak" if p.fit_source == "compiler" else "analytic model total"
+  lines += [
+      f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
+      f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}",
+      f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
+      f"{num(p.model_flops / p.devices)} per device; compiler {num(t.flops)} per device "
+      f"(while-loop bodies counted once)",
+      f"  collectives per device per step [compiled HLO]: "
+      + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
+         or "none")
+      + (f"; {gib(t.collectives.cross_host_bytes)} between hosts"
+         if t.collectives.cross_host_bytes else ""),
+  ]
+  e = p.estimate
+  if e is None:
+    lines.append("  estimate: none (the entry lists no peak FLOP/s or bandwidths)")
+  else:
+    lines += [
+        f"  ESTIMATE (roofline, not a measurement): step {secs(e.step_s)} overlapped, "
+        f"{secs(e.serial_s)} serial; compute {secs(e.compute_s)}, HBM {secs(e.hbm_s)}, "
+        f"collectives {secs(e.collective_s)}",
+        f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
+        f"{e.mfu_serial:.2f} serial; HBM traffic [model] {gib(p.hbm_traffic)} per device",
+    ]
+  if timings:
+    lines.append(f"  compile: train {t.seconds:.0f} s"
+                 + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
+  return "\n".join(lines) + "\n"
+
+
+def to_json(p: Plan) -> dict:
+  out = dataclasses.asdict(p)
+  out.update(fits=p.fits, usable=p.usable, headroom=p.headroom,
+             analytic_total=p.analytic.total, train_peak=p.train.peak,
+             eval_peak=p.eval.peak if p.eval else None)
+  return out
