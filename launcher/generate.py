@@ -139,50 +139,82 @@ def main(argv: list[str]) -> int:
 def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
                step: int | None, seed: int) -> list[dict]:
   """One dict per prompt: prompt, prompt_ids, ids (generated), text (their decoding), stop."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
-
   import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (all registries)
   from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
-  from trainer import checkpoint, meshes, sharding  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
-  from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
-  from trainer.generate import generate  # pylint: disable=import-outside-toplevel
-  from trainer.step import cast_floats  # pylint: disable=import-outside-toplevel
 
   run = config_lib.parse(cfg)
   model = MODELS.build(run.model)
   tok = run_tokenizer(cfg)
+  limit = max_length(run, run_dir)
+  ids = encode_prompts(tok, prompts, limit=limit, vocab_size=run.model.vocab_size)
+  options, note = fit_options(options, longest=max(len(x) for x in ids), limit=limit,
+                              eos_id=tok.eos_id)
+  entry, mesh = local_mesh()
+  params = load_run_params(run_dir, run=run, model=model, mesh=mesh, rules=entry.rules,
+                           step=step)
+  if note:
+    print(note, file=sys.stderr)
+  tokens, counts, hit_eos = generate_ids(params, ids, model=model, options=options, mesh=mesh,
+                                         rules=entry.rules, seed=seed)
+  return decode_results(tok, prompts, ids, tokens=tokens, counts=counts, hit_eos=hit_eos)
+
+
+def encode_prompts(tok, prompts: list[str], *, limit: int, vocab_size: int) -> list:
+  """Each prompt's token ids; refuses a prompt that encodes to nothing, one that leaves no room
+  for a new token within `limit`, and ids the model's vocabulary does not have."""
   ids = tok.encode(prompts)
   if not all(len(x) for x in ids):
     raise UserError("generate: a prompt encodes to no tokens; give some text to continue")
-  limit = max_length(run, run_dir)
   longest = max(len(x) for x in ids)
   if longest >= limit:
     raise UserError(f"generate: a prompt is {longest} tokens long but the model's maximum length "
                     f"is {limit} (prompt + at least one new token must fit); shorten it")
   top = max(int(x.max()) for x in ids)
-  if top >= run.model.vocab_size:
+  if top >= vocab_size:
     raise UserError(f"generate: the tokenizer gives id {top} but model.vocab_size is "
-                    f"{run.model.vocab_size}; this run's tokenizer does not match its model")
+                    f"{vocab_size}; this run's tokenizer does not match its model")
+  return ids
+
+
+def fit_options(options, *, longest: int, limit: int, eos_id: int | None):
+  """(options, note): max_new_tokens cut to what fits after the longest prompt within `limit`,
+  the tokenizer's EOS id and the cache length set; the note says so when it was cut."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
   new = min(options.max_new_tokens, limit - longest)
   note = (f"axtrain: note: max_new_tokens cut to {new} (the model's maximum length is {limit})"
           if new < options.max_new_tokens else None)
-  options = dataclasses.replace(options, max_new_tokens=new, eos_id=tok.eos_id,
-                                cache_length=longest + new)
+  return dataclasses.replace(options, max_new_tokens=new, eos_id=eos_id,
+                             cache_length=longest + new), note
 
-  # The auto mesh of the devices here, not the run's axis sizes: those were for its devices.
+
+def local_mesh():
+  """(entry, mesh): the auto mesh of the devices here, not the run's axis sizes (those were for
+  its devices)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from trainer import meshes, sharding  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
   entry = meshes.select("auto")
   mesh = sharding.make_mesh(sharding.resolve_axes(entry, config_lib.MeshConfig(),
                                                   jax.device_count()))
+  return entry, mesh
+
+
+def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int | None):
+  """The checkpoint's parameters (the latest or `step`'s), sharded over `mesh` and cast to the
+  run's compute dtype on the devices here."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+  from trainer import checkpoint, sharding  # pylint: disable=import-outside-toplevel
+  from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
+  from trainer.step import cast_floats  # pylint: disable=import-outside-toplevel
+
   abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
                             jax.random.key(0))
-  shardings = sharding.logical_shardings(abstract, mesh, entry.rules)
+  shardings = sharding.logical_shardings(abstract, mesh, rules)
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on a read-only manager
   try:
@@ -191,13 +223,22 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
     raise UserError(f"generate: {e}") from None
   finally:
     absl_logging.set_verbosity(verbosity)
-  if note:
-    print(note, file=sys.stderr)
-  params = cast_floats(params, compute_dtype(run.trainer.compute_dtype,
-                                             jax.devices()[0].platform))
+  return cast_floats(params, compute_dtype(run.trainer.compute_dtype, jax.devices()[0].platform))
 
-  rows = len(ids)
-  shards = sharding.num_shards(sharding.batch_sharding(mesh, entry.rules), dim=0)
+
+def generate_ids(params, ids: list, *, model, options, mesh, rules, seed: int):
+  """(tokens, counts, hit_eos) as numpy arrays, one row per prompt and the padding rows: the
+  prompts padded into one batch that splits over the mesh's batch shards, then sampled."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from trainer import sharding  # pylint: disable=import-outside-toplevel
+  from trainer.generate import generate  # pylint: disable=import-outside-toplevel
+
+  rows, longest = len(ids), max(len(x) for x in ids)
+  shards = sharding.num_shards(sharding.batch_sharding(mesh, rules), dim=0)
   batch = -(-rows // shards) * shards  # padded with copies of the first prompt
   prompts_BxP = np.zeros((batch, longest), np.int32)
   lengths_B = np.full((batch,), len(ids[0]), np.int32)
@@ -205,10 +246,14 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
     prompts_BxP[i, :len(x)] = x
     lengths_B[i] = len(x)
   prompts_BxP[rows:, :len(ids[0])] = ids[0]
-  with jax.set_mesh(mesh), nn.logical_axis_rules(entry.rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     out = generate(params, jnp.asarray(prompts_BxP), jnp.asarray(lengths_B),
                    jax.random.key(seed), model=model, options=options)
-  tokens, counts, hit_eos = (np.asarray(x) for x in (out.tokens, out.num_tokens, out.hit_eos))
+  return tuple(np.asarray(x) for x in (out.tokens, out.num_tokens, out.hit_eos))
+
+
+def decode_results(tok, prompts: list[str], ids: list, *, tokens, counts, hit_eos) -> list[dict]:
+  """One dict per prompt: the generated ids up to (not including) EOS and their text."""
   results = []
   for i, prompt in enumerate(prompts):
     gen = tokens[i, :counts[i] - int(hit_eos[i])].tolist()  # the EOS itself is not text
