@@ -14,17 +14,15 @@ import configs.moe_tiny
 import configs.tiny
 from modules.decoder import MODELS
 from trainer import config as config_lib, flops
-from trainer.step import init_state
-from trainer.optimizer import OPTIMIZERS
+from trainer.step import init_params
 
 
 def _abstract(cfg):
   run = config_lib.parse(cfg)
   model = MODELS.build(run.model)
-  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=10)
-  state = jax.eval_shape(functools.partial(init_state, model=model, optimizer=optimizer,
-                                           seq_len=8), jax.random.key(0))
-  return run, state.params
+  params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=8),
+                          jax.random.key(0))
+  return run, params
 
 
 def _llama(d, layers, heads, kv_heads, f, vocab, seq):
