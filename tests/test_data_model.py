@@ -27,7 +27,7 @@ def test_changing_one_document_never_changes_the_logits_of_another(tmp_path):
   r = 0
   assert seg[r].max() >= 2  # documents are 20-40 bytes: two or more per 64-token row
   model = MODELS.build(MODELS.parse(llama.model_node("test"), "model"))
-  params = nn.meta.unbox(model.init(jax.random.key(0), tokens[:1])["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens[:1])["params"])
   apply = jax.jit(lambda t, p, s: model.apply({"params": params}, t, p, s))
 
   changed = tokens.copy()

@@ -47,7 +47,7 @@ def _model(node):
 @functools.cache
 def _random(make, scan):
   model = _model(make(scan))
-  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return model, jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
                              is_leaf=lambda x: hasattr(x, "unbox"))
 

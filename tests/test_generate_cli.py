@@ -55,8 +55,8 @@ def run_dir(tmp_path_factory):
   cfg.model.scan_layers = False
   resolved = json.loads(cfg.to_json_best_effort())
   model = MODELS.build(config_lib.parse(resolved).model)
-  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x,
-                        model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"],
+  boxed = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, boxed,
                         is_leaf=lambda x: hasattr(x, "unbox"))
   path = tmp_path_factory.mktemp("gen") / "run"
   path.mkdir()

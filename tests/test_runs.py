@@ -14,7 +14,8 @@ from launcher import main as main_lib, runs as runs_lib
 from tests.conftest import ROOT
 
 LEARNING_RATES = ("1e-3", "3e-3", "1e-2")
-SHORT = ["--config=configs/tiny.py", "--config.trainer.max_steps=6", "--config.trainer.log_every=2",
+SHORT = ["--config=configs/llama.py:size=test", "--config.trainer.max_steps=6",
+         "--config.trainer.log_every=2",
          "--config.optimizer.schedule.warmup_steps=0",
          "--config.data.seq_len=32", "--config.eval.num_batches=1", "--config.eval.batch_size=8",
          "--progress=false"]

@@ -45,7 +45,7 @@ def worker(worker_process) -> dict:
 def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices, worker_process):
   del worker_process  # started first so that it runs while this test does
   out = tmp_path / "run"
-  result = cli("--config=configs/tiny.py", "--mesh=cpu", "--config.trainer.max_steps=3",
+  result = cli("--config=configs/llama.py:size=test", "--mesh=cpu", "--config.trainer.max_steps=3",
                "--config.optimizer.schedule.warmup_steps=0",
                "--config.data.seq_len=32", "--config.data.batch_size=8",
                "--config.eval.batch_size=8", "--config.eval.num_batches=1",
