@@ -60,12 +60,13 @@ def set_path(cfg: ml_collections.ConfigDict, path: str, value: Any) -> None:
 
 
 def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema: type,
-                **values) -> ml_collections.ConfigDict:
+                dropped: dict | None = None, **values) -> ml_collections.ConfigDict:
   """Replaces the component node at `path` by `kind`'s node (Registry.switched); returns it.
 
   `schema` is the dataclass of `cfg` (e.g. trainer.config.RunConfig); the registry of
   each node on the way comes from its parent's `child()` field, so this works for every
-  registry without knowing any of them.
+  registry without knowing any of them. `dropped`, if given, receives {path.field: value}
+  of the old node's non-default fields that `kind` does not have (Registry.dropped).
   """
   parts = path.split(".")
   node: Any = cfg
@@ -79,6 +80,8 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
       if reg is None:
         raise ConfigError(f"{where}.kind: {where} is not a component with a kind")
       reg.entry(kind, path=where)  # an unknown kind is reported with its path
+      if dropped is not None:
+        dropped.update({f"{where}.{k}": v for k, v in reg.dropped(node[part], kind).items()})
       new = reg.switched(node[part], kind, **values)
       node[part] = new
       return new

@@ -146,6 +146,23 @@ class Registry:
         carried[name] = value
     return self._node(component, {**carried, **values}, partial=True)
 
+  def dropped(self, old: Any, kind: str) -> dict[str, Any]:
+    """The fields of `old` that `switched(old, kind)` drops although they differ from the
+    old kind's defaults ({} when `old` is not a node of this registry)."""
+    if not isinstance(old, (Mapping, ml_collections.ConfigDict)) or old.get("kind") not in (
+        self.kinds()):
+      return {}
+    default = self._node(self.entry(old["kind"]), {}, partial=True).to_dict()
+    new_fields = _fields(self.entry(kind).config_cls)
+    hints = typing.get_type_hints(self.entry(kind).config_cls)
+    out = {}
+    for name, value in old.items():
+      plain = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+      kept = name in new_fields and _valid(new_fields[name], hints[name], value)
+      if name != "kind" and not kept and plain != default.get(name):
+        out[name] = plain
+    return out
+
   def _node(self, component: Component, values: dict, *, partial: bool):
     kind = component.kind
     fields = {n: f for n, f in _fields(component.config_cls).items() if n != "kind"}

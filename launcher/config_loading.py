@@ -87,7 +87,12 @@ def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> Non
     except ConfigError:
       continue  # reported below as an unknown key
     if node is None or (isinstance(node, ml_collections.ConfigDict) and "kind" in node):
-      switch_kind(cfg, path, switches[path])  # an empty slot (None) gets K's node too
+      dropped: dict = {}
+      switch_kind(cfg, path, switches[path], dropped=dropped)  # an empty slot gets K's node too
+      if dropped:  # set by the config file (not defaults): say so rather than drop silently
+        print(f"axtrain: note: --config.{path}.kind={switches[path]} drops "
+              f"{', '.join(f'{k}={v!r}' for k, v in dropped.items())} (kind "
+              f"'{switches[path]}' has no such field)", file=sys.stderr)
   message = bad_override(cfg, items)
   if message:
     raise ConfigError(message)

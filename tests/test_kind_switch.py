@@ -199,3 +199,14 @@ def test_switched_carries_only_fields_valid_for_the_new_kind():
     _TOY.parse(_TOY.switched(old, "second"), "toy")
   assert _TOY.switched(new, "first", only_first=2.0).to_dict() == {
       "kind": "first", "x": 1, "y": "kept", "only_first": 2.0}
+
+
+def test_a_switch_that_drops_a_value_the_config_file_set_says_so(capsys):
+  """llm_1b sets rope_llama3's factor=32 (not its default); plain rope has no factor."""
+  config_loading.load(str(ROOT / "configs" / "llm_1b.py"),
+                      "--config.model.block.attention.position.kind=rope")
+  err = capsys.readouterr().err
+  assert err == ("axtrain: note: --config.model.block.attention.position.kind=rope drops "
+                 "model.block.attention.position.factor=32.0 (kind 'rope' has no such field)\n")
+  load("--config.model.block.ffn.kind=moe", "--config.model.block.ffn.num_experts=4")
+  assert capsys.readouterr().err == ""  # mlp's fields that moe lacks are at their defaults

@@ -171,8 +171,9 @@ def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
   return RunConfig(**values)
 
 
-def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str,
-                **values) -> ml_collections.ConfigDict:
+def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
+                dropped: dict | None = None, **values) -> ml_collections.ConfigDict:
   """Replaces the component at `path` of a run config by `kind`'s node, carrying over the
-  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node."""
-  return paths.switch_kind(cfg, path, kind, schema=RunConfig, **values)
+  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node.
+  `dropped`: see core.paths.switch_kind."""
+  return paths.switch_kind(cfg, path, kind, schema=RunConfig, dropped=dropped, **values)
