@@ -47,7 +47,8 @@ def maybe_initialize(coordinator_address: str | None, num_processes: int | None,
     given = " and ".join(f"--{name}" for name, value in (("num_processes", num_processes),
                                                           ("process_id", process_id))
                          if value is not None)
-    raise UserError(f"{given} need --coordinator_address=HOST:PORT (or JAX_COORDINATOR_ADDRESS),"
+    verb = "need" if " and " in given else "needs"
+    raise UserError(f"{given} {verb} --coordinator_address=HOST:PORT (or JAX_COORDINATOR_ADDRESS),"
                     f" or a Slurm job step (srun) to join; without one this would train as a "
                     f"single process")
   return False

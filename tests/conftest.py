@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-# One persistent XLA compilation cache for the session, read by in-process tests and by the
-# subprocesses they start (set before jax is imported): many tests compile the same small
-# programs. Tests that need their own cache set these variables themselves.
-_XLA_CACHE = tempfile.mkdtemp(prefix="axtrain-tests-xla-cache-")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-
-
-def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
-  shutil.rmtree(_XLA_CACHE, ignore_errors=True)
-
 
 def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = None,
         timeout: float = 600, devices: int | None = None) -> subprocess.CompletedProcess:

@@ -136,8 +136,8 @@ def test_output_dir_without_write_permission(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--num_processes=2"], "--num_processes need --coordinator_address"),
-    (["--process_id=1"], "--process_id need --coordinator_address"),
+    (["--num_processes=2"], "--num_processes needs --coordinator_address"),
+    (["--process_id=1"], "--process_id needs --coordinator_address"),
     (["--num_processes=2", "--process_id=0"], "--num_processes and --process_id need"),
     (["--num_processes=0"], "--num_processes=0: must be at least 1"),
     (["--coordinator_address=127.0.0.1:1", "--num_processes=2", "--process_id=2"],

@@ -7,11 +7,14 @@ import importlib.util
 import io
 import json
 import re
+import time
+import types
 
 import jax
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboardX import event_file_writer
 
 from configs.base import lm_config
 from launcher import main as launcher_main
@@ -168,8 +171,13 @@ def test_docs_observe_names_real_files_and_symbols():
     assert hook in text and f"def {hook}(" in (ROOT / "trainer" / "callbacks.py").read_text()
 
 
-def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
-  """A crash after step 5 (checkpoint at 3, records up to 4); the resumed run redoes 4."""
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, monkeypatch):
+  """A crash after step 5 (checkpoint at 3, records up to 4); the resumed run redoes 4.
+
+  tensorboardX names event files by the second: both runs get the same second here, as a
+  quick resume can, and the first run's events must survive it."""
+  monkeypatch.setattr(event_file_writer, "time",
+                      types.SimpleNamespace(time=lambda: 1.7e9, sleep=time.sleep))
   exp = _experiment(6, log_every=1)
   exp = experiment.build(dataclasses.replace(exp.run, checkpoint=dataclasses.replace(
       exp.run.checkpoint, every_steps=3)), meshes.lookup("cpu"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 
 from trainer.callbacks import Callback
@@ -46,7 +47,9 @@ class TensorBoardWriter(Callback):
   """Event files under <run_dir>/tensorboard/, written by tensorboardX (no TensorFlow).
 
   A resumed run starts a new event file that purges the steps it redoes, so
-  TensorBoard shows each step once.
+  TensorBoard shows each step once. Event file names carry the start step and the
+  process id: tensorboardX names files by the second, and a resume within the same
+  second would otherwise reopen (and truncate) the first run's file.
   """
 
   def __init__(self, directory: pathlib.Path):
@@ -56,7 +59,8 @@ class TensorBoardWriter(Callback):
   def on_train_start(self, loop) -> None:
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
     self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10,
-                                 purge_step=loop.start + 1 if loop.start else None)
+                                 purge_step=loop.start + 1 if loop.start else None,
+                                 filename_suffix=f".{os.getpid()}.from{loop.start}")
 
   def on_record(self, record: dict) -> None:
     for key, value in scalars(record).items():
