@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, xla_flags
 
 CONFIG = str(ROOT / "tests" / "testdata" / "ckpt_lm.py")
 HOOKS = str(ROOT / "tests" / "launch_with_hooks.py")  # axtrain with test callbacks
@@ -27,7 +27,7 @@ def env(cache_dir: pathlib.Path, devices: int | None = None) -> dict:
   out["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
   out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   if devices is not None:
-    out["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    out["XLA_FLAGS"] = xla_flags(devices)
   return out
 
 
