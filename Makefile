@@ -25,8 +25,11 @@ demo: $(STAMP)
 	@printf '%s' "$(DEMO_PROMPT)"
 	@$(BIN)/axtrain generate --run_dir=runs/demo --prompt="$(DEMO_PROMPT)" --max_new_tokens=100 --temperature=0.6 --seed=0
 
+# Two workers (pytest-xdist), one per core of the CI machine; a test file stays on one worker
+# so its module fixtures are built once. `pytest -m 'not slow'` skips the large TPU compiles.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 golden: $(STAMP)
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest tests/test_golden_configs.py
