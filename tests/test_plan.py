@@ -109,8 +109,9 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
   data-center network, fsdp=8 within a slice; the gradient all-reduce crosses slices."""
   entry = meshes.lookup("tpu-v5e-8x2")
   assert (entry.num_devices, entry.num_slices, entry.num_hosts) == (16, 2, 2)
-  p = plan.plan(_run(configs.tiny.get_config()), entry, config_name="configs/tiny.py",
-                with_eval=False)
+  cfg = configs.tiny.get_config()
+  cfg.data.batch_size = 16  # one sequence per chip
+  p = plan.plan(_run(cfg), entry, config_name="configs/tiny.py", with_eval=False)
   assert p.devices == 16 and p.axes == {"data": 2, "fsdp": 8, "model": 1}
   assert p.train.collectives.cross_host_bytes > 0
   assert "between hosts (or TPU slices)" in plan_report.text(p)

@@ -18,6 +18,7 @@ _COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "col
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?P<out>.+?) (?P<op>[a-z][\w-]*)\((?P<rest>.*)$")
 _SHAPE = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _CALLS = re.compile(r"\b(body|calls|branch_computations)=\{?%?([\w.\-]+)")
+_DCN = '_xla_host_transfer_handler_name="xla_megascale_runtime"'
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
@@ -94,7 +95,9 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
   reduce-scatter (n-1)/n of the full input, all-reduce 2 (n-1)/n of the buffer,
   collective-permute the buffer. A group whose device ids fall in more than one block of
   `per_host` counts as crossing hosts (or TPU slices): the mesh numbers devices host by host,
-  outer axes (e.g. data parallel over hosts) across them.
+  outer axes (e.g. data parallel over hosts) across them. On a multislice TPU entry libtpu
+  hands the cross-slice part of a reduction to its data-center network runtime as host
+  `send`s: their buffers count as `dcn (between slices)`, all of it crossing.
   """
   comps, current, entry = {}, None, None
   for line in hlo_text.splitlines():
@@ -132,6 +135,14 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
     scatter = name.startswith("all-reduce-scatter")
     for line in comps[name]:
       m = _INSTR.match(line)
+      if m and m["op"] == "send" and _DCN in m["rest"]:
+        # Multislice: libtpu sends a cross-slice reduction's buffer to the data-center
+        # network runtime (a host transfer), not as an all-reduce across the slices.
+        sent = sum(_shape_bytes(m["out"].split("u32[]")[0]))
+        by_kind["dcn (between slices)"] = by_kind.get("dcn (between slices)", 0.0) + sent * n
+        count += n
+        cross += sent * n
+        continue
       if not m or m["op"].removesuffix("-start") not in _COLLECTIVES:
         continue
       op = "reduce-scatter" if scatter else m["op"].removesuffix("-start")
