@@ -48,7 +48,8 @@ def test_host_suffix_puts_data_across_hosts():
 
 @pytest.mark.parametrize("name,message", [
     ("gpu-h100", "did you mean 'gpu-h100-8'"),
-    ("tpu-v4-8x2", "unknown mesh"),  # several TPU slices are not a host suffix
+    ("tpu-v4-8x2", "no data-center network figure"),  # no multislice without a DCN figure
+    ("tpu-v5e-8x0", "slice count must be at least 1"),
     ("gpu-h100-8x0", "at least 1"),
 ])
 def test_lookup_errors(name, message):

@@ -87,6 +87,47 @@ ENTRY %main (a: f32[8]) -> f32[8] {
   assert c.bytes_by_kind["all-reduce"] == 2 * 16 * 4 * 1 / 2
 
 
+def test_a_group_across_hosts_counts_as_network_traffic_whatever_its_size():
+  """Two hosts of 8: a group {0, 8} (data parallel across hosts) crosses, {0..7} does not."""
+  hlo = """HloModule m
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %across = f32[16]{0} all-reduce(%a), replica_groups=[8,2]<=[2,8]T(1,0), to_apply=%add
+  %within = f32[16]{0} all-reduce(%a), replica_groups=[2,8]<=[16], to_apply=%add
+  %listed = f32[16]{0} all-reduce(%a), replica_groups={{0,8},{1,9}}, to_apply=%add
+}
+"""
+  c = hlo_collectives.collectives(hlo, 16, per_host=8)
+  across = 2 * 16 * 4 * 1 / 2  # 2 (n-1)/n of the buffer, n = 2
+  within = 2 * 16 * 4 * 7 / 8
+  assert c.bytes_by_kind["all-reduce"] == 2 * across + within
+  assert c.cross_host_bytes == 2 * across
+
+
+def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
+  """Multi-slice: tpu-v5e-8x2 is two 8-chip slices (libtpu's num_slices), data=2 over the
+  data-center network, fsdp=8 within a slice; the gradient all-reduce crosses slices."""
+  entry = meshes.lookup("tpu-v5e-8x2")
+  assert (entry.num_devices, entry.num_slices, entry.num_hosts) == (16, 2, 2)
+  cfg = configs.tiny.get_config()
+  cfg.data.batch_size = 16  # one sequence per chip
+  p = plan.plan(_run(cfg), entry, config_name="configs/tiny.py", with_eval=False)
+  assert p.devices == 16 and p.axes == {"data": 2, "fsdp": 8, "model": 1}
+  assert p.train.collectives.cross_host_bytes > 0
+  assert "between hosts (or TPU slices)" in plan_report.text(p)
+  hw = entry.hardware
+  e = p.estimate
+  c = p.train.collectives
+  assert e.collective_s == pytest.approx((c.total_bytes - c.cross_host_bytes) / hw.link_bandwidth
+                                         + c.cross_host_bytes / hw.host_bandwidth)
+
+
+def test_multi_slice_needs_a_dcn_figure(capsys):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v4-8x2")
+  assert code == 2 and out.err.count("\n") == 1
+  assert "no data-center network figure" in out.err
+
+
 # --- bad input: one line, exit 2 ----------------------------------------------------------
 
 def _main(capsys, *args):

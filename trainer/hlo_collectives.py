@@ -10,12 +10,15 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?P<out>.+?) (?P<op>[a-z][\w-]*)\((?P<rest>.*)$")
 _SHAPE = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _CALLS = re.compile(r"\b(body|calls|branch_computations)=\{?%?([\w.\-]+)")
+_DCN = '_xla_host_transfer_handler_name="xla_megascale_runtime"'
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
@@ -42,6 +45,37 @@ def _group_size(rest: str, num_devices: int) -> int:
   return num_devices
 
 
+def _first_group(rest: str, num_devices: int) -> list[int] | None:
+  """Device ids of the first replica group, where the HLO spells them out (None if not)."""
+  if m := re.search(r"replica_groups=\{\{([\d,]*)\}", rest):
+    return [int(x) for x in m[1].split(",") if x]
+  if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest):
+    dims = [int(x) for x in m[3].split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m[4]:
+      ids = ids.transpose([int(x) for x in m[4].split(",")])
+    return ids.reshape(int(m[1]), int(m[2]))[0].tolist()
+  if m := re.search(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<used>[^}]*)\}", rest):
+    axes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", m["axes"])]
+    used = set(re.findall(r"'(\w+)'", m["used"]))
+    ids = np.arange(math.prod(n for _, n in axes)).reshape([n for _, n in axes])
+    index = tuple(slice(None) if a in used else 0 for a, _ in axes)
+    return ids[index].reshape(-1).tolist()
+  if "replica_groups={}" in rest or ("replica_groups" not in rest
+                                     and "source_target_pairs" not in rest):
+    return list(range(num_devices))  # one group of every device
+  return None
+
+
+def _crosses(rest: str, num_devices: int, group: int, per_host: int) -> bool:
+  """Whether a group spans more than one host (or slice): devices are numbered host by host,
+  so a group crosses when its ids fall in different blocks of `per_host`."""
+  ids = _first_group(rest, num_devices)
+  if ids is None:
+    return group > per_host
+  return len({i // per_host for i in ids}) > 1
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Collectives:
   """Bytes each device sends per step (ring algorithms), by collective kind, loops unrolled."""
@@ -59,8 +93,11 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
 
   With n devices in a group: all-gather and all-to-all send (n-1)/n of the full result,
   reduce-scatter (n-1)/n of the full input, all-reduce 2 (n-1)/n of the buffer,
-  collective-permute the buffer. A group of more than `per_host` devices counts as crossing
-  hosts (the mesh puts the fast axes inside a host).
+  collective-permute the buffer. A group whose device ids fall in more than one block of
+  `per_host` counts as crossing hosts (or TPU slices): the mesh numbers devices host by host,
+  outer axes (e.g. data parallel over hosts) across them. On a multislice TPU entry libtpu
+  hands the cross-slice part of a reduction to its data-center network runtime as host
+  `send`s: their buffers count as `dcn (between slices)`, all of it crossing.
   """
   comps, current, entry = {}, None, None
   for line in hlo_text.splitlines():
@@ -98,6 +135,14 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
     scatter = name.startswith("all-reduce-scatter")
     for line in comps[name]:
       m = _INSTR.match(line)
+      if m and m["op"] == "send" and _DCN in m["rest"]:
+        # Multislice: libtpu sends a cross-slice reduction's buffer to the data-center
+        # network runtime (a host transfer), not as an all-reduce across the slices.
+        sent = sum(_shape_bytes(m["out"].split("u32[]")[0]))
+        by_kind["dcn (between slices)"] = by_kind.get("dcn (between slices)", 0.0) + sent * n
+        count += n
+        cross += sent * n
+        continue
       if not m or m["op"].removesuffix("-start") not in _COLLECTIVES:
         continue
       op = "reduce-scatter" if scatter else m["op"].removesuffix("-start")
@@ -115,6 +160,6 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
                      else share)
       by_kind[op] = by_kind.get(op, 0.0) + sent * n
       count += n
-      if per_host and g > per_host:
+      if per_host and _crosses(m["rest"], num_devices, g, per_host):
         cross += sent * n
   return Collectives(bytes_by_kind=by_kind, count=int(count), cross_host_bytes=cross)

@@ -70,6 +70,7 @@ class Entry:
   num_hosts: int = 1
   rules: tuple = DEFAULT_RULES
   topology: str | None = None  # TPU slice shape for libtpu's compiler, e.g. "v5e:4x4"
+  num_slices: int = 1  # TPU slices joined by the data-center network (NAMExSLICES)
 
   @property
   def num_devices(self) -> int | None:
@@ -155,22 +156,25 @@ _TPU = (
               chip=Hardware(platform="tpu", device_kind=r"TPU v5 ?lite|TPU v5e",
                             devices_per_host=4, peak_bf16_flops=197e12, hbm_bytes=16 * GiB,
                             hbm_bandwidth=819 * GBps, link_bandwidth=100 * GBps,
-                            interconnect="ICI 2D torus, 1600 Gb/s per chip",
-                            source="Cloud TPU v5e docs")),
+                            host_bandwidth=3.125 * GBps,
+                            interconnect="ICI 2D torus, 1600 Gb/s per chip; DCN between slices",
+                            source="Cloud TPU v5e docs (DCN: 6.4 Tb/s per 256-chip pod)")),
     TpuFamily(name="tpu-v5p", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v5p",
               sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
               chip=Hardware(platform="tpu", device_kind=r"TPU v5p|TPU v5$", devices_per_host=4,
                             peak_bf16_flops=459e12, hbm_bytes=95 * GiB,
                             hbm_bandwidth=2765 * GBps, link_bandwidth=300 * GBps,
-                            interconnect="ICI 3D torus, 4800 Gb/s per chip",
-                            source="Cloud TPU v5p docs")),
+                            host_bandwidth=6.25 * GBps,
+                            interconnect="ICI 3D torus, 4800 Gb/s per chip; DCN between slices",
+                            source="Cloud TPU v5p docs (DCN: 50 Gb/s per chip)")),
     TpuFamily(name="tpu-v6e", single_host=8, cores_per_chip=1, dims=2, libtpu_name="v6e",
               sizes=(1, 4, 8, 16, 32, 64, 128, 256),
               chip=Hardware(platform="tpu", device_kind=r"TPU v6 ?lite|TPU v6e",
                             devices_per_host=4, peak_bf16_flops=918e12, hbm_bytes=32 * GiB,
                             hbm_bandwidth=1640 * GBps, link_bandwidth=224 * GBps,
-                            interconnect="ICI 2D torus, 3584 Gb/s per chip",
-                            source="Cloud TPU v6e docs")),
+                            host_bandwidth=12.5 * GBps,
+                            interconnect="ICI 2D torus, 3584 Gb/s per chip; DCN between slices",
+                            source="Cloud TPU v6e docs (DCN: 25.6 Tb/s per 256-chip pod)")),
 )
 # Trainium: one jax device per (logical) NeuronCore. trn1.32xlarge: 16 chips x 2 cores,
 # 190 TFLOP/s bf16, 32 GiB and 820 GB/s HBM per chip, NeuronLink-v2 384 GB/s per chip,
@@ -237,16 +241,35 @@ def with_hosts(entry: Entry, hosts: int) -> Entry:
   return dataclasses.replace(entry, name=f"{entry.name}x{hosts}", num_hosts=hosts, axes=axes)
 
 
+def with_slices(entry: Entry, slices: int) -> Entry:
+  """A TPU entry over `slices` slices (Multislice): FSDP within a slice, data parallel across
+  them over the data-center network (the chip's host_bandwidth)."""
+  if slices == 1:
+    return entry
+  axes = tuple((a, slices if a == "data" else n) for a, n in entry.axes)
+  return dataclasses.replace(entry, name=f"{entry.name}x{slices}", num_slices=slices,
+                             num_hosts=entry.num_hosts * slices, axes=axes)
+
+
 def lookup(name: str) -> Entry:
-  """`NAME` or, for GPU/Trainium hosts, `NAMExHOSTS`."""
+  """`NAME`; for GPU/Trainium hosts `NAMExHOSTS`; for TPU slices `NAMExSLICES`."""
   if name in MESHES:
     return MESHES[name]
   m = _HOSTS.match(name)
-  if m and m["base"] in MESHES and MESHES[m["base"]].hardware.platform in MULTI_HOST_PLATFORMS:
-    hosts = int(m["hosts"])
-    if hosts < 1:
-      raise ConfigError(f"--mesh={name}: the host count must be at least 1")
-    return with_hosts(MESHES[m["base"]], hosts)
+  base = MESHES.get(m["base"]) if m else None
+  if base is not None and (base.hardware.platform in MULTI_HOST_PLATFORMS
+                           or base.topology is not None):
+    count = int(m["hosts"])
+    what = "host" if base.topology is None else "slice"
+    if count < 1:
+      raise ConfigError(f"--mesh={name}: the {what} count must be at least 1")
+    if base.topology is None:
+      return with_hosts(base, count)
+    if base.hardware.host_bandwidth is None:
+      raise ConfigError(f"--mesh={name}: {base.name} has no data-center network figure in "
+                        f"the registry, so no multi-slice entry; multi-slice: tpu-v5e, "
+                        f"tpu-v5p, tpu-v6e")
+    return with_slices(base, count)
   raise ConfigError(f"--mesh={name}: unknown mesh{suggest(name, MESHES)}; see docs/meshes.md"
                     f" or --mesh=auto")
 

@@ -68,9 +68,10 @@ def target_devices(entry: Entry) -> tuple[list, str]:
                         f"compiler); install it with {LIBTPU_INSTALL}") from None
     from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
     try:
+      slices = {"num_slices": entry.num_slices} if entry.num_slices > 1 else {}
       with _quiet_libtpu():
-        devices = topologies.get_topology_desc(platform="tpu",
-                                               topology_name=entry.topology).devices
+        devices = topologies.get_topology_desc(platform="tpu", topology_name=entry.topology,
+                                               **slices).devices
     except Exception as e:  # pylint: disable=broad-except  (libtpu raises JaxRuntimeError)
       raise ConfigError(f"--mesh={entry.name}: libtpu cannot make topology "
                         f"'{entry.topology}': {' '.join(str(e).split())[:200]}") from None
@@ -234,8 +235,12 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   exp = dataclasses.replace(exp, compute_dtype=dtype)
   n = len(devices)
   state, batch = abstract_inputs(exp, exp.source.batch_size)
-  # Hosts of GPU/Trainium entries talk over the network; a TPU slice is one ICI domain.
-  per_host = entry.hardware.devices_per_host if entry.topology is None else None
+  # Hosts of GPU/Trainium entries talk over the network; a TPU slice is one ICI domain, and
+  # the slices of a multi-slice entry talk over the data-center network.
+  if entry.topology is None:
+    per_host = entry.hardware.devices_per_host
+  else:
+    per_host = n // entry.num_slices if entry.num_slices > 1 else None
   train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host)
   evaluated = None
   if with_eval:

@@ -70,7 +70,7 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")
-      + (f"; {gib(t.collectives.cross_host_bytes)} between hosts"
+      + (f"; {gib(t.collectives.cross_host_bytes)} between hosts (or TPU slices)"
          if t.collectives.cross_host_bytes else ""),
   ]
   e = p.estimate
