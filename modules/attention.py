@@ -32,8 +32,10 @@ class AttentionConfig:
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
   # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention
-  # (cuDNN flash attention on GPU where it applies, XLA elsewhere).
-  implementation: Literal["xla", "dot_product"] = "xla"
+  # (cuDNN flash attention on GPU where it applies, XLA elsewhere); `chunked`: the `xla` math
+  # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time.
+  implementation: Literal["xla", "dot_product", "chunked"] = "xla"
+  query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
 
@@ -48,6 +50,9 @@ class AttentionConfig:
     if self.head_dim is None and dim % self.num_heads:
       raise ConfigError(f"attention: dim {dim} is not divisible by num_heads {self.num_heads};"
                         f" change one of them or set attention.head_dim")
+    if self.query_chunk_size <= 0:
+      raise ConfigError(f"attention.query_chunk_size must be positive, got "
+                        f"{self.query_chunk_size}")
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
@@ -98,6 +103,28 @@ def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS):
   return out.reshape(b, h, length, k).transpose(0, 2, 1, 3)
 
 
+def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: int):
+  """`xla_attention` over blocks of `chunk` queries, one block at a time (lax.map), each
+  block recomputed in the backward pass: the float32 [queries, keys] logits and probabilities
+  exist for one block, not the whole length (memory-efficient attention, Rabe & Staats 2021).
+  The result equals xla_attention's; a length that `chunk` does not divide runs unchunked."""
+  b, length, h, k = q_BxLxHxK.shape
+  if length <= chunk or length % chunk:
+    return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS)
+  n = length // chunk
+  q_NxBxCxHxK = q_BxLxHxK.reshape(b, n, chunk, h, k).swapaxes(0, 1)
+  mask_NxBx1xCxS = mask_Bx1xLxS.reshape(mask_Bx1xLxS.shape[0], 1, n, chunk, -1).transpose(
+      2, 0, 1, 3, 4)
+
+  @jax.checkpoint
+  def block(args):
+    q_BxCxHxK, mask_Bx1xCxS = args
+    return xla_attention(q_BxCxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xCxS)
+
+  out_NxBxCxHxK = jax.lax.map(block, (q_NxBxCxHxK, mask_NxBx1xCxS))
+  return out_NxBxCxHxK.swapaxes(0, 1).reshape(b, length, h, k)
+
+
 @ATTENTION.register("attention", AttentionConfig)
 class Attention(nn.Module):
   cfg: AttentionConfig
@@ -129,6 +156,9 @@ class Attention(nn.Module):
       out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
     elif cfg.implementation == "xla":
       out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length))
+    elif cfg.implementation == "chunked":
+      out = chunked_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
+                              chunk=cfg.query_chunk_size)
     else:
       mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
       out = jax.nn.dot_product_attention(q, kk, v, mask=mask, is_causal=mask is None)
