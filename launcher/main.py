@@ -80,6 +80,10 @@ def help_text(fv: flags.FlagValues) -> str:
 # `axtrain COMMAND ...` -> the launcher module whose main(argv) runs it (imported on use).
 COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "generate": "generate",
             "runs": "runs", "eval": "eval_run"}
+# Commands that run on this machine's devices: like training, they take the CPU backend
+# outright on a machine without accelerators (launcher/platforms.py). `plan` compiles for
+# other machines' devices and must keep libtpu's TPU topologies reachable.
+ON_LOCAL_DEVICES = frozenset({"convert", "generate", "eval"})
 
 
 def run() -> None:
@@ -92,6 +96,8 @@ def main(argv: list[str], *, callbacks=()) -> int:
   try:
     command = argv[1] if len(argv) > 1 else None
     if command in COMMANDS:
+      if command in ON_LOCAL_DEVICES:
+        platforms.cpu_when_no_accelerator()
       module = importlib.import_module(f"launcher.{COMMANDS[command]}")
       return module.main(argv[:1] + argv[2:])
     return train_main(argv, callbacks=callbacks)

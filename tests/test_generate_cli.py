@@ -94,6 +94,14 @@ def test_cli_prints_continuations_and_json(run_dir, tmp_path, capsys):
   assert code == 0 and out == result["text"] + "\n"
 
 
+def test_a_relative_run_dir_works(run_dir, capsys, monkeypatch):
+  """As `make demo` calls it: --run_dir=runs/demo (Orbax reads absolute paths only)."""
+  monkeypatch.chdir(run_dir.parent)
+  code, out, err = _generate(capsys, f"--run_dir={run_dir.name}", "--prompt=def f(x):",
+                             "--max_new_tokens=4", "--temperature=0")
+  assert code == 0, err
+
+
 def test_cli_cuts_max_new_tokens_to_the_model_length(run_dir, capsys):
   code, out, err = _generate(capsys, f"--run_dir={run_dir}", "--prompt=" + "x" * 28,
                              "--max_new_tokens=50", "--top_k=5", "--json")

@@ -406,7 +406,8 @@ def check_restore_step(directory: pathlib.Path | str, step: int) -> None:
 
 
 def _step_dir(run_dir: pathlib.Path | str, step: int | None = None) -> pathlib.Path:
-  """checkpoints/<step> of `run_dir`: the newest committed one, or `step`, which must be committed."""
+  """checkpoints/<step> of `run_dir` (absolute, as Orbax wants): the newest committed one, or
+  `step`, which must be committed."""
   directory = pathlib.Path(run_dir) / "checkpoints"
   if not directory.is_dir():
     raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
@@ -416,7 +417,7 @@ def _step_dir(run_dir: pathlib.Path | str, step: int | None = None) -> pathlib.P
   if step is not None and step not in steps:
     raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
                           f"{', '.join(map(str, steps))}")
-  return directory / str(steps[-1] if step is None else step)
+  return (directory / str(steps[-1] if step is None else step)).absolute()
 
 
 def _names(tree, prefix: str) -> dict[str, tuple[int, ...]]:
