@@ -19,8 +19,16 @@ SCHEDULES = Registry("schedule")
 _PATH = "optimizer.schedule"
 
 
+class _Checked:
+  """The check every schedule config shares: ranges, then the warm-up against
+  trainer.max_steps and decay_steps."""
+
+  def check(self, *, peak: float, total_steps: int):
+    del peak
+    _check(self, total_steps)
+
+
 def _check(cfg, total_steps: int) -> None:
-  """Ranges, then the warm-up against trainer.max_steps and decay_steps."""
   check_ranges(cfg, _PATH)
   if cfg.warmup_steps > total_steps:
     raise ConfigError(f"{_PATH}.warmup_steps: {cfg.warmup_steps} is longer than "
@@ -48,16 +56,12 @@ _STEPS = {"warmup_steps": NON_NEGATIVE, "decay_steps": Interval(1)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WarmupCosineConfig:
+class WarmupCosineConfig(_Checked):
   kind: str = "warmup_cosine"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
   decay_steps: int | None = None  # end of the cosine, warm-up included (steps); None = max_steps
   end_ratio: float = 0.1  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
-
-  def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
 
 
 @SCHEDULES.register("warmup_cosine", WarmupCosineConfig)
@@ -69,14 +73,10 @@ def warmup_cosine(*, cfg: WarmupCosineConfig, peak: float, total_steps: int):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ConstantConfig:
+class ConstantConfig(_Checked):
   kind: str = "constant"
   warmup_steps: int = 0  # linear warm-up from 0 to the learning rate (steps); then constant
   RANGES: ClassVar = {"warmup_steps": NON_NEGATIVE}
-
-  def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
 
 
 @SCHEDULES.register("constant", ConstantConfig)
@@ -86,16 +86,12 @@ def constant(*, cfg: ConstantConfig, peak: float, total_steps: int):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LinearConfig:
+class LinearConfig(_Checked):
   kind: str = "linear"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
   decay_steps: int | None = None  # end of the decay, warm-up included (steps); None = max_steps
   end_ratio: float = 0.0  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
-
-  def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
 
 
 @SCHEDULES.register("linear", LinearConfig)
@@ -106,15 +102,11 @@ def linear(*, cfg: LinearConfig, peak: float, total_steps: int):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RsqrtConfig:
+class RsqrtConfig(_Checked):
   kind: str = "rsqrt"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
   end_ratio: float = 0.0  # floor: the rate never falls below this fraction of the peak
   RANGES: ClassVar = {"warmup_steps": NON_NEGATIVE, "end_ratio": FRACTION}
-
-  def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
 
 
 @SCHEDULES.register("rsqrt", RsqrtConfig)
@@ -134,7 +126,7 @@ _SHAPES = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WsdConfig:
+class WsdConfig(_Checked):
   """Warm-up, stable at the peak, then a decay over the last decay_fraction of max_steps."""
   kind: str = "wsd"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
@@ -148,8 +140,7 @@ class WsdConfig:
     return max(1, round(self.decay_fraction * total_steps))
 
   def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
+    super().check(peak=peak, total_steps=total_steps)
     length = self.decay_length(total_steps)
     if total_steps - length < self.warmup_steps:
       raise ConfigError(
