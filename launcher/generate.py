@@ -98,7 +98,7 @@ def run_tokenizer(cfg: dict):
   node = data.get("tokenizer") or next(
       (src.get("tokenizer") for src in data.get("sources") or () if src.get("tokenizer")), None)
   if node is None and data.get("kind") == "tokens":
-    node = corpus.read_tokens_dir(data["path"], what="data.path")[1]["tokenizer"]
+    node = corpus.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
   node = dict(node or {"kind": "bytes"})
   fields = {k: v for k, v in node.items() if k not in ("kind", "vocab_size", "add_eos")}
   return tokenizers.build(node["kind"], **fields, add_eos=False)

@@ -140,8 +140,8 @@ def _load_tokens(cfg: TokensConfig) -> Split:
   return Split(train, held, int(meta["tokenizer"]["vocab_size"]), 0, describe)
 
 
-def read_tokens_dir(path: str, *, what: str) -> tuple[TokenCorpus, dict]:
-  """A directory written by `axtrain tokenize` (NumPy or ArrayRecord shards)."""
+def read_tokens_meta(path: str, *, what: str) -> dict:
+  """The metadata of a directory written by `axtrain tokenize` (shards, dtype, tokenizer)."""
   root = pathlib.Path(path).expanduser()
   meta_path = root / META
   if not root.is_dir():
@@ -151,9 +151,20 @@ def read_tokens_dir(path: str, *, what: str) -> tuple[TokenCorpus, dict]:
     raise ConfigError(f"{what} '{path}': no {META}; is it an `axtrain tokenize` output directory?")
   try:
     meta = json.loads(meta_path.read_text())
-    shards, dtype, fmt = meta["shards"], np.dtype(meta["dtype"]), meta["format"]
+    missing = [k for k in ("shards", "dtype", "format", "tokenizer") if k not in meta]
+    if missing:
+      raise KeyError(missing[0])
+    np.dtype(meta["dtype"])
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"{meta_path}: unreadable metadata ({e})") from None
+  return meta
+
+
+def read_tokens_dir(path: str, *, what: str) -> tuple[TokenCorpus, dict]:
+  """A directory written by `axtrain tokenize` (NumPy or ArrayRecord shards)."""
+  meta = read_tokens_meta(path, what=what)
+  root = pathlib.Path(path).expanduser()
+  shards, dtype, fmt = meta["shards"], np.dtype(meta["dtype"]), meta["format"]
   arrays, lengths = [], []
   for name in shards:
     if fmt == "npy":
