@@ -1,16 +1,20 @@
 """`axtrain plan`: will this config fit that mesh, and how fast should it run? Ahead of time.
 
 usage:
-  axtrain plan --config=FILE [--config.a.b=VALUE ...] --mesh=NAME [--json] [--sweep]
+  axtrain plan --config=FILE [--config.a.b=VALUE ...] --mesh=NAME [--json] [--sweep] [--ops]
 
 examples:
   axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
   axtrain plan --config=configs/llm_70b.py --mesh=gpu-h100-8x16 --json
   axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-4 --sweep
+  axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-8 --ops --noeval
 
 Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
 TPU entries with the real TPU compiler (libtpu), others for as many CPU devices plus an
 analytic memory model. A plan that does not fit is a report like any other (exit 0).
+--ops adds where the train step's time goes: its ops' bytes, FLOPs and roofline time by
+category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
+module (trainer/hlo_ops.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_boolean("sweep", False, "Try mesh axes, remat policies and gradient "
                        "accumulation that keep the global batch; rank those that fit.",
                        flag_values=fv)
+  flags.DEFINE_boolean("ops", False, "Also list the train step's ops by bytes and by "
+                       "estimated time, named by module, with totals by category.",
+                       flag_values=fv)
+  flags.DEFINE_integer("ops_top", 10, "How many ops --ops lists.", flag_values=fv)
   flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
   flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
   flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
@@ -112,7 +120,11 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     return 0
   p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval)
   if fv.json:
-    print(json.dumps(dict(plan_report.to_json(p), mesh_rule=rule), indent=1, default=str))
+    out = dict(plan_report.to_json(p), mesh_rule=rule)
+    if fv.ops:
+      out["ops"] = plan_report.ops_json(p, fv.ops_top)
+    print(json.dumps(out, indent=1, default=str))
   else:
-    sys.stdout.write(plan_report.text(p) + (f"  mesh rule: {rule!r}\n" if rule else ""))
+    sys.stdout.write(plan_report.text(p) + (f"  mesh rule: {rule!r}\n" if rule else "")
+                     + (plan_report.ops_text(p, fv.ops_top) if fv.ops else ""))
   return 0

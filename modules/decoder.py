@@ -115,12 +115,14 @@ class DecoderLM(nn.Module):
     if cfg.tie_embeddings:
       if not head:
         return x, embed.embedding.T.astype(x.dtype)
-      logits = embed.attend(x)
+      with jax.named_scope("head"):  # names its ops in profiles and `axtrain plan --ops`
+        logits = embed.attend(x)
     else:
       w = self.param("head", nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
           (cfg.dim, cfg.vocab_size))
       if not head:
         return x, w.astype(x.dtype)
-      logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
+      with jax.named_scope("head"):
+        logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))

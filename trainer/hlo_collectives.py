@@ -14,7 +14,7 @@ import numpy as np
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?P<out>.+?) (?P<op>[a-z][\w-]*)\((?P<rest>.*)$")
 _SHAPE = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _CALLS = re.compile(r"\b(body|calls|branch_computations)=\{?%?([\w.\-]+)")
@@ -22,7 +22,8 @@ _DCN = '_xla_host_transfer_handler_name="xla_megascale_runtime"'
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
-def _shape_bytes(text: str) -> list[int]:
+def shape_bytes(text: str) -> list[int]:
+  """Bytes of every array type in `text` (a tuple gives several)."""
   out = []
   for m in _SHAPE.finditer(text):
     if m["dtype"] in _DTYPE_BYTES:
@@ -88,6 +89,52 @@ class Collectives:
     return sum(self.bytes_by_kind.values())
 
 
+def computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
+  """computation name -> its instruction lines; and the entry computation's name."""
+  comps, current, entry = {}, None, None
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+      current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+      comps[current] = []
+      if line.startswith("ENTRY"):
+        entry = current
+    elif current is not None and line.strip() and line.strip() != "}":
+      comps[current].append(line)
+  return comps, entry
+
+
+def trip_count(line: str, comps: dict[str, list[str]]) -> int:
+  """A while loop's trips: known_trip_count if annotated, else N of the condition's
+  `i < constant(N)`; 1 if neither says."""
+  if m := _TRIP.search(line):
+    return int(m[1])
+  cond = re.search(r"condition=%?([\w.\-]+)", line)
+  body = "\n".join(comps.get(cond[1], ())) if cond else ""
+  constants = re.findall(r"constant\((\d+)\)", body)
+  return int(constants[0]) if len(constants) == 1 and "direction=LT" in body else 1
+
+
+def sent_bytes(op: str, out: str, rest: str, num_devices: int, *, scatter: bool = False) -> float:
+  """Bytes one device sends for one collective instruction (0 for any other op); `scatter`:
+  a TPU all-reduce inside an all-reduce-scatter fusion (a reduce-scatter)."""
+  kind = op.removesuffix("-start")
+  if kind not in COLLECTIVES:
+    return 0.0
+  kind = "reduce-scatter" if scatter else kind
+  sizes = shape_bytes(out)
+  if not sizes:
+    return 0.0
+  # `-start` ops return (operand, result, ...): the result is the largest; plain ops over a
+  # tuple move every element.
+  size = max(sizes) if op.endswith("-start") else sum(sizes)
+  g = _group_size(rest, num_devices)
+  if kind == "reduce-scatter" and not scatter:
+    size *= g  # the input: g times the result
+  share = (g - 1) / g if g > 1 else 0.0
+  return size * (1 if kind == "collective-permute" else 2 * share if kind == "all-reduce"
+                 else share)
+
+
 def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None) -> Collectives:
   """Scans compiled HLO: each collective's per-device traffic times its loop trip counts.
 
@@ -99,32 +146,15 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
   hands the cross-slice part of a reduction to its data-center network runtime as host
   `send`s: their buffers count as `dcn (between slices)`, all of it crossing.
   """
-  comps, current, entry = {}, None, None
-  for line in hlo_text.splitlines():
-    if line and not line[0].isspace() and line.rstrip().endswith("{"):
-      current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-      comps[current] = []
-      if line.startswith("ENTRY"):
-        entry = current
-    elif current is not None and line.strip() and line.strip() != "}":
-      comps[current].append(line)
+  comps, entry = computations(hlo_text)
   times: dict[str, float] = {}
-
-  def trip_count(line) -> int:
-    """known_trip_count if annotated, else N of the condition's `i < constant(N)`."""
-    if m := _TRIP.search(line):
-      return int(m[1])
-    cond = re.search(r"condition=%?([\w.\-]+)", line)
-    body = "\n".join(comps.get(cond[1], ())) if cond else ""
-    constants = re.findall(r"constant\((\d+)\)", body)
-    return int(constants[0]) if len(constants) == 1 and "direction=LT" in body else 1
 
   def visit(name, n):
     times[name] = times.get(name, 0) + n
     for line in comps.get(name, ()):
       for kind, callee in _CALLS.findall(line):
         if callee in comps and callee != name:
-          visit(callee, n * (trip_count(line) if kind == "body" else 1))
+          visit(callee, n * (trip_count(line, comps) if kind == "body" else 1))
 
   if entry is None:
     return Collectives(bytes_by_kind={}, count=0)
@@ -138,26 +168,18 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
       if m and m["op"] == "send" and _DCN in m["rest"]:
         # Multislice: libtpu sends a cross-slice reduction's buffer to the data-center
         # network runtime (a host transfer), not as an all-reduce across the slices.
-        sent = sum(_shape_bytes(m["out"].split("u32[]")[0]))
+        sent = sum(shape_bytes(m["out"].split("u32[]")[0]))
         by_kind["dcn (between slices)"] = by_kind.get("dcn (between slices)", 0.0) + sent * n
         count += n
         cross += sent * n
         continue
-      if not m or m["op"].removesuffix("-start") not in _COLLECTIVES:
+      if not m or m["op"].removesuffix("-start") not in COLLECTIVES:
+        continue
+      sent = sent_bytes(m["op"], m["out"], m["rest"], num_devices, scatter=scatter)
+      if not sent and not shape_bytes(m["out"]):
         continue
       op = "reduce-scatter" if scatter else m["op"].removesuffix("-start")
-      sizes = _shape_bytes(m["out"])
-      if not sizes:
-        continue
-      # `-start` ops return (operand, result, ...): the result is the largest; plain ops
-      # over a tuple move every element.
-      size = max(sizes) if m["op"].endswith("-start") else sum(sizes)
       g = _group_size(m["rest"], num_devices)
-      if op == "reduce-scatter" and not scatter:
-        size *= g  # the input: g times the result
-      share = (g - 1) / g if g > 1 else 0.0
-      sent = size * (1 if op == "collective-permute" else 2 * share if op == "all-reduce"
-                     else share)
       by_kind[op] = by_kind.get(op, 0.0) + sent * n
       count += n
       if per_host and _crosses(m["rest"], num_devices, g, per_host):

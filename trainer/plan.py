@@ -25,11 +25,15 @@ import numpy as np
 
 from core.registry import ConfigError
 from trainer import experiment as experiment_lib, flops as flops_lib
-from trainer import hlo_collectives, memory_model
+from trainer import hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
 from trainer.meshes import Entry
 
 GiB = 1024 ** 3
+# libtpu's cost model times each op alone: with windowed einsum a matmul and its all-gather or
+# reduce-scatter become one loop it cannot see into. These options turn that off (per compile).
+WINDOWED_EINSUM_OFF = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                       "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
 LIBTPU_INSTALL = "pip install 'jax[tpu]==0.10.2' (or `make install`)"
 
 
@@ -99,6 +103,11 @@ class Compiled:
   seconds: float  # compile wall time
   collectives: hlo_collectives.Collectives
   refused: str = ""  # the compiler's out-of-memory message when it refused to compile
+  # libtpu's cost model: its per-op roofline of the step (seconds), each ConcatBitcast custom
+  # call's -1 s added back; None from other compilers. Comparable between programs when
+  # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
+  cost_model_s: float | None = None
+  ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`)
 
   @property
   def peak(self) -> int:
@@ -171,12 +180,13 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
   return state, batch
 
 
-def _compile(fn, args, *, exp, num_devices: int, per_host: int | None) -> Compiled:
+def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
+             hardware=None, compiler_options: dict | None = None) -> Compiled:
   start = time.perf_counter()
   with exp.context():
     lowered = fn.lower(*args)
     try:
-      compiled = lowered.compile()
+      compiled = lowered.compile(compiler_options=compiler_options or None)
     except jax.errors.JaxRuntimeError as e:
       # The TPU compiler refuses a program whose temporaries exceed HBM; that is a verdict.
       m = re.search(r"HLO temporaries \(([\d.]+)G\)", str(e))
@@ -190,12 +200,24 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None) -> Compil
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  text = compiled.as_text()
+  flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  cost_model = None
+  if "optimal_seconds" in cost:
+    cost_model = float(cost["optimal_seconds"]) + text.count(
+        'custom_call_target="ConcatBitcast"')
+  ops = None
+  if hardware is not None and hardware.peak_bf16_flops and hardware.hbm_bandwidth:
+    ops = hlo_ops.ops_report(text, num_devices=num_devices,
+                             peak_flops=hardware.peak_bf16_flops,
+                             hbm_bandwidth=hardware.hbm_bandwidth,
+                             link_bandwidth=hardware.link_bandwidth or hardware.hbm_bandwidth,
+                             compiler_bytes=accessed, compiler_flops=flops)
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
-                  code=mem.generated_code_size_in_bytes, flops=float(cost.get("flops", 0.0)),
-                  bytes_accessed=float(cost.get("bytes accessed", 0.0)), seconds=seconds,
-                  collectives=hlo_collectives.collectives(compiled.as_text(), num_devices,
-                                                          per_host=per_host))
+                  code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
+                  seconds=seconds, cost_model_s=cost_model, ops=ops,
+                  collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host))
 
 
 # Forward + backward = 3 forward passes; full remat recomputes the forward once more.
@@ -223,8 +245,10 @@ def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Com
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
-         with_eval: bool = True) -> Plan:
-  """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device."""
+         with_eval: bool = True, compiler_options: dict | None = None) -> Plan:
+  """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device.
+
+  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF)."""
   if devices is None:
     devices, compiler = target_devices(entry)
   else:
@@ -241,12 +265,13 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
     per_host = entry.hardware.devices_per_host
   else:
     per_host = n // entry.num_slices if entry.num_slices > 1 else None
-  train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host)
+  train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host,
+                   hardware=entry.hardware, compiler_options=compiler_options)
   evaluated = None
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
     evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n,
-                         per_host=per_host)
+                         per_host=per_host, compiler_options=compiler_options)
   analytic = memory_model.analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
   traffic = memory_model.hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
   tokens = exp.source.batch_size * exp.source.seq_len

@@ -84,14 +84,57 @@ def text(p: Plan, *, timings: bool = True) -> str:
         f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
         f"{e.mfu_serial:.2f} serial; HBM traffic [model] {gib(p.hbm_traffic)} per device",
     ]
+  if t.cost_model_s is not None:
+    lines.append(f"  TPU cost model [TPU compiler]: step {secs(t.cost_model_s)} per device, "
+                 f"{num(t.bytes_accessed)}B accessed (libtpu's per-op roofline; compare "
+                 f"programs with layers unrolled and windowed einsum off)")
   if timings:
     lines.append(f"  compile: train {t.seconds:.0f} s"
                  + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
   return "\n".join(lines) + "\n"
 
 
+def ops_text(p: Plan, n: int = 10) -> str:
+  """`plan --ops`: the train step's ops by category, and the top `n` by bytes and by time."""
+  r = p.train.ops
+  if r is None:
+    return "  ops: none (the entry lists no peak FLOP/s or HBM bandwidth to time them by)\n"
+  cov_bytes, cov_flops = r.coverage()
+  lines = [f"  ops of the train step per device [compiled HLO] (roofline per op: max(FLOPs / "
+           f"peak, bytes / HBM bandwidth) + bytes sent / link bandwidth):",
+           f"    {'category':<13} {'ops':>6} {'bytes':>10} {'FLOPs':>9} {'time':>9}"]
+  for cat, t in r.totals().items():
+    lines.append(f"    {cat:<13} {t['ops']:>6} {gib(t['bytes']):>10} {num(t['flops']):>9} "
+                 f"{secs(t['seconds']):>9}")
+  lines.append(f"    {'total':<13} {sum(t['ops'] for t in r.totals().values()):>6} "
+               f"{gib(r.bytes):>10} {num(r.flops):>9} {secs(r.seconds):>9}  (one op at a "
+               f"time)")
+  if cov_bytes or cov_flops:
+    lines.append(f"    these sums are {cov_bytes:.0%} of the compiler's bytes accessed and "
+                 f"{cov_flops:.0%} of its FLOPs")
+  for key, title in (("bytes", "bytes"), ("seconds", "estimated time")):
+    lines.append(f"  top {n} by {title} (ops grouped by module, primitive and pass):")
+    for g in r.top(key, n):
+      lines.append(f"    {gib(g.bytes):>10} {num(g.flops):>9} {secs(g.seconds):>9} "
+                   f"{g.ops:>5}x {g.category:<12} {g.label}")
+  return "\n".join(lines) + "\n"
+
+
+def ops_json(p: Plan, n: int = 10) -> dict | None:
+  r = p.train.ops
+  if r is None:
+    return None
+  group = lambda g: dict(dataclasses.asdict(g), label=g.label)
+  return {"totals": r.totals(), "bytes": r.bytes, "flops": r.flops, "seconds": r.seconds,
+          "coverage": dict(zip(("bytes", "flops"), r.coverage())),
+          "top_by_bytes": [group(g) for g in r.top("bytes", n)],
+          "top_by_seconds": [group(g) for g in r.top("seconds", n)]}
+
+
 def to_json(p: Plan) -> dict:
-  out = dataclasses.asdict(p)
+  out = dataclasses.asdict(dataclasses.replace(
+      p, train=dataclasses.replace(p.train, ops=None),
+      eval=dataclasses.replace(p.eval, ops=None) if p.eval else None))
   out.update(fits=p.fits, usable=p.usable, headroom=p.headroom,
              analytic_total=p.analytic.total, train_peak=p.train.peak,
              eval_peak=p.eval.peak if p.eval else None)

@@ -51,14 +51,17 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
   variables = {"params": cast_floats(params, compute_dtype)}
   args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
   weights = batch["weights"].astype(jnp.float32)
+  # Named scopes label the compiled ops (`axtrain plan --ops`, profiles): loss, optimizer.
   if loss_chunk_size:
     (x, head), state = model.apply(variables, *args, head=False, mutable=["losses"])
-    loss_sum = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size)
+    with jax.named_scope("loss"):
+      loss_sum = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size)
   else:
     logits, state = model.apply(variables, *args, mutable=["losses"])
-    token_loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                                 batch["targets"])
-    loss_sum = jnp.sum(token_loss * weights)
+    with jax.named_scope("loss"):
+      token_loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                                   batch["targets"])
+      loss_sum = jnp.sum(token_loss * weights)
   weight_sum = jnp.sum(weights)
   aux = sum((jnp.sum(x) for x in jax.tree.leaves(state.get("losses", {}))), jnp.float32(0))
   # Aux losses (e.g. MoE load balancing) are means; scale them like the token sum.
@@ -127,21 +130,25 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
     (grads, stats), _ = jax.lax.scan(body, zeros, _microbatches(batch, grad_accum_steps))
     stats = dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps)
   denom = jnp.maximum(stats["weight_sum"], 1.0)
-  grads = jax.tree.map(lambda g: g / denom, grads)
-  updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  loss, grad_norm = stats["loss_sum"] / denom, optax.tree.norm(grads)
+  with jax.named_scope("optimizer"):
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+  with jax.named_scope("metrics"):
+    loss, grad_norm = stats["loss_sum"] / denom, optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   if skip_nonfinite:
     keep_old = lambda new, old: jnp.where(finite, new, old)
     params = jax.tree.map(keep_old, params, state.params)
     opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
+  with jax.named_scope("metrics"):
+    param_norm, update_norm = optax.tree.norm(params), optax.tree.norm(updates)
   metrics = {
       "loss": loss,
       "aux_loss": stats["aux_loss"],
       "grad_norm": grad_norm,
-      "param_norm": optax.tree.norm(params),
-      "update_norm": optax.tree.norm(updates),  # the optimizer's update, before a skip
+      "param_norm": param_norm,
+      "update_norm": update_norm,  # the optimizer's update, before a skip
       "learning_rate": optimizer.schedule(state.step),
       "nonfinite": 1.0 - finite.astype(jnp.float32),
   }

@@ -1,0 +1,344 @@
+"""Where a compiled step's time goes: every executed op's bytes and FLOPs, named back to modules.
+
+Reads the compiled (optimised) HLO text. An op is an instruction of a computation that runs as
+a unit: the entry, loop bodies and conditions (times their trip counts), conditional branches
+and called computations; the insides of a fusion are one op. Per op:
+
+    bytes     what it reads and writes in device memory: its operands' and its result's sizes
+              (a fusion's, not its inner instructions'). Parameters, constants, tuples,
+              get-tuple-element, bitcasts, loop / call wrappers and the `-done` halves of
+              asynchronous pairs move nothing of their own.
+    flops     2 x multiply-adds of every dot or convolution inside (a convolution counts the
+              input features and window taps that meet real input, not padding or dilation).
+    seconds   a roofline: max(flops / peak FLOP/s, bytes / HBM bandwidth); a collective adds
+              what it sends over the links (trainer/hlo_collectives.py) at the link bandwidth.
+    category  matmul (a dot or convolution inside), collective, copy/convert (copies, layout
+              changes, dtype conversions and nothing else), elementwise (any other fusion or
+              op), kernel (custom calls such as Pallas kernels).
+    module    the module path of the op's metadata (jax's name stack, e.g.
+              layers_*/block/attention), its primitive (dot_general, the einsum's spec), and its
+              pass: forward, backward (under `transpose(`), or step (optimizer, loss scaling...).
+
+These are the same kind of figures as the compiler's own cost analysis (its "bytes accessed"
+and "flops"); `Report.coverage` compares the sums with them. `axtrain plan --ops` prints them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+
+from trainer import hlo_collectives
+
+_LINE = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<out>.+?) (?P<op>[a-z][\w-]*)\("
+                   r"(?P<rest>.*)$")
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+         "conditional", "call", "after-all", "partition-id", "replica-id", "opt-barrier",
+         "iota", "add-dependency", "domain"}
+_COPIES = {"copy", "copy-start", "convert", "transpose", "bitcast-convert", "bitcast", "reshape",
+           "parameter", "tuple", "get-tuple-element", "constant", "broadcast", "slice",
+           "concatenate", "pad", "dynamic-slice", "dynamic-update-slice"}
+# Custom calls that only annotate: no kernel of their own.
+_BOOKKEEPING = {"AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "Sharding",
+                "SPMDFullToShardShape", "SPMDShardToFullShape", "ConcatBitcast"}
+_WRAPPERS = re.compile(r"jit|jvp|transpose|vmap|pjit|remat|checkpoint|rematted_computation|"
+                       r"closed_call|custom_jvp_call|custom_vjp_call|while|body|cond|"
+                       r"shard_map|core_call")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+  name: str
+  out: str  # result type text, e.g. bf16[8,128]{1,0} or a tuple of them
+  op: str
+  operands: tuple[str, ...]
+  rest: str  # attributes after the operand list
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Op:
+  """One executed op, its figures summed over the times it runs in a step."""
+  name: str
+  opcode: str  # fusion, copy, all-gather...
+  category: str  # matmul, collective, copy/convert, elementwise, kernel
+  module: str  # module path, layer indices as `*` ("" where the metadata names none)
+  primitive: str  # the jax primitive (and einsum spec) of the op's metadata
+  pass_: str  # forward, backward or step
+  count: int  # times it runs per step
+  bytes: float
+  flops: float
+  sent: float  # bytes it sends to other devices (collectives)
+  seconds: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Group:
+  """Ops with the same module, primitive, pass and category (e.g. one einsum in every layer)."""
+  module: str
+  primitive: str
+  pass_: str
+  category: str
+  ops: int
+  bytes: float
+  flops: float
+  seconds: float
+
+  @property
+  def label(self) -> str:
+    return f"{self.module or '(step)'} {self.primitive} [{self.pass_}]"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Report:
+  ops: tuple[Op, ...]
+  compiler_bytes: float  # the compiler's "bytes accessed" (0 if it gave none)
+  compiler_flops: float
+
+  def groups(self) -> list[Group]:
+    acc: dict = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for o in self.ops:
+      g = acc[(o.module, o.primitive, o.pass_, o.category)]
+      g[0] += o.count
+      g[1] += o.bytes
+      g[2] += o.flops
+      g[3] += o.seconds
+    return [Group(module=k[0], primitive=k[1], pass_=k[2], category=k[3], ops=v[0], bytes=v[1],
+                  flops=v[2], seconds=v[3]) for k, v in acc.items()]
+
+  def top(self, key: str, n: int = 10) -> list[Group]:
+    """The n groups with the most `key` (bytes or seconds)."""
+    return sorted(self.groups(), key=lambda g: -getattr(g, key))[:n]
+
+  def totals(self) -> dict[str, dict[str, float]]:
+    """category -> {ops, bytes, flops, seconds}, largest bytes first."""
+    out: dict = {}
+    for o in self.ops:
+      t = out.setdefault(o.category, {"ops": 0, "bytes": 0.0, "flops": 0.0, "seconds": 0.0})
+      t["ops"] += o.count
+      t["bytes"] += o.bytes
+      t["flops"] += o.flops
+      t["seconds"] += o.seconds
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+  @property
+  def bytes(self) -> float:
+    return sum(o.bytes for o in self.ops)
+
+  @property
+  def flops(self) -> float:
+    return sum(o.flops for o in self.ops)
+
+  @property
+  def seconds(self) -> float:
+    """Ops one after another, each at its roofline: a serial estimate of the step."""
+    return sum(o.seconds for o in self.ops)
+
+  def coverage(self) -> tuple[float, float]:
+    """(our bytes / compiler's bytes accessed, our FLOPs / compiler's FLOPs); 0 where unknown."""
+    return (self.bytes / self.compiler_bytes if self.compiler_bytes else 0.0,
+            self.flops / self.compiler_flops if self.compiler_flops else 0.0)
+
+
+def _split_operands(rest: str) -> tuple[tuple[str, ...], str]:
+  """`a, %b, /*index=2*/%c), attrs...` -> (names, attrs)."""
+  depth = 0
+  for i, ch in enumerate(rest):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      if depth == 0:
+        inside, after = rest[:i], rest[i + 1:]
+        names = tuple(m for m in re.findall(r"%([\w.\-]+)", inside))
+        return names, after
+      depth -= 1
+  return (), rest
+
+
+def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, list[str]], str | None]:
+  """computation name -> its instructions (and its lines); the entry computation's name."""
+  lines, entry = hlo_collectives.computations(hlo_text)
+  comps = {}
+  for name, body in lines.items():
+    comps[name] = []
+    for line in body:
+      if m := _LINE.match(line):
+        operands, rest = _split_operands(m["rest"])
+        comps[name].append(Instr(m["name"], m["out"], m["op"], operands, rest))
+  return comps, lines, entry
+
+
+def _bytes(type_text: str) -> float:
+  return float(sum(hlo_collectives.shape_bytes(type_text)))
+
+
+def _dims(type_text: str) -> list[int]:
+  m = re.search(r"\[([\d,]*)\]", type_text)
+  return [int(d) for d in m[1].split(",") if d] if m else []
+
+
+def _conv_flops(instr: Instr, shapes: dict[str, str]) -> float:
+  """2 x output elements x (input features per group x window taps that meet real input)."""
+  out = math.prod(_dims(instr.out))
+  if instr.op == "dot":
+    lhs = _dims(shapes.get(instr.operands[0], ""))
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.rest)
+    contract = [int(d) for d in m[1].split(",") if d] if m else []
+    return 2.0 * out * math.prod(lhs[d] for d in contract if d < len(lhs))
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.rest)
+  lhs = _dims(shapes.get(instr.operands[0], ""))
+  if not labels or len(lhs) != len(labels[1]):
+    return 0.0
+  lhs_labels = labels[1]
+  features = lhs[lhs_labels.index("f")]
+  if m := re.search(r"feature_group_count=(\d+)", instr.rest):
+    features //= int(m[1])
+  window = re.search(r"window=\{([^}]*)\}", instr.rest)
+  if not window or "size=" not in window[1]:
+    return 2.0 * out * features
+  spec = dict(re.findall(r"(\w+)=([\w\-x]+)", window[1]))
+  sizes = [int(v) for v in spec["size"].split("x")]
+  n = len(sizes)
+  strides = [int(v) for v in spec.get("stride", "x".join("1" * n)).split("x")]
+  dilate = [int(v) for v in spec.get("lhs_dilate", "x".join("1" * n)).split("x")]
+  pads = [int(v.split("_")[0]) for v in spec["pad"].split("x")] if "pad" in spec else [0] * n
+  out_dims, out_labels = _dims(instr.out), labels[3]
+  # Per spatial dimension: the real (not padding, not dilation) input positions under each
+  # output's window, summed over the outputs; dimensions are independent, so they multiply.
+  share = 1.0
+  for d in range(n):
+    size_in, size_out = lhs[lhs_labels.index(str(d))], out_dims[out_labels.index(str(d))]
+    taps, dil, end = 0, dilate[d], (size_in - 1) * dilate[d] + 1
+    for o in range(size_out):
+      lo = max(o * strides[d] - pads[d], 0)
+      hi = min(o * strides[d] - pads[d] + sizes[d], end)
+      taps += max((hi - 1) // dil - (lo + dil - 1) // dil + 1, 0) if hi > lo else 0
+    share *= taps / size_out
+  return 2.0 * out * features * share
+
+
+def _inner(comps, name: str, seen=None) -> list[tuple[Instr, dict[str, str]]]:
+  """Every instruction inside a fused computation (nested fusions included), with the
+  computation's name -> type table."""
+  seen = seen if seen is not None else set()
+  if name in seen or name not in comps:
+    return []
+  seen.add(name)
+  shapes = {i.name: i.out for i in comps[name]}
+  out = []
+  for i in comps[name]:
+    out.append((i, shapes))
+    if m := re.search(r"\bcalls=%?([\w.\-]+)", i.rest):
+      out += _inner(comps, m[1], seen)
+  return out
+
+
+def _metadata(instr: Instr, inner) -> str:
+  m = re.search(r'op_name="([^"]*)"', instr.rest)
+  if m:
+    return m[1]
+  for i, _ in reversed(inner):  # a fusion without its own: its root's
+    if m := re.search(r'op_name="([^"]*)"', i.rest):
+      return m[1]
+  return ""
+
+
+def name_stack(op_name: str) -> tuple[str, str, str]:
+  """(module path, primitive, pass) from jax's op_name metadata.
+
+  jit(train_step)/transpose(jvp(DecoderLM))/layers_3/block/attention/bld,dhk->blhk/dot_general
+  -> ("DecoderLM/layers_*/block/attention", "bld,dhk->blhk dot_general", "backward")
+  Transformations around a scope (jvp(...), transpose(...)) are unwrapped to its name; the
+  step's own scopes are `loss`, `optimizer` and `metrics` (trainer/step.py).
+  """
+  parts = [p for p in op_name.split("/") if p]
+  pass_ = "backward" if "transpose(" in op_name else (
+      "forward" if "jvp(" in op_name else "step")
+  if parts and parts[0].startswith("jit("):
+    parts = parts[1:]
+  module, prim = [], []
+  for p in parts:
+    inner = p
+    while m := re.fullmatch(r"\w+\((.*)\)", inner):
+      inner = m[1]  # transpose(jvp(DecoderLM)) -> DecoderLM
+    if not inner or re.fullmatch(_WRAPPERS, inner):
+      continue
+    if prim or "->" in inner or not re.fullmatch(r"[A-Za-z_]\w*", inner):
+      prim.append(inner)
+    elif not module or module[-1] != inner:  # a rematerialised scope repeats its name
+      module.append(inner)
+  if module and not prim:
+    prim = [module.pop()]  # the last name is the primitive (dot_general, add, ...)
+  path = re.sub(r"(?<=_)\d+(?=/|$)", "*", "/".join(module))
+  return path, " ".join(prim), pass_
+
+
+def _category(instr: Instr, inner) -> str:
+  ops = {i.op for i, _ in inner} | {instr.op}
+  targets = re.findall(r'custom_call_target="([^"]+)"', " ".join(i.rest for i, _ in inner)
+                       + instr.rest)
+  if ops & {"convolution", "dot"}:
+    return "matmul"  # a matmul fused with the collective that feeds it stays a matmul
+  if any(o.removesuffix("-start") in hlo_collectives.COLLECTIVES for o in ops) or any(
+      t.startswith("AsyncCollective") for t in targets):
+    return "collective"
+  if "custom-call" in ops and any(t not in _BOOKKEEPING for t in targets):
+    return "kernel"
+  if ops <= _COPIES | {"fusion"}:
+    return "copy/convert"
+  return "elementwise"
+
+
+def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwidth: float,
+               link_bandwidth: float, compiler_bytes: float = 0.0,
+               compiler_flops: float = 0.0) -> Report:
+  """Every executed op of the compiled step with its bytes, FLOPs and roofline seconds."""
+  comps, lines, entry = parse(hlo_text)
+  if entry is None:
+    return Report(ops=(), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)
+  times: dict[str, int] = {}
+
+  def visit(name: str, n: int):
+    times[name] = times.get(name, 0) + n
+    for i in comps.get(name, ()):
+      if i.op == "fusion":
+        continue  # its inside is part of this op
+      for kind, callee in re.findall(r"\b(body|condition|calls|to_apply|branch_computations)="
+                                     r"\{?%?([\w.\-]+)", i.rest):
+        if callee in comps and callee != name and (i.op in ("while", "call", "conditional")
+                                                   or kind in ("body", "condition")):
+          trips = hlo_collectives.trip_count(i.rest, lines) if kind == "body" else 1
+          visit(callee, n * trips)
+
+  visit(entry, 1)
+  out = []
+  for comp, n in times.items():
+    shapes = {i.name: i.out for i in comps[comp]}
+    for i in comps[comp]:
+      if i.op in _FREE or i.op.endswith("-done") or 'custom_call_target="ConcatBitcast"' in i.rest:
+        continue  # ConcatBitcast: buffers laid side by side, nothing moved
+      called = re.search(r"\bcalls=%?([\w.\-]+)", i.rest)
+      inner = _inner(comps, called[1]) if called and i.op == "fusion" else []
+      if any(j.op == "custom-call" and "AsyncCollectiveDone" in j.rest for j, _ in inner):
+        continue  # the finishing half of an asynchronous collective: counted at its start
+      if i.op in ("copy-start", "slice-start"):
+        # (source, destination, context): one read and one write of what is copied.
+        size = 2 * min(b for b in hlo_collectives.shape_bytes(i.out) if b > 8)
+      else:
+        size = _bytes(i.out) + sum(_bytes(shapes.get(o, "")) for o in i.operands)
+      flops = sum(_conv_flops(j, s) for j, s in inner + [(i, shapes)]
+                  if j.op in ("convolution", "dot"))
+      category = _category(i, inner)
+      sent = 0.0
+      if category == "collective":
+        scatter = bool(called) and called[1].startswith("all-reduce-scatter")
+        sent = sum(hlo_collectives.sent_bytes(j.op, j.out, j.rest, num_devices, scatter=scatter)
+                   for j, _ in inner + [(i, shapes)])
+      seconds = max(flops / peak_flops, size / hbm_bandwidth) + sent / link_bandwidth
+      module, prim, pass_ = name_stack(_metadata(i, inner))
+      prim = prim or i.op  # no metadata (e.g. copies the compiler adds): the opcode
+      out.append(Op(name=i.name, opcode=i.op, category=category, module=module, primitive=prim,
+                    pass_=pass_, count=n, bytes=size * n, flops=flops * n, sent=sent * n,
+                    seconds=seconds * n))
+  return Report(ops=tuple(out), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)
