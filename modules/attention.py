@@ -36,6 +36,10 @@ class AttentionConfig:
   # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time.
   implementation: Literal["xla", "dot_product", "chunked"] = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
+  # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`
+  # (the matmul's output in the compute dtype, bfloat16 on TPU/GPU, as MaxText's default) or
+  # `float32`. The softmax runs in float32 either way; on CPU both are float32.
+  logits_dtype: Literal["compute", "float32"] = "compute"
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
 
@@ -82,11 +86,17 @@ def write_cache(cache_BxSxGxK, new_BxLxGxK, start_B):
       cache_BxSxGxK, new_BxLxGxK.astype(cache_BxSxGxK.dtype), start_B)
 
 
-def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS):
+def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, logits_dtype=None):
   """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
 
   Heads are moved ahead of length so that both products are plain batched
   matmuls over (B, G), with the R query heads of a group stacked along length.
+
+  What is written to memory at [queries, keys] size is in the compute dtype: the logits as
+  the first matmul leaves them (`logits_dtype`, None: the inputs' dtype) and the softmax's
+  numerators exp(logit - max), which the second matmul reads. The float32 max, exponent and
+  row sums happen inside the fusions that read them, and the output is divided by the row
+  sums after the second matmul (as flash attention does), not the [queries, keys] weights.
   """
   b, length, h, k = q_BxLxHxK.shape
   g = k_BxSxGxK.shape[2]
@@ -94,23 +104,31 @@ def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS):
   q_BxGxRLxK = q_BxLxHxK.transpose(0, 2, 1, 3).reshape(b, g, r * length, k)
   k_BxGxSxK = k_BxSxGxK.transpose(0, 2, 1, 3)
   v_BxGxSxK = v_BxSxGxK.transpose(0, 2, 1, 3)
-  logits = jnp.einsum("bgqk,bgsk->bgqs", q_BxGxRLxK, k_BxGxSxK).astype(jnp.float32)
-  logits_BxGxRxLxS = logits.reshape(b, g, r, length, -1) * (k ** -0.5)
-  logits_BxGxRxLxS = jnp.where(mask_Bx1xLxS[:, :, None], logits_BxGxRxLxS,
-                               jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits_BxGxRxLxS, axis=-1).astype(v_BxSxGxK.dtype)
-  out = jnp.einsum("bgqs,bgsk->bgqk", probs.reshape(b, g, r * length, -1), v_BxGxSxK)
+  logits = jnp.einsum("bgqk,bgsk->bgqs", q_BxGxRLxK, k_BxGxSxK,
+                      preferred_element_type=logits_dtype)
+  # The mask is applied in the logits' dtype, so that the matmul's fusion writes them in it
+  # (a float32 cast right after the matmul would be folded into it: float32 logits in memory).
+  logits_BxGxRxLxS = jnp.where(mask_Bx1xLxS[:, :, None], logits.reshape(b, g, r, length, -1),
+                               jnp.finfo(logits.dtype).min).astype(jnp.float32) * (k ** -0.5)
+  top = jax.lax.stop_gradient(jnp.max(logits_BxGxRxLxS, axis=-1, keepdims=True))
+  exp_BxGxRxLxS = jnp.exp(logits_BxGxRxLxS - top)
+  sums_BxGxRxLx1 = jnp.sum(exp_BxGxRxLxS, axis=-1, keepdims=True)
+  numerators = exp_BxGxRxLxS.astype(v_BxSxGxK.dtype).reshape(b, g, r * length, -1)
+  out = jnp.einsum("bgqs,bgsk->bgqk", numerators, v_BxGxSxK, preferred_element_type=jnp.float32)
+  out = (out.reshape(b, g, r, length, k) / sums_BxGxRxLx1).astype(v_BxSxGxK.dtype)
   return out.reshape(b, h, length, k).transpose(0, 2, 1, 3)
 
 
-def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: int):
+def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: int,
+                      logits_dtype=None):
   """`xla_attention` over blocks of `chunk` queries, one block at a time (lax.map), each
   block recomputed in the backward pass: the float32 [queries, keys] logits and probabilities
   exist for one block, not the whole length (memory-efficient attention, Rabe & Staats 2021).
   The result equals xla_attention's; a length that `chunk` does not divide runs unchunked."""
   b, length, h, k = q_BxLxHxK.shape
   if length <= chunk or length % chunk:
-    return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS)
+    return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS,
+                         logits_dtype=logits_dtype)
   n = length // chunk
   q_NxBxCxHxK = q_BxLxHxK.reshape(b, n, chunk, h, k).swapaxes(0, 1)
   mask_NxBx1xCxS = mask_Bx1xLxS.reshape(mask_Bx1xLxS.shape[0], 1, n, chunk, -1).transpose(
@@ -119,7 +137,8 @@ def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: i
   @jax.checkpoint
   def block(args):
     q_BxCxHxK, mask_Bx1xCxS = args
-    return xla_attention(q_BxCxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xCxS)
+    return xla_attention(q_BxCxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xCxS,
+                         logits_dtype=logits_dtype)
 
   out_NxBxCxHxK = jax.lax.map(block, (q_NxBxCxHxK, mask_NxBx1xCxS))
   return out_NxBxCxHxK.swapaxes(0, 1).reshape(b, length, h, k)
@@ -151,14 +170,16 @@ class Attention(nn.Module):
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
     length = x_BxLxD.shape[1]
+    logits_dtype = jnp.float32 if cfg.logits_dtype == "float32" else None
     if decode:
       kk, v = self._cached(kk, v, positions_BxL)
       out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
     elif cfg.implementation == "xla":
-      out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length))
+      out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
+                          logits_dtype=logits_dtype)
     elif cfg.implementation == "chunked":
       out = chunked_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
-                              chunk=cfg.query_chunk_size)
+                              chunk=cfg.query_chunk_size, logits_dtype=logits_dtype)
     else:
       mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
       out = jax.nn.dot_product_attention(q, kk, v, mask=mask, is_causal=mask is None)

@@ -77,6 +77,10 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   """
   b, length = x_BxLxD.shape[:2]
   n = length // chunk
+  # The head gathered over its embed axis once for the loop, not once per chunk forward and
+  # again backward; its gradient is reduced over the devices once, after the loop. (Its vocab
+  # axis keeps the mesh's sharding, e.g. over `model`.)
+  head_DxV = nn.with_logical_constraint(head_DxV, (None, "vocab"))
 
   def split(a):  # [B, L, ...] -> [n, B, chunk, ...]
     return a.reshape(b, n, chunk, *a.shape[2:]).swapaxes(0, 1)
