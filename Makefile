@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # torch==2.13.0 resolves to the CPU build on disk on our machines (a plain `torch` pulls CUDA).
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install demo test bench golden sweep-doc clean
+.PHONY: install demo test bench bench-tpu golden sweep-doc clean
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ golden: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(PIP_INSTALL) -e '.[bench]'
 	$(BIN)/python -m benchmarks.run
+
+# LLaMA-1B's train step as the TPU compiler builds it for v5e:4x4 (libtpu on this CPU), before
+# (BEFORE, a git revision) and now: BENCHMARKS.md's TPU table. About 5 CPU-minutes a row.
+BEFORE ?= f92658a
+bench-tpu: $(STAMP)
+	$(BIN)/python -m benchmarks.tpu_step --before=$(BEFORE) --write
 
 # The README's sweep: three short tiny runs over the learning rate, their `axtrain runs` table
 # (docs/sweep.txt, pasted into README.md) and plot (docs/sweep.png). About 3 CPU-minutes.

@@ -1,0 +1,191 @@
+"""TPU step efficiency: LLaMA-1B's train step as libtpu compiles it for v5e:4x4, on this CPU.
+
+    python -m benchmarks.tpu_step                 # rows at this checkout
+    python -m benchmarks.tpu_step --before=REV    # also the same rows of commit REV, first
+    python -m benchmarks.tpu_step --write         # and put the table in BENCHMARKS.md
+
+Setting (the TPU efficiency issue): configs/llm_1b.py on tpu-v5e-16 (16 chips, fsdp=16),
+global batch 64 x 2048, model.remat=full, no gradient accumulation, bfloat16 compute. Layers
+are unrolled and windowed einsum is off (trainer/plan.py:WINDOWED_EINSUM_OFF) so that libtpu's
+cost model, a per-op roofline, sees every op; it gives each ConcatBitcast -1 s, added back.
+Each row compiles in its own process (`--measure`), importing the code of the tree it
+measures, so a row of an older commit uses that commit's model and step.
+
+Per chip: the compiler's FLOPs and bytes accessed, its temporaries, the cost model's step and
+the MFU that implies (model FLOPs per chip / step / 197 TFLOP/s, the v5e's bf16 peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = "configs/llm_1b.py"
+MESH = "tpu-v5e-16"
+SETTING = {"data.batch_size": 64, "model.remat": "full", "trainer.grad_accum_steps": 1,
+           "model.scan_layers": False}
+# What each row changes on top of SETTING (and the mesh rule of configs/llama.py).
+ROWS = {
+    "xla attention": {"model.block.attention.implementation": "xla"},
+    "chunked attention": {"model.block.attention.implementation": "chunked"},
+    "splash attention": {"model.block.attention.implementation": "splash"},
+}
+PEAK = 197e12  # v5e bf16 FLOP/s per chip
+# MaxText 0.2.5 at the same setting (quoted from the issue; its train_compile, same libtpu).
+MAXTEXT = [("MaxText 0.2.5, dot-product attention", 81.9e12, 371e9, 5.76, 0.77),
+           ("MaxText 0.2.5, splash attention (Pallas)", 72.5e12, 202e9, 4.64, 0.52)]
+BEGIN, END = "<!-- tpu_step: begin -->", "<!-- tpu_step: end -->"
+
+
+def measure(overrides: dict) -> dict:
+  """Compiles the step at SETTING + overrides in this process; per-chip figures."""
+  # pylint: disable=import-outside-toplevel
+  import dataclasses
+  import importlib.util
+
+  import numpy as np
+
+  from trainer import config as config_lib, experiment, meshes, plan, flops
+  spec = importlib.util.spec_from_file_location("cfg", CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config(None)
+  entry = meshes.lookup(MESH)
+  meshes.apply_rules(cfg, entry.name, set(SETTING) | set(overrides))
+  for path, value in {**SETTING, **overrides}.items():
+    node = cfg
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  run = config_lib.parse(cfg)
+  devices, _ = plan.target_devices(entry)
+  exp = experiment.build(run, entry, devices)
+  exp = dataclasses.replace(exp, compute_dtype=experiment.compute_dtype(
+      run.trainer.compute_dtype, "tpu"))
+  state, batch = plan.abstract_inputs(exp, exp.source.batch_size)
+  start = time.perf_counter()
+  with exp.context():
+    compiled = exp.step_fn.lower(state, batch).compile(compiler_options={
+        "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False})
+  seconds = time.perf_counter() - start
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  text = compiled.as_text()
+  concat = len(re.findall(r'custom_call_target="ConcatBitcast"', text))
+  tokens = exp.source.batch_size * exp.source.seq_len
+  model = flops.model_flops_per_token(run, exp.abstract_state.params) * tokens / len(devices)
+  step = float(cost["optimal_seconds"]) + concat
+  return {"flops": float(cost["flops"]), "bytes": float(cost["bytes accessed"]),
+          "temp_gib": compiled.memory_analysis().temp_size_in_bytes / 2 ** 30,
+          "step_s": step, "model_flops": float(model), "mfu": float(model / step / PEAK),
+          "concat_bitcasts": concat, "compile_s": seconds, "params": int(np.sum(
+              [np.prod(x.shape) for x in __import__("jax").tree.leaves(exp.abstract_state.params)]))}
+
+
+def _child(tree: pathlib.Path, overrides: dict) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(tree), JAX_PLATFORMS="cpu",
+             TPU_ACCELERATOR_TYPE="v5litepod-1", TPU_WORKER_HOSTNAMES="localhost",
+             TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  out = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--measure",
+                        json.dumps(overrides)], cwd=tree, env=env, capture_output=True,
+                       text=True, check=False)
+  lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+  if out.returncode or not lines:
+    return {"error": " ".join(out.stderr.split())[-300:]}
+  return json.loads(lines[-1])
+
+
+def _commit(tree: pathlib.Path) -> str:
+  return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                        capture_output=True, text=True, check=False).stdout.strip() or "?"
+
+
+def table(results: list[tuple[str, dict]]) -> str:
+  lines = ["| per chip | compiler FLOPs | bytes accessed | temporaries | cost-model step | "
+           "est. MFU |", "|---|---|---|---|---|---|"]
+  for name, flops, bytes_, temp, step in MAXTEXT:
+    lines.append(f"| {name} | {flops / 1e12:.1f} T | {bytes_ / 1e9:.0f} GB | {temp:.2f} GiB | "
+                 f"{step:.2f} s | {64.0e12 / step / PEAK:.2f} |")
+  for name, r in results:
+    if "error" in r:
+      lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
+      continue
+    lines.append(f"| {name} | {r['flops'] / 1e12:.1f} T | {r['bytes'] / 1e9:.0f} GB | "
+                 f"{r['temp_gib']:.2f} GiB | {r['step_s']:.2f} s | {r['mfu']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def section(results, *, command: str, seconds: float) -> str:
+  setting = ", ".join(f"{k}={v}" for k, v in SETTING.items())
+  model = next((r["model_flops"] for _, r in results if "model_flops" in r), 0.0)
+  return (f"{BEGIN}\n## TPU step efficiency (libtpu's compiler and cost model, on this CPU)\n\n"
+          f"`{command}` ({time.strftime('%Y-%m-%d')}, {seconds / 60:.0f} min). "
+          f"{CONFIG} on {MESH} (v5e:4x4, fsdp=16) with its mesh rule and {setting}; bfloat16 "
+          f"compute; windowed einsum off; libtpu's cost-model step with 1 s added back per "
+          f"ConcatBitcast. MFU = model FLOPs per chip ({model / 1e12:.1f} T: 6N + attention) "
+          f"/ step / 197 TFLOP/s. The MaxText rows are quoted from its `train_compile` at the "
+          f"same setting; rows named by a commit were compiled from that commit's tree.\n\n"
+          + table(results) + f"{END}\n")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--measure", help=argparse.SUPPRESS)
+  parser.add_argument("--before", help="also measure this commit's tree (a git revision)")
+  parser.add_argument("--rows", default=",".join(ROWS),
+                      help=f"comma-separated rows of: {', '.join(ROWS)}")
+  parser.add_argument("--before_rows", default="xla attention,chunked attention",
+                      help="rows to measure at --before")
+  parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md's section")
+  args = parser.parse_args(argv)
+  if args.measure is not None:
+    print(json.dumps(measure(json.loads(args.measure))))
+    return 0
+  start = time.perf_counter()
+  results = []
+  if args.before:
+    with tempfile.TemporaryDirectory() as tmp:
+      tree = pathlib.Path(tmp) / "before"
+      subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                      args.before], check=True, capture_output=True)
+      try:
+        commit = _commit(tree)
+        for row in args.before_rows.split(","):
+          r = _child(tree, ROWS[row])
+          print(f"{commit} {row}: {json.dumps(r)}", file=sys.stderr)
+          results.append((f"axtrain {commit} (before), {row}", r))
+      finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=False, capture_output=True)
+  commit = _commit(ROOT)
+  for row in args.rows.split(","):
+    r = _child(ROOT, ROWS[row])
+    print(f"{commit} {row}: {json.dumps(r)}", file=sys.stderr)
+    results.append((f"axtrain {commit}, {row}", r))
+  command = "python -m benchmarks.tpu_step " + " ".join(a for a in (argv or sys.argv[1:])
+                                                         if a != "--write")
+  text = section(results, command=command.strip(), seconds=time.perf_counter() - start)
+  sys.stdout.write(text)
+  if args.write:
+    path = ROOT / "BENCHMARKS.md"
+    old = path.read_text()
+    if BEGIN in old:
+      new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END) + 1:]
+    else:
+      new = old.rstrip("\n") + "\n\n" + text
+    path.write_text(new)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
