@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from modules import splash
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
 
@@ -33,13 +34,16 @@ class AttentionConfig:
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
   # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention
   # (cuDNN flash attention on GPU where it applies, XLA elsewhere); `chunked`: the `xla` math
-  # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time.
-  implementation: Literal["xla", "dot_product", "chunked"] = "xla"
+  # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time;
+  # `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over batch and
+  # heads, in Pallas interpret mode off TPU (slow: for tests).
+  implementation: Literal["xla", "dot_product", "chunked", "splash"] = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`
   # (the matmul's output in the compute dtype, bfloat16 on TPU/GPU, as MaxText's default) or
   # `float32`. The softmax runs in float32 either way; on CPU both are float32.
   logits_dtype: Literal["compute", "float32"] = "compute"
+  splash_block_size: int = 512  # queries and keys per block of `splash` (a multiple of 128)
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
 
@@ -57,6 +61,9 @@ class AttentionConfig:
     if self.query_chunk_size <= 0:
       raise ConfigError(f"attention.query_chunk_size must be positive, got "
                         f"{self.query_chunk_size}")
+    if self.splash_block_size <= 0 or self.splash_block_size % 128:
+      raise ConfigError(f"attention.splash_block_size must be a positive multiple of 128, got "
+                        f"{self.splash_block_size}")
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
@@ -180,6 +187,8 @@ class Attention(nn.Module):
     elif cfg.implementation == "chunked":
       out = chunked_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
                               chunk=cfg.query_chunk_size, logits_dtype=logits_dtype)
+    elif cfg.implementation == "splash":
+      out = splash.splash_attention(q, kk, v, segment_ids_BxL, block=cfg.splash_block_size)
     else:
       mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
       out = jax.nn.dot_product_attention(q, kk, v, mask=mask, is_causal=mask is None)

@@ -223,6 +223,52 @@ def test_chunked_attention_equals_xla_in_value_and_gradient():
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _splash_case(packed):
+  """[2, 256] tokens: 4 query heads over 2 kv heads of width 64; with packing, 3 documents a
+  row whose boundaries fall inside the kernel's 128-token blocks."""
+  q, k, v = (jax.random.normal(key, (2, 256, heads, 64))
+             for key, heads in zip(jax.random.split(jax.random.key(0), 3), (4, 2, 2)))
+  lengths = jnp.array([[60, 130, 66], [200, 20, 36]])
+  seg = jax.vmap(lambda n: jnp.repeat(jnp.arange(3), n, total_repeat_length=256))(lengths)
+  return q, k, v, seg if packed else None
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
+  """Pallas interpret mode on CPU, blocks of 128; with `mesh`, through shard_map on a
+  one-device mesh with the trainer's logical rules."""
+  from modules import attention, splash
+  from trainer import meshes
+  q, k, v, seg = _splash_case(packed)
+  mask = attention.causal_mask(seg, 256)
+
+  def loss(fn):
+    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))),
+                                      argnums=(0, 1, 2)))
+  want, want_grads = loss(lambda q, k, v: attention.xla_attention(q, k, v, mask))(q, k, v)
+  run = loss(lambda q, k, v: splash.splash_attention(q, k, v, seg, block=128))
+  if mesh:
+    devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
+    with (jax.set_mesh(jax.sharding.Mesh(devices, meshes.AXES)),
+          nn.logical_axis_rules(meshes.DEFAULT_RULES)):
+      got, got_grads = run(q, k, v)
+  else:
+    got, got_grads = run(q, k, v)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  for a, b in zip(got_grads, want_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_splash_blocks_are_multiples_of_128_that_divide_the_length():
+  from modules import splash
+  with pytest.raises(ConfigError, match="positive multiple of 128"):
+    _attention("splash", splash_block_size=100)
+  assert splash.block_sizes(256, 512).block_kv == 256  # clipped to the length
+  with pytest.raises(ConfigError, match="length 384 must be a multiple of the block 256"):
+    splash.block_sizes(384, 256)
+
+
 def test_parallel_block_sums_both_branches_of_one_input():
   from modules.attention import ATTENTION
   from modules.block import BLOCKS

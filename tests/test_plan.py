@@ -138,6 +138,21 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
                                          + c.cross_host_bytes / hw.host_bandwidth)
 
 
+def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypatch):
+  """attention.implementation=splash on tpu-v5e-4: the TPU compiler takes the Pallas kernel
+  (a tpu_custom_call in the compiled step, not interpret mode's loops)."""
+  texts = []
+  count = hlo_collectives.collectives
+  monkeypatch.setattr(hlo_collectives, "collectives",
+                      lambda text, *a, **k: texts.append(text) or count(text, *a, **k))
+  cfg = configs.tiny.get_config()
+  cfg.model.block.attention.implementation = "splash"
+  p = plan.plan(_run(cfg), meshes.lookup("tpu-v5e-4"), config_name="configs/tiny.py",
+                with_eval=False)
+  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {"data": 1, "fsdp": 4, "model": 1}
+  assert len(texts) == 1 and "tpu_custom_call" in texts[0]
+
+
 def test_multi_slice_needs_a_dcn_figure(capsys):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v4-8x2")
   assert code == 2 and out.err.count("\n") == 1
