@@ -86,7 +86,7 @@ def text(p: Plan, *, timings: bool = True) -> str:
     ]
   if t.cost_model_s is not None:
     lines.append(f"  TPU cost model [TPU compiler]: step {secs(t.cost_model_s)} per device, "
-                 f"{num(t.bytes_accessed)}B accessed (libtpu's per-op roofline; compare "
+                 f"{gib(t.bytes_accessed)} accessed (libtpu's per-op roofline; compare "
                  f"programs with layers unrolled and windowed einsum off)")
   if timings:
     lines.append(f"  compile: train {t.seconds:.0f} s"
