@@ -92,17 +92,35 @@ def measure(overrides: dict) -> dict:
               [np.prod(x.shape) for x in __import__("jax").tree.leaves(exp.abstract_state.params)]))}
 
 
-def _child(tree: pathlib.Path, overrides: dict) -> dict:
+def _start(tree: pathlib.Path, overrides: dict) -> subprocess.Popen:
   env = dict(os.environ, PYTHONPATH=str(tree), JAX_PLATFORMS="cpu",
              TPU_ACCELERATOR_TYPE="v5litepod-1", TPU_WORKER_HOSTNAMES="localhost",
              TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  out = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--measure",
-                        json.dumps(overrides)], cwd=tree, env=env, capture_output=True,
-                       text=True, check=False)
-  lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
-  if out.returncode or not lines:
-    return {"error": " ".join(out.stderr.split())[-300:]}
+  return subprocess.Popen([sys.executable, str(pathlib.Path(__file__).resolve()), "--measure",
+                           json.dumps(overrides)], cwd=tree, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+  out, err = proc.communicate()
+  lines = [l for l in out.splitlines() if l.startswith("{")]
+  if proc.returncode or not lines:
+    return {"error": " ".join(err.split())[-300:]}
   return json.loads(lines[-1])
+
+
+def run_rows(jobs: list[tuple[str, pathlib.Path, dict]], parallel: int) -> list[tuple[str, dict]]:
+  """Compiles each (name, tree, overrides) in its own process, `parallel` at a time (a compile
+  keeps about one core busy)."""
+  results, running, queue = {}, [], list(jobs)
+  while queue or running:
+    while queue and len(running) < parallel:
+      name, tree, overrides = queue.pop(0)
+      running.append((name, _start(tree, overrides)))
+    name, proc = running.pop(0)
+    results[name] = _result(proc)
+    print(f"{name}: {json.dumps(results[name])}", file=sys.stderr)
+  return [(name, results[name]) for name, _, _ in jobs]
 
 
 def _commit(tree: pathlib.Path) -> str:
@@ -142,38 +160,39 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--measure", help=argparse.SUPPRESS)
   parser.add_argument("--before", help="also measure this commit's tree (a git revision)")
-  parser.add_argument("--rows", default=",".join(ROWS),
+  parser.add_argument("--rows", default="xla attention,splash attention",
                       help=f"comma-separated rows of: {', '.join(ROWS)}")
-  parser.add_argument("--before_rows", default="xla attention,chunked attention",
+  parser.add_argument("--before_rows", default="xla attention",
                       help="rows to measure at --before")
+  parser.add_argument("--jobs", type=int, default=2, help="compiles at once")
   parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md's section")
   args = parser.parse_args(argv)
   if args.measure is not None:
     print(json.dumps(measure(json.loads(args.measure))))
     return 0
+  for row in (args.rows + "," + args.before_rows).split(","):
+    if row not in ROWS:
+      parser.error(f"unknown row {row!r}; rows: {', '.join(ROWS)}")
   start = time.perf_counter()
-  results = []
-  if args.before:
-    with tempfile.TemporaryDirectory() as tmp:
+  with tempfile.TemporaryDirectory() as tmp:
+    jobs = []
+    if args.before:
       tree = pathlib.Path(tmp) / "before"
       subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
                       args.before], check=True, capture_output=True)
-      try:
-        commit = _commit(tree)
-        for row in args.before_rows.split(","):
-          r = _child(tree, ROWS[row])
-          print(f"{commit} {row}: {json.dumps(r)}", file=sys.stderr)
-          results.append((f"axtrain {commit} (before), {row}", r))
-      finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       check=False, capture_output=True)
-  commit = _commit(ROOT)
-  for row in args.rows.split(","):
-    r = _child(ROOT, ROWS[row])
-    print(f"{commit} {row}: {json.dumps(r)}", file=sys.stderr)
-    results.append((f"axtrain {commit}, {row}", r))
-  command = "python -m benchmarks.tpu_step " + " ".join(a for a in (argv or sys.argv[1:])
-                                                         if a != "--write")
+      commit = _commit(tree)
+      jobs += [(f"axtrain {commit} (before), {row}", tree, ROWS[row])
+               for row in args.before_rows.split(",")]
+    commit = _commit(ROOT)
+    jobs += [(f"axtrain {commit}, {row}", ROOT, ROWS[row]) for row in args.rows.split(",")]
+    try:
+      results = run_rows(jobs, args.jobs)
+    finally:
+      if args.before:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                        str(pathlib.Path(tmp) / "before")], check=False, capture_output=True)
+  command = "python -m benchmarks.tpu_step " + " ".join(
+      a for a in (argv or sys.argv[1:]) if a not in ("--write",) and not a.startswith("--jobs"))
   text = section(results, command=command.strip(), seconds=time.perf_counter() - start)
   sys.stdout.write(text)
   if args.write:
