@@ -12,10 +12,11 @@ import os
 import sys
 import time
 
-# Fake devices must exist before jax is imported. Optimisation level 0 makes the
-# CPU compiles several times faster; every run here uses the same flags.
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_backend_optimization_level=0")
+from tests.conftest import xla_flags
+
+# Fake devices must exist before jax is imported; the tests' XLA flags make the CPU compiles
+# several times faster, and every run here uses the same flags.
+os.environ["XLA_FLAGS"] = xla_flags(8)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
