@@ -1,7 +1,9 @@
-"""Shared test helpers: the CLI in a subprocess, and the repo root."""
+"""Shared test helpers: the CLI in a subprocess (one command, or several in one process), and
+the repo root."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -26,20 +28,40 @@ def xla_flags(devices: int | None = None) -> str:
   fake = f"--xla_force_host_platform_device_count={devices} " if devices is not None else ""
   return fake + TEST_XLA_FLAGS
 
-def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = None,
-        timeout: float = 600, devices: int | None = None) -> subprocess.CompletedProcess:
-  """Runs `axtrain ARGS` (as `python -m launcher`) from this checkout; returns the result.
-
-  `devices=N` gives the process N fake CPU devices (XLA_FLAGS, set before jax imports).
-  """
+def _env(env: dict | None, devices: int | None) -> dict:
   full_env = dict(os.environ)
   full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
   full_env.setdefault("JAX_PLATFORMS", "cpu")
   if devices is not None:
     full_env["XLA_FLAGS"] = xla_flags(devices)
   full_env.update(env or {})
+  return full_env
+
+
+def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = None,
+        timeout: float = 600, devices: int | None = None) -> subprocess.CompletedProcess:
+  """Runs `axtrain ARGS` (as `python -m launcher`) from this checkout; returns the result.
+
+  `devices=N` gives the process N fake CPU devices (XLA_FLAGS, set before jax imports).
+  """
   return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd or ROOT,
-                        env=full_env, capture_output=True, text=True, timeout=timeout)
+                        env=_env(env, devices), capture_output=True, text=True, timeout=timeout)
+
+
+def cli_batch(commands: list[list[str]], *, devices: int | None = None,
+              timeout: float = 600) -> list[subprocess.CompletedProcess]:
+  """Runs each `axtrain ARGS` of `commands` in one fresh process (tests/cli_batch.py), one after
+  another, from this checkout; returns one result per command, its output captured as `cli`'s.
+
+  For commands that need a process only for `devices` (fake CPU devices, set before jax
+  imports): one process start and jax import instead of one per command.
+  """
+  done = subprocess.run([sys.executable, "-m", "tests.cli_batch"], cwd=ROOT,
+                        env=_env(None, devices), input=json.dumps(commands),
+                        capture_output=True, text=True, timeout=timeout, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return [subprocess.CompletedProcess(["axtrain", *args], r["code"], r["stdout"], r["stderr"])
+          for args, r in zip(commands, json.loads(done.stdout))]
 
 
 @pytest.fixture
