@@ -67,13 +67,15 @@ def compile_cache(cache_dir):
 
 def run_here(capfd, run_dir, cache_dir, *extra, callbacks=()) -> subprocess.CompletedProcess:
   """`run` in this process (launcher.main.main, `callbacks` injected), for runs whose process is
-  not what is tested; its stdout and stderr come from `capfd` (pytest's fixture)."""
+  not what is tested; its stdout and stderr come from `capfd` (pytest's fixture), or stay in
+  pytest's capture with `capfd=None` (a module fixture's run: the result holds no output)."""
   from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
   argv = ["axtrain", f"--config={CONFIG}", f"--output_dir={run_dir}", *extra]
-  capfd.readouterr()
+  if capfd is not None:
+    capfd.readouterr()
   with compile_cache(cache_dir):
     code = main_lib.main(argv, callbacks=callbacks)
-  out, err = capfd.readouterr()
+  out, err = capfd.readouterr() if capfd is not None else ("", "")
   return subprocess.CompletedProcess(argv, code, out, err)
 
 

@@ -28,10 +28,9 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, cache):
-  """The uninterrupted run."""
+  """The uninterrupted run (in this process; it fills the compile cache for the others)."""
   run_dir = tmp_path_factory.mktemp("ref") / "run"
-  result = cu.run(run_dir, cache)
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.run_here(None, run_dir, cache).returncode == 0
   assert cu.status(run_dir) == "completed"
   assert sorted(cu.losses(run_dir)) == list(range(1, 31))
   assert cu.steps(run_dir) == [10, 20, 30]
@@ -113,14 +112,14 @@ def _truncate_largest_file(step_dir: pathlib.Path) -> pathlib.Path:
   return biggest
 
 
-def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
   # A run killed after its step-30 save committed, whose step-30 files were then damaged.
   import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(ref / "checkpoints" / "30", run_dir / "checkpoints" / "30")
   _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
-  result = cu.run(run_dir, cache)
+  result = cu.run_here(capfd, run_dir, cache)
   assert result.returncode == 0, result.stderr[-3000:]
   warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
   assert len(warnings) == 1, result.stderr[-3000:]
@@ -134,7 +133,8 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
   assert_same_params(ref, run_dir)
 
-  # No usable checkpoint at all: say so and exit 1 instead of starting over.
+  # No usable checkpoint at all: say so and exit 1 instead of starting over (a subprocess: what
+  # it prints up to its exit is checked).
   broken = tmp_path / "broken"
   cu.copy_as_crashed(ref, broken, upto=20)
   for step in (10, 20):
