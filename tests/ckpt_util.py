@@ -49,8 +49,9 @@ def run(run_dir, cache_dir, *extra, devices=None, hooks=()) -> subprocess.Comple
 @contextlib.contextmanager
 def compile_cache(cache_dir):
   """jax in this process reads and writes the subprocesses' compile cache while the block runs."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
   settings = {"jax_compilation_cache_dir": str(cache_dir),
               "jax_persistent_cache_min_compile_time_secs": 0.0}
   before = {name: getattr(jax.config, name) for name in settings}

@@ -1,4 +1,4 @@
-"""Several axtrain command lines in one process: `python -m tests.cli_batch` (tests.conftest.cli_batch).
+"""Several axtrain command lines in one process: `python -m tests.cli_batch` (conftest.cli_batch).
 
 Reads a JSON list of argument lists on stdin, runs each through launcher.main.main with its
 stdout and stderr captured at the file descriptors (as a subprocess's would be, C++ and absl
