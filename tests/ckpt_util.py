@@ -1,7 +1,9 @@
-"""Helpers for the checkpoint / fault-tolerance tests: CLI runs that can be paused and signalled."""
+"""Helpers for the checkpoint / fault-tolerance tests: CLI runs that can be paused and signalled,
+and the same runs in this process where the process is not what a test checks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -42,6 +44,40 @@ def args(run_dir: pathlib.Path, *extra: str, hooks: tuple[str, ...] = ()) -> lis
 def run(run_dir, cache_dir, *extra, devices=None, hooks=()) -> subprocess.CompletedProcess:
   return subprocess.run(args(run_dir, *extra, hooks=hooks), env=env(cache_dir, devices),
                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+@contextlib.contextmanager
+def compile_cache(cache_dir):
+  """jax in this process reads and writes the subprocesses' compile cache while the block runs."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  settings = {"jax_compilation_cache_dir": str(cache_dir),
+              "jax_persistent_cache_min_compile_time_secs": 0.0}
+  before = {name: getattr(jax.config, name) for name in settings}
+  compilation_cache.reset_cache()  # jax opens its cache once per process: this one, now
+  try:
+    for name, value in settings.items():
+      jax.config.update(name, value)
+    yield
+  finally:
+    for name, value in before.items():
+      jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+def run_here(capfd, run_dir, cache_dir, *extra, callbacks=()) -> subprocess.CompletedProcess:
+  """`run` in this process (launcher.main.main, `callbacks` injected), for runs whose process is
+  not what is tested; its stdout and stderr come from `capfd` (pytest's fixture), or stay in
+  pytest's capture with `capfd=None` (a module fixture's run: the result holds no output)."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  argv = ["axtrain", f"--config={CONFIG}", f"--output_dir={run_dir}", *extra]
+  if capfd is not None:
+    capfd.readouterr()
+  with compile_cache(cache_dir):
+    code = main_lib.main(argv, callbacks=callbacks)
+  out, err = capfd.readouterr() if capfd is not None else ("", "")
+  return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None) -> subprocess.Popen:

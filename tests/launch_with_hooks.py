@@ -31,6 +31,18 @@ class PauseAfter(Callback):
         time.sleep(0.01)
 
 
+class StopAfter(Callback):
+  """Requests a stop after step `step`, as a first SIGTERM would: the loop saves a checkpoint of
+  that step and the run exits 75 (preempted). For in-process runs, where no signal is sent."""
+
+  def __init__(self, step: int):
+    self.step = step
+
+  def on_step_end(self, step: int, loop) -> None:
+    if step == self.step:
+      loop.stop_requested = lambda: True
+
+
 class NanAt(Callback):
   """Gives the batch of `step` NaN loss weights: a non-finite loss and gradient."""
 

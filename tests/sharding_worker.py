@@ -1,8 +1,12 @@
 """Run by tests/test_sharding.py in a subprocess with 8 fake CPU devices; prints one JSON object.
 
+    python tests/sharding_worker.py CLI_RUN_DIR
+
 Trains the `test`-size LLaMA on one device and on several meshes through the
 same recipe the CLI uses (trainer.experiment.build), and reports losses, the
-bytes each device holds, and the compiler's memory analysis.
+bytes each device holds, and the compiler's memory analysis. Then runs the CLI
+itself (launcher.main.main) with --mesh=cpu into CLI_RUN_DIR, in this process
+for its 8 devices.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import os
 import sys
 import time
 
-# Fake devices must exist before jax is imported. Optimisation level 0 makes the
-# CPU compiles several times faster; every run here uses the same flags.
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_backend_optimization_level=0")
+from tests.cli_batch import run_captured
+from tests.conftest import xla_flags
+
+# Fake devices must exist before jax is imported; the tests' XLA flags make the CPU compiles
+# several times faster, and every run here uses the same flags.
+os.environ["XLA_FLAGS"] = xla_flags(8)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -132,6 +138,12 @@ def main() -> None:
                                    remat=policy), state=one_state, steps=3)
     out["remat"][policy] = {"losses": losses,
                             "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
+
+  out["cli"] = run_captured([
+      "--config=configs/llama.py:size=test", "--mesh=cpu", "--config.trainer.max_steps=3",
+      "--config.optimizer.schedule.warmup_steps=0", "--config.data.seq_len=32",
+      "--config.data.batch_size=8", "--config.eval.batch_size=8", "--config.eval.num_batches=1",
+      f"--output_dir={sys.argv[1]}", "--noprogress"])
   json.dump(out, sys.stdout)
 
 

@@ -9,7 +9,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from launcher import main as main_lib
-from tests.conftest import cli
 
 D, F, V, P = 8, 32, 16, 8  # width, MLP width (4 * D), vocabulary, positions
 
@@ -118,14 +117,16 @@ def test_bad_arguments(capsys):
 
 
 def test_cli_resumes_from_run_dir_and_refuses_bad_configs(tmp_path, capsys, tensors):
-  """One subprocess each: the converted run's config.py, and two incompatible compositions."""
+  """The converted run's config.py, and two incompatible compositions (in this process)."""
   hf = _write_hf(tmp_path / "hf", tensors)
   run = tmp_path / "run"
   assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
-  result = cli(f"--config={run}/config.py", f"--output_dir={run}", "--print_config")
-  assert result.returncode == 0, result.stderr
+  code = main_lib.main(["axtrain", f"--config={run}/config.py", f"--output_dir={run}",
+                        "--print_config"])
+  out, err = capsys.readouterr()
+  assert code == 0, err
   expected = sum(v.size for v in tensors.values())
-  assert f"# parameters: {expected:,}" in result.stdout
+  assert f"# parameters: {expected:,}" in out
 
   for args, message in (
       (["--config=configs/tiny.py", "--config.model.block.attention.num_kv_heads=4"],
@@ -133,9 +134,9 @@ def test_cli_resumes_from_run_dir_and_refuses_bad_configs(tmp_path, capsys, tens
       (["--config=configs/moe_tiny.py", "--config.model.block.ffn.top_k=9"],
        "moe: top_k 9 must be between 1 and num_experts 8"),
   ):
-    result = cli(*args, "--print_config")
-    assert result.returncode == 2
-    assert result.stderr == f"axtrain: error: {message}\n"
+    code = main_lib.main(["axtrain", *args, "--print_config"])
+    assert code == 2
+    assert capsys.readouterr().err == f"axtrain: error: {message}\n"
 
 
 def test_sharded_index_and_a_stray_tied_head_copy(tmp_path, capsys, tensors):

@@ -24,11 +24,12 @@ def write_jsonl(path, n=60, bad=()):
   return path
 
 
-def test_train_on_jsonl_by_one_override_skipping_a_bad_line(tmp_path):
+def test_train_on_jsonl_by_one_override_skipping_a_bad_line(tmp_path, capfd):
   corpus = write_jsonl(tmp_path / "corpus.jsonl", bad=[(5, json.dumps({"body": "no text"}))])
-  done = cli(*SMALL, "--config.data.kind=jsonl", f"--config.data.path={corpus}",
-             "--config.data.on_error=skip", f"--output_dir={tmp_path / 'run'}")
-  assert done.returncode == 0, done.stderr
+  code = cli_main.main(["axtrain", *SMALL, "--config.data.kind=jsonl",
+                        f"--config.data.path={corpus}", "--config.data.on_error=skip",
+                        f"--output_dir={tmp_path / 'run'}"])
+  assert code == 0, capfd.readouterr().err
   records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert records[0]["data_skipped_documents"] == 1
   assert records[-1]["eval_tokens"] > 0

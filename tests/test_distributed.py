@@ -17,7 +17,7 @@ import pytest
 from tests import ckpt_util as cu
 from tests.conftest import ROOT
 
-STEPS = ("--config.trainer.max_steps=12", "--config.checkpoint.every_steps=6",
+STEPS = ("--config.trainer.max_steps=6", "--config.checkpoint.every_steps=3",
          "--config.optimizer.schedule.warmup_steps=0")
 
 
@@ -61,13 +61,13 @@ def test_two_processes_train_like_one_and_resume_on_one(tmp_path, cache):
   for rc, err in results:
     assert rc == 0, err[-3000:]
   assert cu.status(two) == "completed"
-  assert cu.steps(two) == [6, 12]
+  assert cu.steps(two) == [3, 6]
   want, got = cu.losses(one), cu.losses(two)
-  assert sorted(got) == list(range(1, 13))
+  assert sorted(got) == list(range(1, 7))
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=1e-5)
-  theirs = cu.params(two, 12)
-  for key, value in cu.params(one, 12).items():
+  theirs = cu.params(two, 6)
+  for key, value in cu.params(one, 6).items():
     np.testing.assert_allclose(theirs[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
   # Only process 0 writes the run's files: one record per step, not one per process.
   assert len((two / "metrics.jsonl").read_text().splitlines()) == len(
@@ -75,10 +75,10 @@ def test_two_processes_train_like_one_and_resume_on_one(tmp_path, cache):
 
   # The checkpoint the two processes wrote together resumes in one process on 2 devices.
   resumed = tmp_path / "resumed"
-  cu.copy_as_crashed(two, resumed, upto=6)
+  cu.copy_as_crashed(two, resumed, upto=3)
   result = cu.run(resumed, cache, *STEPS, devices=2)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "resumed from checkpoint step 6" in result.stderr
+  assert "resumed from checkpoint step 3" in result.stderr
   again = cu.losses(resumed)
-  np.testing.assert_allclose([again[s] for s in range(7, 13)], [want[s] for s in range(7, 13)],
+  np.testing.assert_allclose([again[s] for s in range(4, 7)], [want[s] for s in range(4, 7)],
                              rtol=1e-5)

@@ -1,7 +1,9 @@
 """Exact resume after SIGKILL and SIGTERM, on another mesh, and past a corrupt checkpoint.
 
 All runs train tests/testdata/ckpt_lm.py (30 steps, checkpoints every 10, every
-step logged) in subprocesses and are compared with one uninterrupted run.
+step logged) and are compared with one uninterrupted run. Runs that are signalled, run on
+8 fake devices, or whose exit must leave no late traceback are subprocesses; the others
+run in this process (ckpt_util.run_here), sharing the subprocesses' compile cache.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests import ckpt_util as cu
+from tests.launch_with_hooks import NanAt, StopAfter
 
 EXIT_PREEMPTED = 75  # launcher/preemption.py, docs/fault_tolerance.md
 
@@ -25,10 +28,9 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, cache):
-  """The uninterrupted run."""
+  """The uninterrupted run (in this process; it fills the compile cache for the others)."""
   run_dir = tmp_path_factory.mktemp("ref") / "run"
-  result = cu.run(run_dir, cache)
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.run_here(None, run_dir, cache).returncode == 0
   assert cu.status(run_dir) == "completed"
   assert sorted(cu.losses(run_dir)) == list(range(1, 31))
   assert cu.steps(run_dir) == [10, 20, 30]
@@ -42,12 +44,12 @@ def assert_same_params(a, b, *, step=30):
     np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
 
 
-def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache):
+def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   # SIGKILL after step 17: checkpoint 10 is committed, 11-17 are lost.
   proc = cu.start_paused(run_dir, cache, 17)
-  # Meanwhile a second axtrain on the same directory is refused.
-  second = cu.run(run_dir, cache)
+  # Meanwhile a second axtrain on the same directory (here, in this process) is refused.
+  second = cu.run_here(capfd, run_dir, cache)
   assert second.returncode == 2, second.stderr[-2000:]
   assert "in use by another axtrain" in second.stderr
   assert f"pid {proc.pid}" in second.stderr
@@ -64,8 +66,8 @@ def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache):
   assert cu.status(run_dir) == "preempted"
   assert 24 in cu.steps(run_dir)
 
-  # Again: resumes from 24 and completes.
-  result = cu.run(run_dir, cache)
+  # Again (in this process): resumes from 24 and completes.
+  result = cu.run_here(capfd, run_dir, cache)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "resumed from checkpoint step 24" in result.stderr
   assert cu.status(run_dir) == "completed"
@@ -78,17 +80,19 @@ def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache):
   assert_same_params(ref, run_dir)
 
 
-def test_resume_on_another_mesh(tmp_path, ref, cache):
-  """1 device -> 8 devices (fsdp=8) -> 1 device, via SIGTERM checkpoints at 12 and 23."""
+def test_resume_on_another_mesh(tmp_path, ref, cache, capfd):
+  """1 device -> 8 devices (fsdp=8) -> 1 device, via stop checkpoints at 12 and 23: the 1-device
+  runs in this process (a stop requested by a callback), the 8-device one a subprocess (SIGTERM)."""
   run_dir = tmp_path / "run"
   mesh = ("--config.mesh.data=1", "--config.mesh.fsdp=-1")
-  proc = cu.start_paused(run_dir, cache, 12, *mesh, devices=1)
-  assert cu.signal_and_wait(proc)[0] == EXIT_PREEMPTED
+  result = cu.run_here(capfd, run_dir, cache, *mesh, callbacks=[StopAfter(12)])
+  assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
+  assert cu.steps(run_dir) == [10, 12]
   proc = cu.start_paused(run_dir, cache, 23, *mesh, devices=8)
   rc, err = cu.signal_and_wait(proc)
   assert rc == EXIT_PREEMPTED, err[-3000:]
   assert "'fsdp': 8" in err and "resumed from checkpoint step 12" in err
-  result = cu.run(run_dir, cache, *mesh, devices=1)
+  result = cu.run_here(capfd, run_dir, cache, *mesh)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "resumed from checkpoint step 23" in result.stderr
   want, got = cu.losses(ref), cu.losses(run_dir)
@@ -108,14 +112,14 @@ def _truncate_largest_file(step_dir: pathlib.Path) -> pathlib.Path:
   return biggest
 
 
-def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
   # A run killed after its step-30 save committed, whose step-30 files were then damaged.
   import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(ref / "checkpoints" / "30", run_dir / "checkpoints" / "30")
   _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
-  result = cu.run(run_dir, cache)
+  result = cu.run_here(capfd, run_dir, cache)
   assert result.returncode == 0, result.stderr[-3000:]
   warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
   assert len(warnings) == 1, result.stderr[-3000:]
@@ -129,7 +133,8 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
   assert_same_params(ref, run_dir)
 
-  # No usable checkpoint at all: say so and exit 1 instead of starting over.
+  # No usable checkpoint at all: say so and exit 1 instead of starting over (a subprocess: what
+  # it prints up to its exit is checked).
   broken = tmp_path / "broken"
   cu.copy_as_crashed(ref, broken, upto=20)
   for step in (10, 20):
@@ -148,31 +153,32 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache):
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
 
 
-def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache):
+def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
   before = cu.snapshot(run_dir)
-  error = cu.one_error_line(cu.run(run_dir, cache, "--config.checkpoint.restore_step=7"))
+  error = cu.one_error_line(cu.run_here(capfd, run_dir, cache,
+                                        "--config.checkpoint.restore_step=7"))
   assert "checkpoint.restore_step=7" in error and "(committed steps: 10, 20)" in error
   assert cu.snapshot(run_dir) == before  # nothing written or changed
   fresh = tmp_path / "fresh"
-  error = cu.one_error_line(cu.run(fresh, cache, "--config.checkpoint.restore_step=7"))
+  error = cu.one_error_line(cu.run_here(capfd, fresh, cache, "--config.checkpoint.restore_step=7"))
   assert "(committed steps: none)" in error and not fresh.exists()
 
 
-def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache):
+def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   before = cu.snapshot(ref)
-  error = cu.one_error_line(cu.run(run_dir, cache, f"--config.init.from_run={ref}",
-                                   "--config.model.num_layers=3"))
+  error = cu.one_error_line(cu.run_here(capfd, run_dir, cache, f"--config.init.from_run={ref}",
+                                        "--config.model.num_layers=3"))
   assert f"init.from_run={ref}: parameter params.layers." in error
   assert "has shape (2, " in error and "but (3, " in error and "in this model" in error
   assert not run_dir.exists() and cu.snapshot(ref) == before
 
 
-def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
+def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache, capfd):
   run_dir = tmp_path / "run"
-  result = cu.run(run_dir, cache, hooks=("--nan_at_step=13",))
+  result = cu.run_here(capfd, run_dir, cache, callbacks=[NanAt(13)])
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
   assert len(errors) == 1, result.stderr[-3000:]
@@ -184,11 +190,11 @@ def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache):
   assert max(cu.losses(run_dir)) == 13
 
 
-def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache):
+def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache, capfd):
   """Also starts from the reference run's parameters (init.from_run)."""
   run_dir = tmp_path / "run"
-  result = cu.run(run_dir, cache, "--config.trainer.skip_nonfinite=True",
-                  f"--config.init.from_run={ref}", hooks=("--nan_at_step=4",))
+  result = cu.run_here(capfd, run_dir, cache, "--config.trainer.skip_nonfinite=True",
+                       f"--config.init.from_run={ref}", callbacks=[NanAt(4)])
   assert result.returncode == 0, result.stderr[-3000:]
   assert cu.status(run_dir) == "completed"
   records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]

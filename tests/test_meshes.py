@@ -10,7 +10,7 @@ import pytest
 
 from configs import tiny
 from core.registry import ConfigError
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, cli_batch
 from trainer import meshes, meshes_doc, sharding
 from trainer.config import MeshConfig
 
@@ -205,24 +205,7 @@ def test_select_mesh_in_process():
 
 # --- through the CLI (8 fake devices) ----------------------------------------------------
 
-def test_cli_auto_and_rules_with_explicit_override(tmp_path):
-  result = cli("--config=configs/tiny.py", "--print_config", devices=8)
-  assert result.returncode == 0, result.stderr
-  assert "# mesh: cpu {'data': 8, 'fsdp': 1, 'model': 1}\n" in result.stdout
-
-  config = tmp_path / "ruled.py"
-  config.write_text("from configs import tiny\n\n\ndef get_config(arg=None):\n"
-                    "  cfg = tiny.get_config(arg)\n"
-                    f"  cfg.mesh.rules = {RULES!r}\n  return cfg\n")
-  result = cli(f"--config={config}", "--mesh=gpu-h100-8", "--config.mesh.data=4",
-               "--config.data.batch_size=16", "--print_config", devices=8)
-  assert result.returncode == 0, result.stderr
-  assert ("# mesh: gpu-h100-8 {'data': 4, 'fsdp': 2, 'model': 1} (rule 'gpu-h100-.*')\n"
-          in result.stdout)
-  assert "trainer.grad_accum_steps: 2\n" in result.stdout
-
-
-@pytest.mark.parametrize("args,message", [
+MESH_ERRORS = [
     (["--config.mesh.data=3"], "data=3,fsdp=1,model=1 needs 3 devices but 8 are available"),
     (["--config.data.batch_size=12"], "data.batch_size 12 must split into"
                                       " trainer.grad_accum_steps=1 microbatches, each divisible"
@@ -232,9 +215,40 @@ def test_cli_auto_and_rules_with_explicit_override(tmp_path):
     (["--mesh=gpu-h100"], "unknown mesh (did you mean 'gpu-h100-8'?)"),
     (["--mesh=gpu-h100-8x2"], "--mesh=gpu-h100-8x2 is 16 devices (8 per host x 2 hosts) but JAX"
                               " sees 8"),
-])
-def test_cli_mesh_errors_are_one_line(args, message):
-  result = cli("--config=configs/tiny.py", *args, "--print_config", devices=8)
+]
+
+
+@pytest.fixture(scope="module")
+def cli8(tmp_path_factory) -> dict:
+  """{command: result} of every command below, run in one process with 8 fake CPU devices."""
+  config = tmp_path_factory.mktemp("meshes") / "ruled.py"
+  config.write_text("from configs import tiny\n\n\ndef get_config(arg=None):\n"
+                    "  cfg = tiny.get_config(arg)\n"
+                    f"  cfg.mesh.rules = {RULES!r}\n  return cfg\n")
+  commands = [("--config=configs/tiny.py", "--print_config"),
+              (f"--config={config}", "--mesh=gpu-h100-8", "--config.mesh.data=4",
+               "--config.data.batch_size=16", "--print_config"),
+              *(("--config=configs/tiny.py", *args, "--print_config") for args, _ in MESH_ERRORS)]
+  results = cli_batch([list(c) for c in commands], devices=8)
+  return {"auto": results[0], "ruled": results[1],
+          **{tuple(args): r for (args, _), r in zip(MESH_ERRORS, results[2:])}}
+
+
+def test_cli_auto_and_rules_with_explicit_override(cli8):
+  result = cli8["auto"]
+  assert result.returncode == 0, result.stderr
+  assert "# mesh: cpu {'data': 8, 'fsdp': 1, 'model': 1}\n" in result.stdout
+
+  result = cli8["ruled"]
+  assert result.returncode == 0, result.stderr
+  assert ("# mesh: gpu-h100-8 {'data': 4, 'fsdp': 2, 'model': 1} (rule 'gpu-h100-.*')\n"
+          in result.stdout)
+  assert "trainer.grad_accum_steps: 2\n" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", MESH_ERRORS)
+def test_cli_mesh_errors_are_one_line(cli8, args, message):
+  result = cli8[tuple(args)]
   assert result.returncode == 2, result.stderr[-2000:]
   lines = result.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("axtrain: error: "), result.stderr[-2000:]

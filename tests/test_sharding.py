@@ -3,7 +3,7 @@ shards the state, gradient accumulation and remat change nothing but memory, and
 trains on all local devices.
 
 The 8-device work runs once, in tests/sharding_worker.py (a subprocess: fake devices must be
-configured before jax is imported).
+configured before jax is imported), the CLI's run included.
 """
 
 from __future__ import annotations
@@ -15,47 +15,36 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT
 
 REL_TOL = 1e-5  # float32 losses: the meshes only reorder sums
 MESHES = ("data=8", "fsdp=8", "fsdp=4,model=2", "data=2,fsdp=2,model=2")
 
 
 @pytest.fixture(scope="module")
-def worker_process():
-  """The worker, started once; the CLI tests below run beside it (one core each)."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "sharding_worker.py")], cwd=ROOT,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  yield proc
-  if proc.poll() is None:
-    proc.kill()
-    proc.communicate()
+def cli_run(tmp_path_factory):
+  return tmp_path_factory.mktemp("cli") / "run"
 
 
 @pytest.fixture(scope="module")
-def worker(worker_process) -> dict:
-  stdout, stderr = worker_process.communicate(timeout=900)
-  assert worker_process.returncode == 0, stderr[-3000:]
-  return json.loads(stdout)
+def worker(cli_run) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_worker.py"), str(cli_run)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("devices", [8])
-def test_cli_cpu_mesh_trains_on_all_local_devices(tmp_path, devices, worker_process):
-  del worker_process  # started first so that it runs while this test does
-  out = tmp_path / "run"
-  result = cli("--config=configs/llama.py:size=test", "--mesh=cpu", "--config.trainer.max_steps=3",
-               "--config.optimizer.schedule.warmup_steps=0",
-               "--config.data.seq_len=32", "--config.data.batch_size=8",
-               "--config.eval.batch_size=8", "--config.eval.num_batches=1",
-               f"--output_dir={out}", "--noprogress", devices=devices)
-  assert result.returncode == 0, result.stderr[-3000:]
-  run = json.loads((out / "run.json").read_text())
+def test_cli_cpu_mesh_trains_on_all_local_devices(worker, cli_run):
+  """`axtrain --mesh=cpu` (launcher.main.main in the worker, for its 8 devices)."""
+  assert worker["cli"]["code"] == 0, worker["cli"]["stderr"][-3000:]
+  run = json.loads((cli_run / "run.json").read_text())
   assert run["status"] == "completed"
-  assert run["mesh"] == {"name": "cpu", "axes": {"data": devices, "fsdp": 1, "model": 1},
+  assert run["mesh"] == {"name": "cpu", "axes": {"data": 8, "fsdp": 1, "model": 1},
                          "rule": None}
-  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  records = [json.loads(line) for line in (cli_run / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "loss" in r] == [3]
 
 

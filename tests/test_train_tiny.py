@@ -10,7 +10,9 @@ from launcher import config_loading, main as main_lib
 from tests.conftest import ROOT
 from trainer import config as config_lib, experiment, loop, meshes
 
-SHRINK = ["--config.trainer.max_steps=40", "--config.data.seq_len=128",
+# 20 steps of 8 x 64 bytes: the validation loss falls by about 2.8 nats (measured 5.62 -> 2.83),
+# well past the 1.5 the test asks for.
+SHRINK = ["--config.trainer.max_steps=20", "--config.data.seq_len=64",
           "--config.eval.every_steps=0", "--config.eval.num_batches=4"]
 
 
@@ -29,7 +31,7 @@ def test_tiny_validation_loss_falls_by_1_5_nats():
   assert abs(initial - 5.55) < 0.3  # ~ln(256): uniform over bytes at init
   assert result.final_eval_loss <= initial - 1.5, (initial, result.final_eval_loss)
   logged = [r for r in result.records if "loss" in r]
-  assert [r["step"] for r in logged] == [10, 20, 30, 40]
+  assert [r["step"] for r in logged] == [10, 20]
   for r in logged:
     assert {"loss", "learning_rate", "grad_norm", "param_norm", "update_norm", "tokens_per_sec",
             "step_time_s", "model_flops_per_sec_per_device", "mfu"} <= set(r)
