@@ -204,6 +204,37 @@ def test_attention_implementations_agree():
                                jax.jit(other.apply)(params, x, pos, seg), rtol=1e-4, atol=1e-5)
 
 
+def test_xla_attention_gradients_equal_jax_dot_product_attention():
+  """The softmax normalised after the second matmul, differentiated, against jax's own."""
+  from modules.attention import causal_mask, xla_attention
+  q, k, v = (jax.random.normal(key, (2, 16, heads, 8))
+             for key, heads in zip(jax.random.split(jax.random.key(1), 3), (4, 2, 2)))
+  segments = jnp.repeat(jnp.array([[0, 1, 1, 2]]), 4, axis=1).repeat(2, axis=0)
+  mask = causal_mask(segments, 16)
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)))
+  ours = jax.grad(loss(lambda q, k, v: xla_attention(q, k, v, mask)), argnums=(0, 1, 2))(q, k, v)
+  theirs = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask)),
+                    argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(ours, theirs):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_attention_with_float32_logits_on_request():
+  """bfloat16 inputs: logits_dtype=float32 keeps the logits' float32 (closer to the float32
+  result); the default writes them in bfloat16, within bfloat16's rounding of it."""
+  from modules.attention import causal_mask, xla_attention
+  q, k, v = (jax.random.normal(key, (2, 64, heads, 16)) * 2
+             for key, heads in zip(jax.random.split(jax.random.key(2), 3), (4, 2, 2)))
+  mask = causal_mask(None, 64)
+  want = xla_attention(q, k, v, mask)
+  bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  compute = xla_attention(*bf, mask).astype(jnp.float32)
+  wide = xla_attention(*bf, mask, logits_dtype=jnp.float32).astype(jnp.float32)
+  err_compute, err_wide = (float(jnp.abs(x - want).max()) for x in (compute, wide))
+  assert err_wide < err_compute < 0.1
+
+
 def test_chunked_attention_equals_xla_in_value_and_gradient():
   """Blocks of 4 queries over a length of 16, with and without packed documents."""
   xla, chunked = _attention("xla"), _attention("chunked", query_chunk_size=4)
