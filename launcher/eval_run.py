@@ -108,9 +108,9 @@ def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
   """(step, parameters) of a committed checkpoint: `step`, or the latest."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
-  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_files  # pylint: disable=import-outside-toplevel
   directory = run_dir / "checkpoints"
-  steps = checkpoint.committed_steps(directory)
+  steps = checkpoint_files.committed_steps(directory)
   if not steps:
     raise UserError(f"eval: {directory} holds no committed checkpoint; nothing to evaluate")
   if step is None:

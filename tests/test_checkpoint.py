@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from core.registry import ConfigError
 from tests.conftest import ROOT
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_files
 from trainer.config import CheckpointConfig
 
 
@@ -195,12 +195,12 @@ def _drop_chunk(step_dir):
 def test_check_step_refuses_damaged_checkpoints(tmp_path, damage, reason):
   _saved(tmp_path).close()
   step_dir = tmp_path / "checkpoints" / "10"
-  arrays = checkpoint.check_step(step_dir)
+  arrays = checkpoint_files.check_step(step_dir)
   assert {k: v.shape for k, v in arrays.items()} == {
       "step": (), "params.w": (4, 3), "params.layer.b": (3000,)}
   damage(step_dir)
   with pytest.raises(checkpoint.CheckpointError, match=f"^{reason}"):
-    checkpoint.check_step(step_dir)
+    checkpoint_files.check_step(step_dir)
 
 
 def _garble_inside_a_value(step_dir) -> None:
@@ -209,7 +209,7 @@ def _garble_inside_a_value(step_dir) -> None:
   data = bytearray(path.read_bytes())
   data[: len(data) // 2] = b"\x07" * (len(data) // 2)
   path.write_bytes(bytes(data))
-  checkpoint.check_step(step_dir)  # passes
+  checkpoint_files.check_step(step_dir)  # passes
 
 
 def test_failed_read_leaves_hooks_and_filters_as_they_were(tmp_path):

@@ -13,10 +13,8 @@ committed checkpoints intact. Old checkpoints are garbage-collected after a
 newer one commits: the latest `keep` stay, plus every step divisible by
 `keep_every_steps` when that is set.
 
-Every read starts with `check_step`, which reads only metadata: the tree, the
-OCDBT manifest and B+tree nodes, each array's zarr header and chunk keys, and
-the size of every data file a value points into. A damaged checkpoint is
-refused there, before Orbax starts reads it could not finish.
+Every read starts with `trainer/checkpoint_files.py:check_step`, which reads only metadata,
+so that a damaged checkpoint is refused before Orbax starts reads it could not finish.
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
-import math
 import pathlib
 import shutil
 import sys
@@ -39,20 +35,15 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
-import tensorstore as ts
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.registry import ConfigError
+from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
 from trainer.config import CheckpointConfig
 
-STATE, DATA = "state", "data"
 # Checkpoints taken out of use are moved next to checkpoints/ rather than deleted:
 QUARANTINE = "corrupt_checkpoints"  # unreadable ones
 SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
-
-
-class CheckpointError(Exception):
-  """No usable checkpoint where one was expected."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,134 +51,6 @@ class Restored:
   step: int
   state: Any
   data_state: dict
-
-
-def committed_steps(directory: pathlib.Path | str) -> list[int]:
-  """Committed steps in a checkpoints/ directory, oldest first; [] if it does not exist."""
-  return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(directory)))
-
-
-# -- validation: metadata only -------------------------------------------------------------
-
-def _read_json(step_dir: pathlib.Path, name: str) -> Any:
-  try:
-    return json.loads((step_dir / name).read_text())
-  except FileNotFoundError:
-    raise CheckpointError(f"{name} is missing") from None
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{name} is not readable JSON ({type(e).__name__})") from None
-
-
-class _Ocdbt:
-  """The OCDBT database of one `state` directory, read through tensorstore's dump (no arrays)."""
-
-  def __init__(self, directory: pathlib.Path):
-    self.directory = directory
-    self._sizes: dict[pathlib.Path, int] = {}
-    self._kv = ts.KvStore.open({"driver": "file", "path": str(directory) + "/"}).result()
-
-  def check_location(self, location: str) -> None:
-    """`<kind>:<base>:<file>:<offset>:<length>`: the file exists and holds offset + length bytes."""
-    _, base, name, offset, length = location.rsplit(":", 4)
-    path = self.directory / base / name
-    if path not in self._sizes:
-      try:
-        self._sizes[path] = path.stat().st_size
-      except OSError:
-        raise CheckpointError(f"{path.relative_to(self.directory)} is missing") from None
-    if self._sizes[path] < int(offset) + int(length):
-      raise CheckpointError(f"{path.relative_to(self.directory)} holds {self._sizes[path]} bytes, "
-                            f"the manifest needs {int(offset) + int(length)}")
-
-  def dump(self, location: str | None = None) -> Any:
-    if location is not None:
-      self.check_location(location)
-    try:
-      return ts.ocdbt.dump(self._kv, location).result()
-    except Exception as e:  # pylint: disable=broad-except  (any decode failure means unusable)
-      what = "manifest.ocdbt" if location is None else location.split(":")[2]
-      raise CheckpointError(f"{what} does not decode ({type(e).__name__})") from None
-
-  def entries(self) -> dict[bytes, dict]:
-    """key -> leaf entry (`inline_value` or `indirect_value`), every node checked on the way."""
-    if not (self.directory / "manifest.ocdbt").is_file():
-      raise CheckpointError("manifest.ocdbt is missing")
-    versions = self.dump()["versions"]
-    root = versions[-1]["root"] if versions else {}
-    out = {}
-    todo = [(root["location"], b"")] if "location" in root else []
-    while todo:
-      location, prefix = todo.pop()
-      node = self.dump(location)
-      for entry in node["entries"]:
-        if node["height"] > 0:
-          todo.append((entry["location"], prefix + entry["subtree_common_prefix"]))
-        else:
-          if "indirect_value" in entry:
-            self.check_location(entry["indirect_value"])
-          out[prefix + entry["key"]] = entry
-    return out
-
-  def value(self, entry: dict) -> bytes:
-    return entry["inline_value"] if "inline_value" in entry else self.dump(entry["indirect_value"])
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ArrayInfo:
-  shape: tuple[int, ...]
-  dtype: str
-
-
-def check_step(step_dir: pathlib.Path | str, *, items=(STATE, DATA)) -> dict[str, ArrayInfo]:
-  """Orbax name ("params.layers.mlp.wi") -> ArrayInfo of every array of a committed step.
-
-  Raises CheckpointError (the reason, one clause) unless every file a restore
-  reads exists with the size its manifest says and every array's zarr header
-  and chunks are present. Reads metadata only.
-  """
-  step_dir = pathlib.Path(step_dir)
-  if DATA in items:
-    _read_json(step_dir, f"{DATA}/metadata")
-  state_dir = step_dir / STATE
-  meta = _read_json(step_dir, f"{STATE}/_METADATA")
-  if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
-    raise CheckpointError(f"{STATE}/_METADATA holds no tree")
-  if not meta.get("use_ocdbt", True):
-    raise CheckpointError("it was not written as an OCDBT database")
-  db = _Ocdbt(state_dir)
-  try:
-    entries = db.entries()
-  except CheckpointError as e:
-    raise CheckpointError(f"{STATE}/{e}") from None
-  zarr3 = meta.get("use_zarr3", False)
-  all_chunks = meta.get("store_array_data_equal_to_fill_value", False)
-  chunk_counts: dict[bytes, int] = {}
-  for key in entries:
-    name, _, rest = key.rpartition(b"/")
-    if not rest.startswith(b".") and not rest.endswith(b".json"):
-      chunk_counts[name] = chunk_counts.get(name, 0) + 1
-  out = {}
-  for leaf in meta["tree_metadata"].values():
-    value = leaf.get("value_metadata", {})
-    if value.get("skip_deserialize") or value.get("value_type") not in (
-        "jax.Array", "np.ndarray", "scalar"):
-      continue
-    name = ".".join(str(k["key"]) for k in leaf["key_metadata"])
-    header = entries.get(f"{name}/{'zarr.json' if zarr3 else '.zarray'}".encode())
-    if header is None:
-      raise CheckpointError(f"array {name} has no zarr header in {STATE}/manifest.ocdbt")
-    try:
-      spec = json.loads(db.value(header))
-      shape = tuple(spec["shape"])
-      chunks = spec["chunk_grid"]["configuration"]["chunk_shape"] if zarr3 else spec["chunks"]
-    except (ValueError, KeyError, TypeError):
-      raise CheckpointError(f"array {name}'s zarr header does not parse") from None
-    expected = math.prod(-(-s // max(c, 1)) for s, c in zip(shape, chunks))
-    found = chunk_counts.get(name.encode(), 0)
-    if all_chunks and not zarr3 and found < expected:
-      raise CheckpointError(f"array {name} has {found} of its {expected} chunks")
-    out[name] = ArrayInfo(shape=shape, dtype=str(spec.get("dtype", spec.get("data_type", ""))))
-  return out
 
 
 # -- reads ---------------------------------------------------------------------------------
