@@ -118,7 +118,8 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     else:
       sys.stdout.write(plan_sweep.sweep_text(result))
     return 0
-  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval)
+  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval,
+                    with_ops=fv.ops)
   if fv.json:
     out = dict(plan_report.to_json(p), mesh_rule=rule)
     if fv.ops:

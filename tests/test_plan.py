@@ -29,7 +29,7 @@ def _run(cfg):
 def tiny_plan():
   """configs/tiny.py on an 8-chip v5e slice (fsdp=8), compiled once by the TPU compiler."""
   return plan.plan(_run(configs.tiny.get_config()), meshes.lookup("tpu-v5e-8"),
-                   config_name="configs/tiny.py", with_eval=False)
+                   config_name="configs/tiny.py", with_eval=False, with_ops=True)
 
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):

@@ -107,7 +107,7 @@ class Compiled:
   # call's -1 s added back; None from other compilers. Comparable between programs when
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
   cost_model_s: float | None = None
-  ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`)
+  ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`), if asked
 
   @property
   def peak(self) -> int:
@@ -182,6 +182,7 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
 
 def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
              hardware=None, compiler_options: dict | None = None) -> Compiled:
+  """One compile's figures; with `hardware` (its peak FLOP/s and bandwidths) the per-op report."""
   start = time.perf_counter()
   with exp.context():
     lowered = fn.lower(*args)
@@ -245,10 +246,12 @@ def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Com
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
-         with_eval: bool = True, compiler_options: dict | None = None) -> Plan:
+         with_eval: bool = True, compiler_options: dict | None = None,
+         with_ops: bool = False) -> Plan:
   """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device.
 
-  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF)."""
+  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF).
+  `with_ops`: also the train step's per-op report (`plan --ops`, trainer/hlo_ops.py)."""
   if devices is None:
     devices, compiler = target_devices(entry)
   else:
@@ -266,7 +269,8 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   else:
     per_host = n // entry.num_slices if entry.num_slices > 1 else None
   train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host,
-                   hardware=entry.hardware, compiler_options=compiler_options)
+                   hardware=entry.hardware if with_ops else None,
+                   compiler_options=compiler_options)
   evaluated = None
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
