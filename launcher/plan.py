@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
     fv(argv)
   except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
     raise config_loading.translate(e, argv) from None
+  if fv.ops_top < 1:
+    raise UserError(f"plan: --ops_top must be at least 1, got {fv.ops_top}")
   return _plan(fv, argv, entry)
 
 

@@ -172,6 +172,12 @@ def test_unknown_mesh_suggests(capsys):
   assert out.err.count("\n") == 1 and "unknown mesh (did you mean 'tpu-v5e-" in out.err
 
 
+def test_ops_top_below_one_is_refused_before_compiling(capsys):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-4", "--ops",
+                    "--ops_top=0")
+  assert code == 2 and out.err == "axtrain: error: plan: --ops_top must be at least 1, got 0\n"
+
+
 def test_batch_that_cannot_split_over_the_devices(capsys):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-16")
   assert code == 2
