@@ -57,8 +57,6 @@ def measure(overrides: dict) -> dict:
   import dataclasses
   import importlib.util
 
-  import numpy as np
-
   from trainer import config as config_lib, experiment, meshes, plan, flops
   spec = importlib.util.spec_from_file_location("cfg", CONFIG)
   module = importlib.util.module_from_spec(spec)
@@ -94,8 +92,7 @@ def measure(overrides: dict) -> dict:
   return {"flops": float(cost["flops"]), "bytes": float(cost["bytes accessed"]),
           "temp_gib": compiled.memory_analysis().temp_size_in_bytes / 2 ** 30,
           "step_s": step, "model_flops": float(model), "mfu": float(MODEL_FLOPS / step / PEAK),
-          "concat_bitcasts": concat, "compile_s": seconds, "params": int(np.sum(
-              [np.prod(x.shape) for x in __import__("jax").tree.leaves(exp.abstract_state.params)]))}
+          "concat_bitcasts": concat, "compile_s": seconds, "params": int(exp.num_params)}
 
 
 def _start(tree: pathlib.Path, overrides: dict) -> subprocess.Popen:
@@ -159,8 +156,8 @@ def section(results, *, command: str, seconds: float) -> str:
           f"compute; windowed einsum off; libtpu's cost-model step with 1 s added back per "
           f"ConcatBitcast. MFU = {MODEL_FLOPS / 1e12:.1f} TFLOP of model per chip / step / "
           f"197 TFLOP/s for every row (trainer/flops.py counts {model / 1e12:.1f} T: its "
-          f"attention term is not halved for the causal mask). The MaxText rows are quoted from its `train_compile` at the "
-          f"same setting; rows named by a commit were compiled from that commit's tree.\n\n"
+          f"attention term is not halved for the causal mask). The MaxText rows are quoted from "
+          f"its `train_compile` at the same setting; rows named by a commit were compiled from that commit's tree.\n\n"
           + table(results) + f"{END}\n")
 
 

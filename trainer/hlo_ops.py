@@ -37,9 +37,9 @@ _LINE = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<out>.+?) (?P<op>[a
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
          "conditional", "call", "after-all", "partition-id", "replica-id", "opt-barrier",
          "iota", "add-dependency", "domain"}
-_COPIES = {"copy", "copy-start", "convert", "transpose", "bitcast-convert", "bitcast", "reshape",
-           "parameter", "tuple", "get-tuple-element", "constant", "broadcast", "slice",
-           "concatenate", "pad", "dynamic-slice", "dynamic-update-slice"}
+_COPIES = {"copy", "copy-start", "slice-start", "convert", "transpose", "bitcast-convert",
+           "bitcast", "reshape", "parameter", "tuple", "get-tuple-element", "constant",
+           "broadcast", "slice", "concatenate", "pad", "dynamic-slice", "dynamic-update-slice"}
 # Custom calls that only annotate: no kernel of their own.
 _BOOKKEEPING = {"AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "Sharding",
                 "SPMDFullToShardShape", "SPMDShardToFullShape", "ConcatBitcast"}
@@ -316,8 +316,9 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
   for comp, n in times.items():
     shapes = {i.name: i.out for i in comps[comp]}
     for i in comps[comp]:
-      if i.op in _FREE or i.op.endswith("-done") or 'custom_call_target="ConcatBitcast"' in i.rest:
-        continue  # ConcatBitcast: buffers laid side by side, nothing moved
+      concat = 'custom_call_target="ConcatBitcast"' in i.rest  # buffers side by side: no move
+      if i.op in _FREE or i.op.endswith("-done") or concat:
+        continue
       called = re.search(r"\bcalls=%?([\w.\-]+)", i.rest)
       inner = _inner(comps, called[1]) if called and i.op == "fusion" else []
       if any(j.op == "custom-call" and "AsyncCollectiveDone" in j.rest for j, _ in inner):
