@@ -7,14 +7,15 @@ examples:
   axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
   axtrain plan --config=configs/llm_70b.py --mesh=gpu-h100-8x16 --json
   axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-4 --sweep
-  axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-8 --ops --noeval
+  axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-8 --ops --noeval --nowindowed_einsum
 
 Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
 TPU entries with the real TPU compiler (libtpu), others for as many CPU devices plus an
 analytic memory model. A plan that does not fit is a report like any other (exit 0).
 --ops adds where the train step's time goes: its ops' bytes, FLOPs and roofline time by
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
-module (trainer/hlo_ops.py).
+module (trainer/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
+matmuls and their collectives apart, so that every op is counted once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
                        "estimated time, named by module, with totals by category.",
                        flag_values=fv)
   flags.DEFINE_integer("ops_top", 10, "How many ops --ops lists.", flag_values=fv)
+  flags.DEFINE_boolean("windowed_einsum", True, "TPU entries: let the compiler turn FSDP "
+                       "matmuls and their collectives into loops (its default). "
+                       "--nowindowed_einsum turns that off, for --ops and the TPU cost model.",
+                       flag_values=fv)
   flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
   flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
   flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
@@ -120,8 +125,10 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     else:
       sys.stdout.write(plan_sweep.sweep_text(result))
     return 0
+  options = plan_lib.WINDOWED_EINSUM_OFF if (
+      not fv.windowed_einsum and entry.hardware.platform == "tpu") else None
   p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval,
-                    with_ops=fv.ops)
+                    with_ops=fv.ops, compiler_options=options)
   if fv.json:
     out = dict(plan_report.to_json(p), mesh_rule=rule)
     if fv.ops:
