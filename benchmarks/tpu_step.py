@@ -19,6 +19,8 @@ the MFU that implies (model FLOPs per chip / step / 197 TFLOP/s, the v5e's bf16 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
@@ -53,10 +55,8 @@ RESULTS = ROOT / "benchmarks" / "tpu_step.json"  # the last run's rows, for --re
 
 def measure(overrides: dict) -> dict:
   """Compiles the step at SETTING + overrides in this process; per-chip figures."""
+  # The measured tree's modules: imported here, in the --measure process that tree's path serves.
   # pylint: disable=import-outside-toplevel
-  import dataclasses
-  import importlib.util
-
   from trainer import config as config_lib, experiment, meshes, plan, flops
   spec = importlib.util.spec_from_file_location("cfg", CONFIG)
   module = importlib.util.module_from_spec(spec)

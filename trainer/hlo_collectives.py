@@ -17,7 +17,7 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?P<out>.+?) (?P<op>[a-z][\w-]*)\((?P<rest>.*)$")
 _SHAPE = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-_CALLS = re.compile(r"\b(body|calls|branch_computations)=\{?%?([\w.\-]+)")
+_CALLS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)")
 _DCN = '_xla_host_transfer_handler_name="xla_megascale_runtime"'
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
@@ -114,6 +114,29 @@ def trip_count(line: str, comps: dict[str, list[str]]) -> int:
   return int(constants[0]) if len(constants) == 1 and "direction=LT" in body else 1
 
 
+def runs(comps: dict[str, list[str]], entry: str, *, into_fusions: bool = True) -> dict[str, int]:
+  """computation -> times it runs per step, from the entry: loop bodies (and conditions) times
+  their trip counts, called computations and conditional branches once per call.
+  `into_fusions=False` stops at fusions (their insides are one op of the caller)."""
+  times: dict[str, int] = {}
+
+  def visit(name: str, n: int):
+    times[name] = times.get(name, 0) + n
+    for line in comps.get(name, ()):
+      m = _INSTR.match(line)
+      op = m["op"] if m else ""
+      if op == "fusion" and not into_fusions:
+        continue
+      for kind, callee in _CALLS.findall(line):
+        if kind == "to_apply" and op != "call":
+          continue  # a reduction's scalar function, not a computation of its own
+        if callee in comps and callee != name:
+          visit(callee, n * (trip_count(line, comps) if kind == "body" else 1))
+
+  visit(entry, 1)
+  return times
+
+
 def sent_bytes(op: str, out: str, rest: str, num_devices: int, *, scatter: bool = False) -> float:
   """Bytes one device sends for one collective instruction (0 for any other op); `scatter`:
   a TPU all-reduce inside an all-reduce-scatter fusion (a reduce-scatter)."""
@@ -147,18 +170,9 @@ def collectives(hlo_text: str, num_devices: int, *, per_host: int | None = None)
   `send`s: their buffers count as `dcn (between slices)`, all of it crossing.
   """
   comps, entry = computations(hlo_text)
-  times: dict[str, float] = {}
-
-  def visit(name, n):
-    times[name] = times.get(name, 0) + n
-    for line in comps.get(name, ()):
-      for kind, callee in _CALLS.findall(line):
-        if callee in comps and callee != name:
-          visit(callee, n * (trip_count(line, comps) if kind == "body" else 1))
-
   if entry is None:
     return Collectives(bytes_by_kind={}, count=0)
-  visit(entry, 1)
+  times = runs(comps, entry)
   by_kind, count, cross = {}, 0, 0.0
   for name, n in times.items():
     # TPU reduce-scatters are fusions named all-reduce-scatter: an all-reduce, then a slice.

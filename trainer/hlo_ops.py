@@ -297,21 +297,7 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
   comps, lines, entry = parse(hlo_text)
   if entry is None:
     return Report(ops=(), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)
-  times: dict[str, int] = {}
-
-  def visit(name: str, n: int):
-    times[name] = times.get(name, 0) + n
-    for i in comps.get(name, ()):
-      if i.op == "fusion":
-        continue  # its inside is part of this op
-      for kind, callee in re.findall(r"\b(body|condition|calls|to_apply|branch_computations)="
-                                     r"\{?%?([\w.\-]+)", i.rest):
-        if callee in comps and callee != name and (i.op in ("while", "call", "conditional")
-                                                   or kind in ("body", "condition")):
-          trips = hlo_collectives.trip_count(i.rest, lines) if kind == "body" else 1
-          visit(callee, n * trips)
-
-  visit(entry, 1)
+  times = hlo_collectives.runs(lines, entry, into_fusions=False)
   out = []
   for comp, n in times.items():
     shapes = {i.name: i.out for i in comps[comp]}
