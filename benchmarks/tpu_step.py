@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     print(json.dumps(measure(json.loads(args.measure))))
     return 0
   if args.render:
+    if not RESULTS.is_file():
+      parser.error(f"--render: {RESULTS} does not exist; run without --render first")
     saved = json.loads(RESULTS.read_text())
     return _output(section([tuple(r) for r in saved["rows"]], command=saved["command"],
                            seconds=saved["seconds"]), write=args.write)
