@@ -174,6 +174,11 @@ def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
 def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
                 dropped: dict | None = None, **values) -> ml_collections.ConfigDict:
   """Replaces the component at `path` of a run config by `kind`'s node, carrying over the
-  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node.
+  fields both kinds share (what `--config.<path>.kind=K` does); returns the new node.
   `dropped`: see core.paths.switch_kind."""
   return paths.switch_kind(cfg, path, kind, schema=RunConfig, dropped=dropped, **values)
+
+
+def field_at(cfg: ml_collections.ConfigDict, path: str) -> dataclasses.Field | None:
+  """The config field at dotted `path` of a run config (core.paths.field_at)."""
+  return paths.field_at(cfg, path, schema=RunConfig)
