@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import ml_collections
 
-from core import paths
+from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
 
 
@@ -182,3 +182,19 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
 def field_at(cfg: ml_collections.ConfigDict, path: str) -> dataclasses.Field | None:
   """The config field at dotted `path` of a run config (core.paths.field_at)."""
   return paths.field_at(cfg, path, schema=RunConfig)
+
+
+def chosen(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """What a run config chooses: its kinds, required fields and values other than the
+  defaults (core/choices.py); the golden files hold this."""
+  return choices.chosen(cfg, RunConfig)
+
+
+def with_defaults(chosen_values: dict) -> dict:
+  """The resolved run config of `chosen_values` (the inverse of `chosen`)."""
+  return choices.with_defaults(chosen_values, RunConfig)
+
+
+def defaults(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """Every field of `cfg`'s nodes that has a default, at that default (core.choices.defaults)."""
+  return choices.defaults(cfg, RunConfig)
