@@ -5,6 +5,12 @@ the config node it becomes, the HF tensor names and shapes its config implies,
 and how each tensor maps to our parameters (one layer at a time; the caller
 stacks layers for a scanned model). Every map is a reshape or a transpose, so
 a round trip reproduces each tensor bit for bit.
+
+Completeness is checked generically, whatever the family (`export`, `import_params`): every
+parameter of the model must be read by the map to Hugging Face, and every tensor that the
+HF config implies must be read by the map from it; otherwise the conversion refuses and
+names what is unmapped. So a layer that adds a parameter cannot be dropped silently by a
+conversion written before it existed.
 """
 
 from __future__ import annotations
@@ -310,6 +316,92 @@ def _gpt2_hf_config(m) -> dict:
           "n_positions": m.position_embedding.max_length, "vocab_size": m.vocab_size,
           "layer_norm_epsilon": b.norm.eps, "activation_function": activation,
           "tie_word_embeddings": m.tie_embeddings}
+
+
+# -- completeness ----------------------------------------------------------------------------
+
+class _Reads(dict):
+  """A parameter tree (dicts and lists of arrays) that records which leaves are read."""
+
+  def __init__(self, tree: Mapping, path: tuple, reads: set):
+    super().__init__({k: _track(v, (*path, k), reads) for k, v in tree.items()})
+    self._path, self._reads = path, reads
+
+  def _leaf(self, key, value):
+    if not isinstance(value, (dict, list)):
+      self._reads.add((*self._path, key))
+    return value
+
+  def __getitem__(self, key):
+    return self._leaf(key, super().__getitem__(key))
+
+  def get(self, key, default=None):
+    return self[key] if key in self else default
+
+  def items(self):
+    return [(k, self[k]) for k in self]
+
+  def values(self):
+    return [self[k] for k in self]
+
+
+def _track(tree: Any, path: tuple, reads: set) -> Any:
+  if isinstance(tree, Mapping):
+    return _Reads(tree, path, reads)
+  if isinstance(tree, (list, tuple)):
+    return [_track(v, (*path, i), reads) for i, v in enumerate(tree)]
+  return tree
+
+
+def _leaf_paths(tree: Any, path: tuple = ()) -> list[tuple]:
+  if isinstance(tree, Mapping):
+    return [p for k, v in tree.items() for p in _leaf_paths(v, (*path, k))]
+  if isinstance(tree, (list, tuple)):
+    return [p for i, v in enumerate(tree) for p in _leaf_paths(v, (*path, i))]
+  return [path]
+
+
+def _names(paths) -> str:
+  """Parameter paths, one name per parameter of every layer: layers.*.block.attention.x."""
+  names = sorted({".".join("*" if isinstance(part, int) else str(part) for part in p)
+                  for p in paths})
+  return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def export(family: Family, params: dict, m) -> dict:
+  """`family.to_hf(params, m)` after checking that it reads every parameter of `params`
+  ({'layers': [layer, ...], ...}); ConfigError naming those it leaves unread."""
+  reads: set = set()
+  tensors = family.to_hf(_track(params, (), reads), m)
+  unread = [p for p in _leaf_paths(params) if p not in reads]
+  if unread:
+    raise ConfigError(f"the model cannot be written as {family.architecture}: its parameters "
+                      f"{_names(unread)} map to no Hugging Face tensor; nothing was written")
+  return tensors
+
+
+def import_params(family: Family, get: Callable[[str], np.ndarray], hf_cfg: dict,
+                  expected: Mapping) -> dict:
+  """`family.from_hf(get, hf_cfg)` after checking that it reads every tensor the HF config
+  implies and fills every parameter of the model (`expected`, the model's own tree of
+  shapes, layers as a list); ConfigError naming what is unmapped."""
+  read: set = set()
+
+  def tracked(name: str) -> np.ndarray:
+    read.add(name)
+    return get(name)
+
+  params = family.from_hf(tracked, hf_cfg)
+  unread = sorted(set(family.hf_shapes(hf_cfg)) - read)
+  if unread:
+    raise ConfigError(f"the {family.architecture} map reads no parameter from the tensors "
+                      f"{', '.join(unread[:8])}{' ...' if len(unread) > 8 else ''}; nothing was "
+                      f"written")
+  missing = sorted(set(_leaf_paths(expected)) - set(_leaf_paths(params)), key=str)
+  if missing:
+    raise ConfigError(f"the model's parameters {_names(missing)} get no tensor from the "
+                      f"{family.architecture} checkpoint; nothing was written")
+  return params
 
 
 FAMILIES = {
