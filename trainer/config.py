@@ -80,15 +80,16 @@ class MeshConfig:
   data: int | None = None
   fsdp: int | None = None
   model: int | None = None
-  # ((mesh-name regex, {config.path: value, ...}), ...): the first rule whose regex
-  # matches the selected mesh name applies its overrides (AXLearn's mesh_rules).
+  # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh
+  # entry applies its overrides (AXLearn's mesh_rules). match: a regex of the entry's whole
+  # name, or hardware facts {"platform": "gpu", "devices_per_host": 8, "min_hbm_gb": 80, ...}
+  # (trainer/meshes.py:MATCH_KEYS), so that a new entry of that hardware takes the rule.
   rules: tuple = ()
 
   def check(self):
+    from trainer.meshes import check_rule  # pylint: disable=import-outside-toplevel
     for i, rule in enumerate(self.rules):
-      if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
-          or not isinstance(rule[1], dict)):
-        raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r}")
+      check_rule(i, rule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
