@@ -99,3 +99,73 @@ def test_the_worked_example_diff_is_real_at_head(tmp_path):
                           capture_output=True, text=True, check=False)
   assert result.returncode == 0, (
       f"docs/adding_a_feature.md's diff no longer matches the files: {result.stderr}")
+
+
+# -- lists of kinds and mesh entries in the docs, against the registries --------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Where each registry's kinds are listed with their fields (a new registry picks a home here).
+HOME = {"model": "models.md", "block": "models.md", "attention": "models.md",
+        "position": "models.md", "ffn": "models.md", "norm": "models.md",
+        "embedding": "models.md", "position_embedding": "models.md",
+        "optimizer": "optimizers.md", "schedule": "optimizers.md",
+        "data": "data.md", "tokenizer": "data.md"}
+
+
+def _registries():
+  import configs.base  # noqa: F401  pylint: disable=import-outside-toplevel  (every registry)
+  from core import registry  # pylint: disable=import-outside-toplevel
+  return {name: reg for name, reg in registry._ALL.items()  # pylint: disable=protected-access
+          if not name.startswith("test_")}
+
+
+def test_every_registered_kind_is_listed_in_its_home_doc():
+  registries = _registries()
+  assert set(registries) == set(HOME), "a registry without a home doc, or a stale HOME entry"
+  missing = {name: [k for k in reg.kinds()
+                    if f"`{k}`" not in (ROOT / "docs" / HOME[name]).read_text()]
+             for name, reg in registries.items()}
+  assert not any(missing.values()), missing
+
+
+def test_the_architecture_tree_names_real_slots():
+  """Each `slot [registry]` of docs/ARCHITECTURE.md's tree is a child field of that registry
+  (in RunConfig or in some registered kind's config)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  from core.registry import child_registry, list_registry  # pylint: disable=import-outside-toplevel
+  from trainer.config import RunConfig  # pylint: disable=import-outside-toplevel
+  classes = [RunConfig] + [reg.entry(k).config_cls for reg in _registries().values()
+                           for k in reg.kinds()]
+  slots = set()
+  for cls in classes:
+    for f in dataclasses.fields(cls):
+      reg = child_registry(f) or (list_registry(f) or (None,))[0]
+      if reg is not None:
+        slots.add((f.name, reg.name))
+  tree = re.search(r"children's nodes.*?```\n(.*?)```", MAP.read_text(), flags=re.S)[1]
+  named = set(re.findall(r"(\w+) \[(\w+)\]", tree))
+  assert len(named) >= 10 and named <= slots, named - slots
+
+
+def test_kinds_and_meshes_named_in_the_docs_exist():
+  """Every `--config.<path>.kind=K` and `--mesh=NAME` in README.md and docs/*.md is real."""
+  from core.registry import child_registry  # pylint: disable=import-outside-toplevel
+  from launcher import config_loading  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, meshes  # pylint: disable=import-outside-toplevel
+  base = config_loading.load(str(ROOT / "configs" / "tiny.py"))
+  bad = []
+  for doc in DOCS:
+    text = doc.read_text()
+    for path, kind in re.findall(r"--config\.([\w.]+)\.kind=([A-Za-z]\w*)", text):
+      field = config_lib.field_at(base, path)
+      reg = None if field is None else child_registry(field)
+      if kind != "K" and (reg is None or kind not in reg.kinds()):
+        bad.append(f"{doc.name}: --config.{path}.kind={kind}")
+    for name in re.findall(r"--mesh=([a-z][\w.-]*)", text):
+      if name != "auto":
+        try:
+          meshes.lookup(name)
+        except ValueError:
+          bad.append(f"{doc.name}: --mesh={name}")
+  assert not bad, bad
