@@ -42,6 +42,8 @@ class _OffOnly(flags.ArgumentParser):
   (bad_override refuses the others), and None switches it off."""
 
   def parse(self, argument):
+    if not isinstance(argument, str):  # the node itself, as the override flag's default
+      return argument
     if argument != "None":
       raise ValueError("a component node takes only None (off); set its fields or its kind")
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from absl import flags
@@ -244,3 +244,48 @@ def test_a_switch_that_drops_a_value_the_config_file_set_says_so(capsys):
                  "model.block.attention.position.factor=32.0 (kind 'rope' has no such field)\n")
   load("--config.model.block.ffn.kind=moe", "--config.model.block.ffn.num_experts=4")
   assert capsys.readouterr().err == ""  # mlp's fields that moe lacks are at their defaults
+
+
+@pytest.fixture
+def optional_child(monkeypatch):
+  """Attention with an optional child (a norm node, None = off), as a later feature adds."""
+  from core.registry import Component, child
+  attention = registry("attention")
+  entry = attention.entry("attention")
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class WithOptional(entry.config_cls):
+    extra: Any = child("norm", None)
+
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", WithOptional, entry.target))
+  return "model.block.attention.extra"
+
+
+def test_an_optional_child_turns_on_with_its_kind_and_off_with_none(optional_child, capsys,
+                                                                     tmp_path):
+  path = optional_child
+  assert load()[path.split(".")[0]].block.attention.extra is None
+  cfg = load(f"--config.{path}.kind=layernorm", f"--config.{path}.eps=1e-3")
+  assert dict(cfg.model.block.attention.extra) == {"kind": "layernorm", "eps": 1e-3,
+                                                   "use_bias": True}
+  on = tmp_path / "with_extra.py"  # a config file that turns it on
+  on.write_text("from configs import tiny\nfrom core.registry import registry\n\n\n"
+                "def get_config(arg=None):\n  cfg = tiny.get_config()\n"
+                "  cfg.model.block.attention.extra = registry('norm').node('rmsnorm')\n"
+                "  return cfg\n")
+  assert config_loading.load(str(on)).model.block.attention.extra.kind == "rmsnorm"
+  for cfg in (load(f"--config.{path}=None"),  # already off
+              config_loading.load(str(on), f"--config.{path}=None")):
+    assert cfg.model.block.attention.extra is None
+    assert config_lib.parse(cfg).model.block.attention.extra is None
+  code, _, err = run(capsys, f"--config.{path}.eps=1e-3", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and err == (
+      f"axtrain: error: --config.{path}.eps: '{path}' is off (None); turn it on first with "
+      f"--config.{path}.kind=KIND (layernorm, rmsnorm), then set its fields\n")
+  code, _, err = run(capsys, f"--config.{path}=rmsnorm", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and f"turn it on with --config.{path}.kind=KIND (layernorm, rmsnorm)" in err
+  code, _, err = run(capsys, "--config.model.block.attention=None",
+                     f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and "'model.block.attention' is a section, not a value" in err, err
+  assert not (tmp_path / "run").exists()
