@@ -4,7 +4,7 @@
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
-index) of a LlamaForCausalLM or GPT2LMHeadModel and writes a run directory:
+index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a run directory:
 config.json (the resolved run config), config.py (whose get_config() returns
 that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
@@ -145,7 +145,7 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
 
 def _family(hf_cfg: dict, hf_dir: pathlib.Path):
   from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
-  by_type = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+  by_type = {f.name: arch for arch, f in FAMILIES.items()}
   archs = hf_cfg.get("architectures") or [by_type.get(hf_cfg.get("model_type"), "")]
   arch = archs[0]
   if arch not in FAMILIES:

@@ -1,4 +1,5 @@
-"""Hugging Face <-> axtrain tensor maps for LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel).
+"""Hugging Face <-> axtrain tensor maps for LLaMA (LlamaForCausalLM), Qwen3 (Qwen3ForCausalLM:
+LLaMA with QK-norm) and GPT-2 (GPT2LMHeadModel).
 
 Pure numpy, no torch: each family says which HF config it accepts (`size_from_hf`),
 the config node it becomes, the HF tensor names and shapes its config implies,
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from modules import gpt2, llama
-from core.registry import ConfigError
+from core.registry import ConfigError, registry
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -188,6 +189,62 @@ def _llama_hf_config(m) -> dict:
                            "high_freq_factor": p.high_freq_factor,
                            "original_max_position_embeddings": p.original_max_position}
   return out
+
+
+# -- Qwen3: LLaMA with QK-norm (attention.norm, RMSNorm over each head before RoPE) ----------
+
+_QK = ("q_norm", "k_norm")
+
+
+def _qwen3_node(c: dict):
+  if c.get("use_sliding_window") or set(c.get("layer_types") or ()) - {"full_attention"}:
+    raise ConfigError("config.json: sliding-window attention is not supported (full_attention "
+                      "layers only)")
+  node = _llama_node(c)
+  node.block.attention.norm = registry("norm").node("rmsnorm",
+                                                    eps=float(c.get("rms_norm_eps", 1e-6)))
+  return node
+
+
+def _qwen3_hf_shapes(c: dict) -> dict:
+  out = _llama_hf_shapes(c)
+  k = _llama_dims(c)[3]
+  for i in range(c["num_hidden_layers"]):
+    out.update({f"model.layers.{i}.self_attn.{n}.weight": (k,) for n in _QK})
+  return out
+
+
+def _qwen3_from_hf(get, c: dict) -> dict:
+  params = _llama_from_hf(get, c)
+  for i, layer in enumerate(params["layers"]):
+    layer["block"]["attention"].update(
+        {n: {"scale": get(f"model.layers.{i}.self_attn.{n}.weight")} for n in _QK})
+  return params
+
+
+def _qwen3_to_hf(params: dict, m) -> dict:
+  out = _llama_to_hf(params, m)
+  for i, layer in enumerate(params["layers"]):
+    a = layer["block"]["attention"]
+    out.update({f"model.layers.{i}.self_attn.{n}.weight": a[n]["scale"] for n in _QK})
+  return out
+
+
+def _qwen3_hf_config(m) -> dict:
+  b = m.block
+  norm = b.attention.norm
+  problems = [what for bad, what in (
+      (norm is None or norm.kind != "rmsnorm", "QK-norm other than rmsnorm"),
+      (norm is not None and norm.eps != b.norm.eps, "different eps in QK-norm and block norm"),
+      (b.ffn.kind == "mlp" and b.ffn.use_bias, "MLP biases"),
+  ) if bad]
+  if problems:
+    raise ConfigError(f"the model cannot be written as Qwen3ForCausalLM: {'; '.join(problems)}")
+  out = _llama_hf_config(m)
+  del out["mlp_bias"]
+  return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+          "use_sliding_window": False, "sliding_window": None,
+          "layer_types": ["full_attention"] * m.num_layers, "max_window_layers": m.num_layers}
 
 
 # -- GPT-2 --------------------------------------------------------------------------------
@@ -408,6 +465,9 @@ FAMILIES = {
     "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
                                (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
                                _llama_hf_config),
+    "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", _qwen3_node, _qwen3_hf_shapes,
+                               (".rotary_emb.inv_freq",), _qwen3_from_hf, _qwen3_to_hf,
+                               _qwen3_hf_config),
     "GPT2LMHeadModel": Family("gpt2", "GPT2LMHeadModel", _gpt2_node, _gpt2_hf_shapes,
                               (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
                               _gpt2_hf_config),
@@ -415,6 +475,9 @@ FAMILIES = {
 
 
 def family_of_model(m) -> Family:
-  """The family a parsed model config can be written as (GPT-2 if learned positions)."""
-  return FAMILIES["GPT2LMHeadModel" if m.position_embedding.kind == "learned"
+  """The family a parsed model config can be written as: GPT-2 with learned positions,
+  Qwen3 with QK-norm, else LLaMA."""
+  if m.position_embedding.kind == "learned":
+    return FAMILIES["GPT2LMHeadModel"]
+  return FAMILIES["Qwen3ForCausalLM" if m.block.attention.norm is not None
                   else "LlamaForCausalLM"]
