@@ -91,7 +91,8 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
   raise ConfigError("empty config path")
 
 
-def field_at(cfg: ml_collections.ConfigDict, path: str, *, schema: type) -> dataclasses.Field | None:
+def field_at(cfg: ml_collections.ConfigDict, path: str, *,
+             schema: type) -> dataclasses.Field | None:
   """The dataclass field that `path` names in `cfg` (whose dataclass is `schema`), or None when
   a part of the path is not a field of a known node (an unknown key, a value's member)."""
   parts = path.split(".")

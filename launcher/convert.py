@@ -372,7 +372,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   from modules.hf_maps import export  # pylint: disable=import-outside-toplevel
   # Every parameter must map to a tensor: checked on zero-size stand-ins (broadcast views of
   # one zero) before the checkpoint is read, and again on the real parameters.
-  stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape), abstract)
+  stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape),
+                           abstract)
   export(family, split_layers(stand_ins, run.model.num_layers), run.model)
   params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
   tensors = export(family, split_layers(params, run.model.num_layers), run.model)

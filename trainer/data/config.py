@@ -2,7 +2,7 @@
 
     BatchShape           seq_len, batch_size                       every kind
     HeldOutConfig        + eval_percent                            corpora split train / held-out
-    DocumentFilesConfig  + path, eval_path, on_error, tokenizer    user files, read document by document
+    DocumentFilesConfig  + path, eval_path, on_error, tokenizer    user files, document by document
 
 Each kind's config, reader and registration live in one file of this package (text.py,
 jsonl.py, csv.py, ...); its node holds only the fields its source reads, so
@@ -41,7 +41,8 @@ class BatchShape:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeldOutConfig(BatchShape):
-  eval_percent: int = DEFAULT_EVAL_PERCENT  # share of documents held out for evaluation (%), by a hash of their name
+  # share of documents held out for evaluation (%), by a hash of their name
+  eval_percent: int = DEFAULT_EVAL_PERCENT
   SHARED: ClassVar = (*BatchShape.SHARED, "eval_percent")
 
   def check(self, *, vocab_size: int, seed: Any):

@@ -17,7 +17,7 @@ from trainer.data.corpus import DocumentSource
 class JsonlConfig(DocumentFilesConfig):
   kind: str = "jsonl"
   field: str = "text"  # key of each record holding the document text
-  SHARED: ClassVar = (*DocumentFilesConfig.SHARED, "field")  # parquet's `field` is the same: the text's name
+  SHARED: ClassVar = (*DocumentFilesConfig.SHARED, "field")  # parquet's `field` means the same
 
 
 @DATA.register("jsonl", JsonlConfig)

@@ -16,7 +16,7 @@ from trainer.data.corpus import DocumentSource
 class ParquetConfig(DocumentFilesConfig):
   kind: str = "parquet"
   field: str = "text"  # column holding the document text
-  SHARED: ClassVar = (*DocumentFilesConfig.SHARED, "field")  # jsonl's `field` is the same: the text's name
+  SHARED: ClassVar = (*DocumentFilesConfig.SHARED, "field")  # jsonl's `field` means the same
 
 
 @DATA.register("parquet", ParquetConfig)

@@ -23,7 +23,7 @@ META = "tokens.json"  # metadata file of a pre-tokenized directory
 class TokensConfig(HeldOutConfig):
   kind: str = "tokens"
   path: str = REQUIRED  # an `axtrain tokenize` output directory
-  eval_path: str | None = None  # held-out directory of the same tokenizer; None: hold out eval_percent
+  eval_path: str | None = None  # held-out directory, same tokenizer; None: hold out eval_percent
 
   def check(self, *, vocab_size, seed):
     super().check(vocab_size=vocab_size, seed=seed)
