@@ -63,7 +63,7 @@ def measure(overrides: dict) -> dict:
   spec.loader.exec_module(module)
   cfg = module.get_config(None)
   entry = meshes.lookup(MESH)
-  meshes.apply_rules(cfg, entry.name, set(SETTING) | set(overrides))
+  meshes.apply_rules(cfg, entry, set(SETTING) | set(overrides))
   for path, value in {**SETTING, **overrides}.items():
     node = cfg
     *parents, leaf = path.split(".")

@@ -27,11 +27,18 @@ class Recipe:
   warmup_steps: int  # optimizer steps
   remat: str = "none"  # model.remat: what the backward pass recomputes
   state_dtype: str = "float32"  # optimizer.state_dtype
-  # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md)
+  # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md),
+  # matched by entry name or by hardware facts (_GPU_HOST: any such host, a new one too)
   mesh_rules: tuple = ()
 
 
 _FULL = "full"  # recompute each layer
+
+
+def _gpu_hosts(hosts: int) -> dict:
+  """A rule's match: `hosts` hosts of 8 GPUs with at least 80 GB each (A100-80GB, H100, H200,
+  B200, or any later entry of that shape)."""
+  return {"platform": "gpu", "devices_per_host": 8, "num_hosts": hosts, "min_hbm_gb": 80}
 
 
 def _fit(chunk: int, **changes) -> dict:
@@ -47,7 +54,7 @@ RECIPES: dict[str, Recipe] = {
     "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000, mesh_rules=(
         (r"tpu-v5e-16", _fit(256, **{"trainer.grad_accum_steps": 4})),
         (r"tpu-v5p-128", _fit(256)),
-        (r"gpu-(h100|h200|b200)-8", _fit(256, **{"trainer.grad_accum_steps": 8})),
+        (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
         (r"neuron-trn1-32", _fit(256, **{"trainer.grad_accum_steps": 4})),
     )),
     "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,
@@ -57,7 +64,7 @@ RECIPES: dict[str, Recipe] = {
         (r"tpu-v5p-128|tpu-v6e-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
         # FSDP within a host, data parallel across the two (the entry's axes): the gradient
         # all-reduce is the only traffic over the network.
-        (r"gpu-h100-8x2", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        (_gpu_hosts(2), _fit(1024, **{"trainer.grad_accum_steps": 4})),
         (r"neuron-trn2-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
     )),
     "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
@@ -70,8 +77,8 @@ RECIPES: dict[str, Recipe] = {
                           "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
         (r"tpu-v5p-1024", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                            "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
-        (r"gpu-h100-8x16", {"mesh.data": 1, "mesh.fsdp": 16, "mesh.model": 8,
-                            "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
+        (_gpu_hosts(16), {"mesh.data": 1, "mesh.fsdp": 16, "mesh.model": 8,
+                          "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
         (r"neuron-trn2-64x8", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                                "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
     )),

@@ -22,8 +22,9 @@ from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from core import paths
+from core.registry import child_registry, optional_child
 from launcher.errors import ConfigError, UserError, suggest
-from trainer.config import switch_kind
+from trainer.config import field_at, switch_kind
 
 
 class _FloatOrNone(flags.FloatParser):
@@ -36,10 +37,25 @@ class _IntOrNone(flags.IntegerParser):
     return None if argument == "None" else super().parse(argument)
 
 
+class _OffOnly(flags.ArgumentParser):
+  """`--config.<path>=None` on a component node: only an optional child gets here
+  (bad_override refuses the others), and None switches it off."""
+
+  def parse(self, argument):
+    if not isinstance(argument, str):  # the node itself, as the override flag's default
+      return argument
+    if argument != "None":
+      raise ValueError("a component node takes only None (off); set its fields or its kind")
+    return None
+
+
 # `--config.x=None` for a number field: the typed check of the config then accepts it where
 # the field allows None ("None = off", e.g. optimizer.clip_norm) and names the field elsewhere.
 config_flags.register_flag_parser_for_type(float, _FloatOrNone())
 config_flags.register_flag_parser_for_type(int, _IntOrNone())
+# An optional child (child(..., default=None)), on or already off.
+config_flags.register_flag_parser_for_type(ml_collections.ConfigDict, _OffOnly())
+config_flags.register_flag_parser_for_type(type(None), _OffOnly())
 
 
 def define(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -89,13 +105,29 @@ def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> Non
     if node is None or (isinstance(node, ml_collections.ConfigDict) and "kind" in node):
       dropped: dict = {}
       switch_kind(cfg, path, switches[path], dropped=dropped)  # an empty slot gets K's node too
-      if dropped:  # set by the config file (not defaults): say so rather than drop silently
-        print(f"axtrain: note: --config.{path}.kind={switches[path]} drops "
-              f"{', '.join(f'{k}={v!r}' for k, v in dropped.items())} (kind "
-              f"'{switches[path]}' has no such field)", file=sys.stderr)
+      overridden = {p for p, _ in items}
+      note = _not_carried_note(f"--config.{path}.kind={switches[path]}", switches[path], {
+          k: d for k, d in dropped.items() if k not in overridden})
+      if note:  # changed by the config file (not defaults): say so rather than drop silently
+        print(note, file=sys.stderr)
   message = bad_override(cfg, items)
   if message:
     raise ConfigError(message)
+
+
+def _not_carried_note(switch: str, kind: str, dropped: dict) -> str | None:
+  """One `axtrain: note:` line for the changed fields that a kind switch leaves behind."""
+  if not dropped:
+    return None
+  gone = [f"{k}={d.value!r}" for k, d in dropped.items() if not d.has_field]
+  reset = [f"{k}={d.value!r} to {d.new_default!r}" for k, d in dropped.items() if d.has_field]
+  parts = []
+  if gone:
+    parts.append(f"drops {', '.join(gone)} (kind '{kind}' has no such field)")
+  if reset:
+    parts.append(f"resets {', '.join(reset)} (kind '{kind}''s own default: the kinds do not "
+                 f"share the field; set it with --config.<path>=VALUE to keep a value)")
+  return f"axtrain: note: {switch} {'; '.join(parts)}"
 
 
 def overrides(argv: list[str]) -> list[tuple[str, str]]:
@@ -147,12 +179,35 @@ def bad_override(config: ml_collections.ConfigDict, items: list[tuple[str, str]]
     try:
       target = paths.get_path(config, path)
     except ConfigError as e:
-      return f"--config.{path}: {e}"
+      return f"--config.{path}: {_off_parent(config, path) or e}"
+    field = field_at(config, path)
+    if value == "None" and field is not None and optional_child(field):
+      continue  # switches an optional child off
     if isinstance(target, ml_collections.ConfigDict):
       fields = ", ".join(sorted(target.keys()))
       return (f"--config.{path}={value}: '{path}' is a section, not a value; set its fields "
               f"(--config.{path}.FIELD=VALUE{', or its kind' if 'kind' in target else ''}):"
               f" {fields}")
+    if target is None and field is not None and optional_child(field):
+      return (f"--config.{path}={value}: '{path}' is an optional component, off; turn it on "
+              f"with --config.{path}.kind=KIND ({', '.join(child_registry(field).kinds())})")
+  return None
+
+
+def _off_parent(config: ml_collections.ConfigDict, path: str) -> str | None:
+  """For a path below an optional child that is off: how to turn it on."""
+  parts = path.split(".")
+  for i in range(1, len(parts)):
+    prefix = ".".join(parts[:i])
+    try:
+      node = paths.get_path(config, prefix)
+    except ConfigError:
+      return None
+    field = field_at(config, prefix)
+    if node is None and field is not None and optional_child(field):
+      kinds = ", ".join(child_registry(field).kinds())
+      return (f"'{prefix}' is off (None); turn it on first with --config.{prefix}.kind=KIND "
+              f"({kinds}), then set its fields")
   return None
 
 

@@ -4,7 +4,7 @@
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
-index) of a LlamaForCausalLM or GPT2LMHeadModel and writes a run directory:
+index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a run directory:
 config.json (the resolved run config), config.py (whose get_config() returns
 that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
@@ -145,7 +145,7 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
 
 def _family(hf_cfg: dict, hf_dir: pathlib.Path):
   from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
-  by_type = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+  by_type = {f.name: arch for arch, f in FAMILIES.items()}
   archs = hf_cfg.get("architectures") or [by_type.get(hf_cfg.get("model_type"), "")]
   arch = archs[0]
   if arch not in FAMILIES:
@@ -239,6 +239,16 @@ def split_layers(params: dict, num_layers: int) -> dict:
   return out
 
 
+def layer_tree(abstract, num_layers: int) -> dict:
+  """The model's parameter names as {'layers': [layer, ...], ...} (either layout), leaves 0."""
+  import jax  # pylint: disable=import-outside-toplevel
+  zeros = jax.tree.map(lambda _: 0, abstract)
+  out = {k: v for k, v in zeros.items() if k != "layers" and not k.startswith("layers_")}
+  out["layers"] = ([zeros["layers"]] * num_layers if "layers" in zeros
+                   else [zeros[f"layers_{i}"] for i in range(num_layers)])
+  return out
+
+
 def _check_tree(params, abstract) -> None:
   """Our converted tree against the model's own init shapes (a bug guard, not user input)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -313,7 +323,9 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   exp = experiment_of(resolved)
   abstract = abstract_params(exp)
 
-  params = stack_layers(family.from_hf(st.get, hf_cfg), scan=scan_layers)
+  from modules.hf_maps import import_params  # pylint: disable=import-outside-toplevel
+  params = import_params(family, st.get, hf_cfg, layer_tree(abstract, node.num_layers))
+  params = stack_layers(params, scan=scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -357,8 +369,14 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
 
   import jax  # pylint: disable=import-outside-toplevel
+  from modules.hf_maps import export  # pylint: disable=import-outside-toplevel
+  # Every parameter must map to a tensor: checked on zero-size stand-ins (broadcast views of
+  # one zero) before the checkpoint is read, and again on the real parameters.
+  stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape),
+                           abstract)
+  export(family, split_layers(stand_ins, run.model.num_layers), run.model)
   params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
-  tensors = family.to_hf(split_layers(params, run.model.num_layers), run.model)
+  tensors = export(family, split_layers(params, run.model.num_layers), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
   with _Staging(output) as tmp:
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")

@@ -93,12 +93,12 @@ def run_tokenizer(cfg: dict):
   The data node's tokenizer (a mixture's: its first component's), the one an `axtrain
   tokenize` directory recorded, or bytes where the run names none (synthetic data, a
   converted Hugging Face model)."""
-  from trainer.data import corpus, tokenizers  # pylint: disable=import-outside-toplevel
+  from trainer.data import tokenizers, tokens  # pylint: disable=import-outside-toplevel
   data = cfg["data"]
   node = data.get("tokenizer") or next(
       (src.get("tokenizer") for src in data.get("sources") or () if src.get("tokenizer")), None)
   if node is None and data.get("kind") == "tokens":
-    node = corpus.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
+    node = tokens.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
   node = dict(node or {"kind": "bytes"})
   fields = {k: v for k, v in node.items() if k not in ("kind", "vocab_size", "add_eos")}
   return tokenizers.build(node["kind"], **fields, add_eos=False)

@@ -107,7 +107,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   # pylint: disable-next=import-outside-toplevel
   from trainer import config as config_lib, plan as plan_lib, plan_report, plan_sweep
   cfg = fv["config"].value
-  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in config_loading.overrides(argv)})
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
   name = config_loading.config_file_arg(argv)
   if fv.sweep:

@@ -21,7 +21,7 @@ import platform
 import re
 import shutil
 
-from launcher.errors import UserError
+from launcher.errors import ConfigError, UserError
 from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
 
@@ -128,9 +128,23 @@ def _read_json(path: pathlib.Path):
     return None
 
 
-def _differ(a: dict, b: dict) -> list[str]:
-  flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (a, b))
-  return sorted(k for k in set(flat_a) | set(flat_b) if flat_a.get(k) != flat_b.get(k))
+def _differ(stored: dict, resolved: dict) -> list[str]:
+  """The flat keys in which a run directory's config.json and this run's config differ.
+
+  A key that the stored config lacks (written before the field existed) is no difference
+  when this run has it at its default: adding a field with a default keeps old runs the same.
+  """
+  flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (stored, resolved))
+  new = set(flat_b) - set(flat_a)
+  default = {}
+  if new:
+    from trainer.config import defaults  # pylint: disable=import-outside-toplevel
+    try:
+      default = {k: json.dumps(v) for k, v in flatten(defaults(resolved)).items()}
+    except ConfigError:
+      default = {}
+  return sorted(k for k in set(flat_a) | set(flat_b) if flat_a.get(k) != flat_b.get(k)
+                and not (k in new and k in default and default[k] == flat_b[k]))
 
 
 def _keys(keys: list[str]) -> str:

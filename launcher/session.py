@@ -35,7 +35,7 @@ class Run:
   resolved: dict  # the resolved config as JSON (config.json)
   exp: experiment_lib.Experiment
   mesh: meshes.Entry
-  rule: str | None  # the mesh rule regex that applied, if any
+  rule: str | None  # the mesh rule that applied (its match in words), if any
   overwrite: bool
   progress: bool
   main_process: bool
@@ -48,7 +48,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
   entry = meshes.select(fv.mesh)
-  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in items})
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   exp = experiment_lib.build(run_cfg, entry)
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from modules import splash
+from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
 
@@ -46,6 +47,10 @@ class AttentionConfig:
   splash_block_size: int = 512  # queries and keys per block of `splash` (a multiple of 128)
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
+  # QK-norm (OLMo-2, Qwen3): a norm node applied to each head's queries and keys (over
+  # head_dim, one scale per head_dim shared by the heads) before the position encoding;
+  # None = off. On: --config.model.block.attention.norm.kind=rmsnorm
+  norm: Any = child("norm", None)
 
   def heads(self, dim: int) -> tuple[int, int, int]:
     kv = self.num_kv_heads or self.num_heads
@@ -174,6 +179,9 @@ class Attention(nn.Module):
       return checkpoint_name(y, "qkv_proj")
 
     q, kk, v = proj("q", h, "heads"), proj("k", g, "kv_heads"), proj("v", g, "kv_heads")
+    if cfg.norm is not None:  # QK-norm, before RoPE
+      q = NORMS.build(cfg.norm, dim=k, name="q_norm")(q)
+      kk = NORMS.build(cfg.norm, dim=k, name="k_norm")(kk)
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
     length = x_BxLxD.shape[1]

@@ -1,7 +1,7 @@
 """Position-wise feed-forward layers (the `ffn` registry): dense MLP with SwiGLU or GELU."""
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -27,6 +27,8 @@ class MlpConfig:
   gated: bool = True  # act(x W_gate) * (x W_up), i.e. SwiGLU with silu (LLaMA)
   use_bias: bool = False  # biases on both projections (GPT-2: True)
   init_std: float = 0.02  # stddev of the normal initialiser
+  # kept by a switch to another ffn kind (moe: each expert's width and activation)
+  SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")
 
   def check(self, *, dim: int):
     if self.hidden_dim <= 0:

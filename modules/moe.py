@@ -21,7 +21,7 @@ Dispatch, per sequence (a group of L tokens):
 
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -43,6 +43,7 @@ class MoeConfig:
   renormalize: bool = True  # top-k router weights rescaled to sum to 1 (Mixtral)
   aux_loss_coef: float = 0.01  # weight of the load-balancing loss in the training loss
   init_std: float = 0.02  # stddev of the normal initialiser
+  SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")  # as mlp's
 
   def check(self, *, dim: int):
     if self.num_experts <= 0 or self.hidden_dim <= 0:

@@ -1,6 +1,7 @@
 """Normalisation layers: RMSNorm and LayerNorm, computed in float32."""
 
 import dataclasses
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ NORMS = Registry("norm")
 class RMSNormConfig:
   kind: str = "rmsnorm"
   eps: float = 1e-5  # added to the mean square before the rsqrt
+  SHARED: ClassVar = ("eps",)  # kept by a switch to another norm kind (core/registry.py)
 
 
 @NORMS.register("rmsnorm", RMSNormConfig)
@@ -36,6 +38,7 @@ class LayerNormConfig:
   kind: str = "layernorm"
   eps: float = 1e-5  # added to the variance before the rsqrt
   use_bias: bool = True  # learned additive bias after the scale
+  SHARED: ClassVar = ("eps",)
 
 
 @NORMS.register("layernorm", LayerNormConfig)

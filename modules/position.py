@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ class NoPosition(nn.Module):
 class RopeConfig:
   kind: str = "rope"
   theta: float = 10_000.0  # base wavelength of the rotary frequencies
+  SHARED: ClassVar = ("theta",)  # kept by a switch to another RoPE kind (core/registry.py)
 
   def check(self, *, head_dim: int):
     if head_dim % 2:
@@ -70,6 +72,7 @@ class RopeLlama3Config:
   low_freq_factor: float = 1.0  # wavelengths above original_max_position / this are fully scaled
   high_freq_factor: float = 4.0  # wavelengths below original_max_position / this are kept
   original_max_position: int = 8192  # context length (tokens) of pre-training before scaling
+  SHARED: ClassVar = ("theta",)
 
   def check(self, *, head_dim: int):
     if head_dim % 2:

@@ -259,3 +259,57 @@ def test_output_dir_that_cannot_be_written(tmp_path, capsys, tensors):
     code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
     assert code == 2 and err.count("\n") == 1 and message in err, err
   assert regular.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))
+
+
+def _attention_with_extra_parameter(monkeypatch):
+  """Attention as a later layer might be: one more parameter, which no family map knows."""
+  import flax.linen as nn
+
+  from core.registry import Component, registry
+  attention = registry("attention")
+  entry = attention.entry("attention")
+
+  class WithExtra(entry.target):
+    @nn.compact
+    def __call__(self, x, *args, **kwargs):
+      gain = self.param("gain", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                        (3,))
+      return super().__call__(x, *args, **kwargs) * gain[0]
+
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", entry.config_cls, WithExtra))
+
+
+def test_a_parameter_no_map_knows_refuses_export_and_import(tmp_path, capsys, tensors,
+                                                            monkeypatch):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")[0] == 0
+  _attention_with_extra_parameter(monkeypatch)
+  code, err = _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and err.count("\n") == 1, err
+  assert ("axtrain: error: the model cannot be written as GPT2LMHeadModel: its parameters "
+          "layers.*.block.attention.gain map to no Hugging Face tensor") in err
+  assert not (tmp_path / "back").exists()
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run2'}")
+  assert code == 2 and err.count("\n") == 1, err
+  assert ("the model's parameters layers.*.block.attention.gain get no tensor from the "
+          "GPT2LMHeadModel checkpoint") in err
+  assert not (tmp_path / "run2").exists()
+
+
+def test_a_map_that_leaves_a_tensor_unread_refuses(tmp_path, capsys, tensors, monkeypatch):
+  import dataclasses
+
+  from modules import hf_maps
+  family = hf_maps.FAMILIES["GPT2LMHeadModel"]
+
+  def forgetful(get, c):  # a map that never reads the final norm's bias
+    return family.from_hf(lambda name: np.zeros(D, np.float32) if name ==
+                          "transformer.ln_f.bias" else get(name), c)
+
+  monkeypatch.setitem(hf_maps.FAMILIES, "GPT2LMHeadModel",
+                      dataclasses.replace(family, from_hf=forgetful))
+  hf = _write_hf(tmp_path / "hf", tensors)
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and "reads no parameter from the tensors transformer.ln_f.bias" in err, err
+  assert not (tmp_path / "run").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import types
@@ -186,6 +187,47 @@ def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
   assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
 
 
+def _b300(monkeypatch) -> meshes.Entry:
+  """A GPU entry added after the configs were written (a B300 host: 288 GB per GPU)."""
+  hw = dataclasses.replace(meshes.MESHES["gpu-b200-8"].hardware, device_kind=r"\bB300",
+                           hbm_bytes=288 * meshes.GB)
+  entry = meshes.Entry(name="gpu-b300-8", hardware=hw)
+  monkeypatch.setitem(meshes.MESHES, entry.name, entry)
+  return entry
+
+
+def test_a_new_gpu_entry_takes_the_rule_of_its_hardware(monkeypatch):
+  """Rules match what the hardware is: a new 8-GPU entry with 80 GB or more takes llm_1b's
+  recipe (and two such hosts llm_7b's) with no edit to the recipes."""
+  from configs import llm_1b, llm_7b
+  entry = _b300(monkeypatch)
+  cfg = llm_1b.get_config()
+  assert meshes.apply_rules(cfg, entry, set()) == (
+      "platform=gpu, devices_per_host=8, num_hosts=1, min_hbm_gb=80")
+  assert (cfg.model.remat, cfg.trainer.grad_accum_steps, cfg.trainer.loss_chunk_size) == (
+      "full", 8, 256)
+  cfg = llm_7b.get_config()
+  assert meshes.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
+  assert cfg.trainer.grad_accum_steps == 4
+  small = dataclasses.replace(entry, name="gpu-l4-8", hardware=dataclasses.replace(
+      entry.hardware, hbm_bytes=24 * meshes.GB))
+  assert meshes.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
+  generic = meshes.auto("gpu", "NVIDIA B300", 4, 1)  # half a host: the generic entry
+  assert meshes.apply_rules(llm_1b.get_config(), generic, set()) is None
+
+
+def test_rules_by_facts_bounds_and_names():
+  cfg = tiny.get_config()
+  cfg.mesh.rules = (({"platform": "tpu", "max_hbm_gb": 20}, {"mesh.model": 2}),
+                    ({"name": "gpu-h.*", "min_num_devices": 16}, {"mesh.data": 2}),
+                    ({"platform": "gpu"}, {"mesh.fsdp": 4}))
+  assert meshes.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
+  cfg.mesh.model = None
+  assert meshes.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
+  assert meshes.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
+  assert meshes.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
+
+
 def test_bad_rule():
   cfg = tiny.get_config()
   cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
@@ -193,6 +235,15 @@ def test_bad_rule():
     meshes.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
   with pytest.raises(ConfigError, match="did you mean 'mesh.data'|did you mean 'data'"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({"platfrom": "gpu"}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="unknown fact 'platfrom' \\(did you mean 'platform'"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({"min_hbm_gb": "80"}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="min_hbm_gb='80' must be a number"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="must be \\(regex or"):
     meshes.apply_rules(cfg, "cpu", set())
 
 

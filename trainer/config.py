@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import ml_collections
 
-from core import paths
+from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
 
 
@@ -80,15 +80,16 @@ class MeshConfig:
   data: int | None = None
   fsdp: int | None = None
   model: int | None = None
-  # ((mesh-name regex, {config.path: value, ...}), ...): the first rule whose regex
-  # matches the selected mesh name applies its overrides (AXLearn's mesh_rules).
+  # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh
+  # entry applies its overrides (AXLearn's mesh_rules). match: a regex of the entry's whole
+  # name, or hardware facts {"platform": "gpu", "devices_per_host": 8, "min_hbm_gb": 80, ...}
+  # (trainer/meshes.py:MATCH_KEYS), so that a new entry of that hardware takes the rule.
   rules: tuple = ()
 
   def check(self):
+    from trainer.meshes import check_rule  # pylint: disable=import-outside-toplevel
     for i, rule in enumerate(self.rules):
-      if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
-          or not isinstance(rule[1], dict)):
-        raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r}")
+      check_rule(i, rule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,6 +175,27 @@ def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
 def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
                 dropped: dict | None = None, **values) -> ml_collections.ConfigDict:
   """Replaces the component at `path` of a run config by `kind`'s node, carrying over the
-  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node.
+  fields both kinds share (what `--config.<path>.kind=K` does); returns the new node.
   `dropped`: see core.paths.switch_kind."""
   return paths.switch_kind(cfg, path, kind, schema=RunConfig, dropped=dropped, **values)
+
+
+def field_at(cfg: ml_collections.ConfigDict, path: str) -> dataclasses.Field | None:
+  """The config field at dotted `path` of a run config (core.paths.field_at)."""
+  return paths.field_at(cfg, path, schema=RunConfig)
+
+
+def chosen(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """What a run config chooses: its kinds, required fields and values other than the
+  defaults (core/choices.py); the golden files hold this."""
+  return choices.chosen(cfg, RunConfig)
+
+
+def with_defaults(chosen_values: dict) -> dict:
+  """The resolved run config of `chosen_values` (the inverse of `chosen`)."""
+  return choices.with_defaults(chosen_values, RunConfig)
+
+
+def defaults(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """Every field of `cfg`'s nodes that has a default, at that default (core.choices.defaults)."""
+  return choices.defaults(cfg, RunConfig)

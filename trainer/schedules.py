@@ -22,6 +22,9 @@ _PATH = "optimizer.schedule"
 class _Checked:
   """The check every schedule config shares: ranges, then the warm-up against
   trainer.max_steps and decay_steps."""
+  # What a switch to another schedule keeps (end_ratio is a floor in rsqrt, a final value
+  # elsewhere: not shared).
+  SHARED: ClassVar = ("warmup_steps", "decay_steps")
 
   def check(self, *, peak: float, total_steps: int):
     del peak

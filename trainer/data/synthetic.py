@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from trainer.data.base import DATA, Source, StepIndexedIterator, local_rows
-from trainer.data.config import SyntheticConfig
+from trainer.data.config import BatchShape
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticConfig(BatchShape):
+  """Uniformly random tokens (benchmarks)."""
+  kind: str = "synthetic"
 
 
 def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size):
