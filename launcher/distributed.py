@@ -172,7 +172,7 @@ def _diagnose(join: Join, timeout_s: int) -> tuple[str, int]:
   n = join.num_processes
   if join.process_id == 0:
     return (f"jax.distributed: not all {n} processes joined the coordinator at {join.address} "
-            f"{late}; check that the other {n - 1} started with "
+            f"{late}; check that the other {n - 1} process{'es' if n > 2 else ''} started with "
             f"--coordinator_address={join.address} --num_processes={n} and their own "
             f"--process_id, and that port {port} here is reachable from their hosts",
             EXIT_FAILED)

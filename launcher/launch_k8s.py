@@ -113,10 +113,11 @@ def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
   """The Service and the Job, as Kubernetes objects (dicts)."""
   layout = job.layout
   n = layout.num_processes
-  labels = {"app.kubernetes.io/name": "axtrain", "axtrain/job": job.name}
+  def labels() -> dict:  # a fresh dict each time: YAML would write a shared one as an anchor
+    return {"app.kubernetes.io/name": "axtrain", "axtrain/job": job.name}
   service = {
       "apiVersion": "v1", "kind": "Service",
-      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels},
+      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels()},
       "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                "selector": {"axtrain/job": job.name},
                "ports": [{"name": "coordinator", "port": fv.coordinator_port}]},
@@ -147,13 +148,15 @@ def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
       "command": job.argv(*extra_args),
       **({"workingDir": job.workdir} if job.workdir else {}),
       **({"env": env} if env else {}),
-      "ports": [{"name": "coordinator", "containerPort": fv.coordinator_port}],
+      "ports": [{"name": "coordinator", "containerPort": fv.coordinator_port},
+                *([{"name": "tpu-runtime", "containerPort": 8471}]  # TPU workers talk on it
+                  if layout.platform == "tpu" else [])],
       "resources": {"limits": resources, "requests": dict(resources)},
       **({"volumeMounts": [{"name": f"volume-{i}", "mountPath": path}
                            for i, (_, path) in enumerate(volumes)]} if volumes else {}),
   }
   pod = {
-      "metadata": {"labels": labels},
+      "metadata": {"labels": labels()},
       "spec": {
           "subdomain": job.name,  # pod i is <name>-i.<name>.<namespace>.svc
           "restartPolicy": "Never",
@@ -167,7 +170,7 @@ def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
   }
   job_object = {
       "apiVersion": "batch/v1", "kind": "Job",
-      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels},
+      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels()},
       "spec": {
           "completionMode": "Indexed",
           "completions": n,

@@ -30,7 +30,7 @@ from launcher.errors import UserError
 from launcher.launch_job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
-FAILURE_GRACE_S = 10.0  # after one process fails, the others' time to exit before SIGKILL
+FAILURE_GRACE_S = 5.0  # after one process fails, the others' time to exit before SIGKILL
 _POLL_S = 0.1
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S+")
 
