@@ -138,26 +138,25 @@ def say(text: str) -> None:
 
 
 def _parse(fv: flags.FlagValues, ours: list[str]) -> None:
-  positional = [a for a in ours[1:] if not a.startswith("-")]
-  if positional:
-    raise UserError(f"launch: unexpected argument '{positional[0]}'; the axtrain arguments go "
-                    f"after `--`: axtrain launch --backend=local --num_processes=2 -- "
-                    f"--config=configs/tiny.py")
   try:
-    fv(ours)
+    rest = fv(ours)
   except flags.UnrecognizedFlagError as e:
     raise UserError(f"launch: unknown flag --{e.flagname}{suggest(e.flagname, list(fv))}; the "
                     f"axtrain arguments go after `--`; see axtrain launch --help") from None
   except flags.Error as e:
-    raise UserError(f"launch: {str(e).splitlines()[0]}") from None
+    raise UserError(f"launch: {config_loading.translate(e, []).args[0]}") from None
+  if rest[1:]:
+    raise UserError(f"launch: unexpected argument '{rest[1]}'; the axtrain arguments go "
+                    f"after `--`: axtrain launch --backend=local --num_processes=2 -- "
+                    f"--config=configs/tiny.py")
 
 
 def _backend(name: str | None) -> Backend:
   if not name:
     raise UserError(f"launch: --backend is required: {', '.join(BACKENDS)}")
   if name not in BACKENDS:
-    raise UserError(f"launch: unknown --backend={name}{suggest(name, BACKENDS)}; backends: "
-                    f"{', '.join(BACKENDS)}")
+    hint = suggest(name.lower(), BACKENDS) or suggest(name, BACKENDS)
+    raise UserError(f"launch: unknown --backend={name}{hint}; backends: {', '.join(BACKENDS)}")
   return BACKENDS[name]
 
 
