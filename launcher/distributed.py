@@ -146,9 +146,14 @@ def maybe_initialize(coordinator_address: str | None, num_processes: int | None,
       os._exit(code)  # pylint: disable=protected-access  (the main thread waits inside jax)
 
   threading.Thread(target=give_up, name="axtrain-distributed-timeout", daemon=True).start()
-  kwargs = {} if join.source == "Cloud TPU" else dict(
-      coordinator_address=join.address, num_processes=join.num_processes,
-      process_id=join.process_id)
+  if join.address is not None:
+    # Everything is given: JAX's cluster detection must not add to it (inside a Slurm
+    # allocation it would narrow each process to the GPU of its SLURM_LOCALID; in a Kubernetes
+    # pod it would look for the `kubernetes` package). JAX_LOCAL_DEVICE_IDS still applies.
+    kwargs = dict(coordinator_address=join.address, num_processes=join.num_processes,
+                  process_id=join.process_id, cluster_detection_method="deactivate")
+  else:
+    kwargs = dict(num_processes=join.num_processes, process_id=join.process_id)
   try:
     jax.distributed.initialize(initialization_timeout=timeout_s + _JAX_MARGIN_S, **kwargs)
   finally:
