@@ -19,6 +19,7 @@ auto) takes --num_processes. Exit codes: those of the run (0 done, 1 failed, 2 u
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import shlex
@@ -178,12 +179,11 @@ def _check_modes(fv: flags.FlagValues, backend: Backend) -> None:
                     f"{backend.tool} runs")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Train:
   """What launch reads of the training arguments (parsed and checked as training would)."""
-
-  def __init__(self, fv: flags.FlagValues):
-    self.mesh: str = fv.mesh
-    self.output_dir: str | None = fv.output_dir
+  mesh: str
+  output_dir: str | None
 
 
 def _check_train_args(train_args: list[str]) -> _Train:
@@ -198,7 +198,8 @@ def _check_train_args(train_args: list[str]) -> _Train:
     if arg.startswith("--") and name == "print_config":
       raise UserError("launch: --print_config runs no training; run it without launch")
   from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
-  return _Train(main_lib.parse_flags(["axtrain", *train_args]))
+  train = main_lib.parse_flags(["axtrain", *train_args])
+  return _Train(mesh=train.mesh, output_dir=train.output_dir)
 
 
 def _check_run_dir(run_dir: pathlib.Path) -> None:

@@ -77,8 +77,8 @@ def commands(job: Job, port: int) -> list[list[str]]:
 
 
 def _env_prefix(job: Job, index: int) -> str:
-  changed = {k: v for k, v in process_env(job, index, {}).items()}
-  return "".join(f"{k}={shlex.quote(v)} " for k, v in changed.items())
+  """`NAME=value ` for each variable process `index` gets besides this environment."""
+  return "".join(f"{k}={shlex.quote(v)} " for k, v in process_env(job, index, {}).items())
 
 
 def _define(fv: flags.FlagValues) -> None:

@@ -4,7 +4,8 @@ slurmctld and slurmd run as root in the foreground, with `auth/none`, loopback p
 free, `proctrack/linuxproc` and their own slurm.conf, state, spool and log directories; every
 client command reads SLURM_CONF. Job completions are logged by `jobcomp/filetxt`, which
 `sacct --completion` reads (no accounting database). A requeued job may start again after
-`cred_expire` seconds: 5 here (Slurm's default is 120).
+`cred_expire` seconds: 5 here (Slurm's default is 120), and the scheduler looks at pending jobs
+every second (its default: 60).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2

@@ -93,14 +93,36 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
   ]
 
 
-def test_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path):
-  cases = mistakes(str(tmp_path / "run"))
-  results = cli_batch([["launch", *args] for args, _ in cases])
-  for (args, part), result in zip(cases, results):
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> dict:
+  """Every in-process launch command of this file, run in one process (tests/cli_batch.py):
+  name -> (result, its directory)."""
+  root = tmp_path_factory.mktemp("launch")
+  commands: dict[str, tuple[list[str], object]] = {}
+  for i, (args, _) in enumerate(mistakes(str(root / "mistakes" / "run"))):
+    commands[f"mistake-{i}"] = (["launch", *args], root / "mistakes")
+  foreign = root / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  commands["foreign"] = (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={foreign}",
+                          "--mesh=gpu-h100-8x2"], foreign)
+  for name, (flags_, train) in GOLDEN_CASES.items():
+    commands[name] = (["launch", "--dry_run", "--job_name=llm-1b", *flags_, "--", CONFIG,
+                       f"--output_dir={root / name}", *train], root / name)
+  for name, args in SCRIPTS.items():
+    commands[name] = (["launch", *args(root / name)], root / name)
+  results = cli_batch([argv for argv, _ in commands.values()])
+  return {name: (result, where) for (name, (_, where)), result in zip(commands.items(), results)}
+
+
+def test_mistakes_are_one_line_exit_2_and_write_nothing(batch):
+  cases = mistakes("")
+  for i, (args, part) in enumerate(cases):
+    result, where = batch[f"mistake-{i}"]
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, (args, result.returncode, result.stderr)
     assert lines[0].startswith("axtrain: error: ") and part in lines[0], (args, lines[0])
-  assert written(tmp_path) == []
+  assert not where.exists()
 
 
 def test_submit_without_the_scheduler_on_path(tmp_path):
@@ -119,12 +141,10 @@ def test_submit_without_the_scheduler_on_path(tmp_path):
   assert written(tmp_path) == ["bin"]
 
 
-def test_a_foreign_run_directory_is_refused_before_anything_is_written(tmp_path):
-  (tmp_path / "notes.txt").write_text("mine")
-  [result] = cli_batch([["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={tmp_path}",
-                         "--mesh=gpu-h100-8x2"]])
+def test_a_foreign_run_directory_is_refused_before_anything_is_written(batch):
+  result, where = batch["foreign"]
   assert result.returncode == 2 and "holds files that axtrain did not write" in result.stderr
-  assert written(tmp_path) == ["notes.txt"]
+  assert sorted(p.name for p in where.iterdir()) == ["notes.txt"]
 
 
 # -- layouts -------------------------------------------------------------------------------------
@@ -178,18 +198,16 @@ GOLDEN_CASES = {
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict[str, str]:
+def rendered(batch) -> dict[str, str]:
   """Each golden case's written file, with its run directory as /runs/llm_1b."""
-  root = tmp_path_factory.mktemp("launch")
-  commands = [["launch", "--dry_run", "--job_name=llm-1b", *flags_, "--", CONFIG, f"--output_dir={root / name}",
-               *train] for name, (flags_, train) in GOLDEN_CASES.items()]
   out = {}
-  for (name, _), result in zip(GOLDEN_CASES.items(), cli_batch(commands)):
+  for name in GOLDEN_CASES:
+    result, where = batch[name]
     assert result.returncode == 0, result.stderr
-    [path] = (root / name / "launch").iterdir()
+    [path] = (where / "launch").iterdir()
     text = path.read_text()
     assert text in result.stdout  # printed as written
-    out[name] = text.replace(str(root / name), "/runs/llm_1b")
+    out[name] = text.replace(str(where), "/runs/llm_1b")
   return out
 
 
@@ -291,16 +309,23 @@ def test_tpu_vm_scripts(rendered):
                          "--mesh=tpu-v5e-16x2", "--distributed=tpu"]
 
 
-def test_slurm_script_and_local_dry_run(tmp_path):
-  gpu, per_gpu, cpu = tmp_path / "gpu", tmp_path / "per_gpu", tmp_path / "cpu"
-  results = cli_batch([
-      ["launch", "--backend=slurm", "--time=2-00:00:00", "--partition=h100", "--account=lm",
-       "--sbatch=--qos=high", "--sbatch=--exclusive", "--max_restarts=7", "--", CONFIG,
-       f"--output_dir={gpu}", "--mesh=gpu-h100-8x2"],
-      ["launch", "--backend=slurm", "--process_per=device", "--", CONFIG, f"--output_dir={per_gpu}",
-       "--mesh=gpu-h100-8x2"],
-      ["launch", "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=3",
-       "--", "--config=tests/testdata/ckpt_lm.py", f"--output_dir={cpu}", "--mesh=cpu"]])
+SCRIPTS = {
+    "slurm-gpu": lambda out: [
+        "--backend=slurm", "--time=2-00:00:00", "--partition=h100", "--account=lm",
+        "--sbatch=--qos=high", "--sbatch=--exclusive", "--max_restarts=7", "--", CONFIG,
+        f"--output_dir={out}", "--mesh=gpu-h100-8x2"],
+    "slurm-per-gpu": lambda out: [
+        "--backend=slurm", "--process_per=device", "--", CONFIG, f"--output_dir={out}",
+        "--mesh=gpu-h100-8x2"],
+    "local-cpu": lambda out: [
+        "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=3", "--",
+        "--config=tests/testdata/ckpt_lm.py", f"--output_dir={out}", "--mesh=cpu"],
+}
+
+
+def test_slurm_script_and_local_dry_run(batch):
+  results = [batch[name][0] for name in SCRIPTS]
+  gpu, per_gpu, cpu = (batch[name][1] for name in SCRIPTS)
   for result in results:
     assert result.returncode == 0, result.stderr
   script = (gpu / "launch" / "slurm.sbatch").read_text()
