@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import sys
@@ -37,9 +38,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (launch_local.BACKEND, launch
                                                     launch_k8s.BACKEND, launch_tpu_vm.BACKEND)}
 # Training flags that launch sets for every process itself.
 _OWNED = ("coordinator_address", "num_processes", "process_id", "distributed")
-# The command that runs axtrain where the job runs, unless --axtrain: this installation
-# (local and Slurm share this machine's filesystem), the image's (k8s), the worker's checkout.
-_AXTRAIN = {"k8s": ("axtrain",), "tpu-vm": (".venv/bin/axtrain",)}
 
 
 def _define_flags() -> flags.FlagValues:
@@ -98,30 +96,29 @@ def main(argv: list[str]) -> int:
     return 0
   _parse(fv, ours)
   backend = _backend(fv.backend)
-  _check_modes(fv, backend)
+  starts = _check_modes(fv, backend)
   train = _check_train_args(train_args)
   layout = launch_layout.resolve(
       train.mesh, num_processes=fv.num_processes, devices_per_process=fv.devices_per_process,
-      process_per=fv.process_per, nodes=fv.nodes if backend.name == "slurm" else None,
-      local_platform=launch_local.this_machine_platform() if backend.name == "local" else None,
-      sized_by_flags=backend.name in ("local", "slurm"))
+      process_per=fv.process_per, nodes=fv.nodes,
+      local_platform=launch_local.this_machine_platform() if backend.runs_by_default else None,
+      sized_by_flags=backend.sized_by_flags)
   if fv.max_restarts < 0:
     raise UserError(f"--max_restarts={fv.max_restarts}: must be >= 0")
   run_dir = pathlib.Path(train.output_dir or run_dir_lib.default_dir(
       config_loading.config_file_arg(train_args), config_loading.overrides(train_args)))
   _check_run_dir(run_dir)
+  _check_names(fv, backend, run_dir)
   job = Job(name=fv.job_name or default_name(run_dir), layout=layout,
             train_args=tuple(train_args), axtrain=_axtrain(fv, backend),
-            workdir=fv.workdir or (os.getcwd() if backend.name in ("slurm", "tpu-vm") else None),
+            workdir=fv.workdir or (None if backend.own_workdir else os.getcwd()),
             run_dir=run_dir, command=shlex.join(["axtrain", "launch", *argv[1:]]),
             coordinator_port=backend.port(fv))
   backend.check(job, fv)
   texts = backend.render(job, fv)
-  starts = fv.submit or (backend.runs_by_default and not fv.dry_run)
-  if starts and backend.name == "slurm":
-    reason = launch_slurm.validate(texts["slurm.sbatch"])
-    if reason:
-      raise UserError(f"Slurm would refuse this job (sbatch --test-only): {reason}")
+  reason = backend.preflight(texts) if starts else None
+  if reason:
+    raise UserError(f"{backend.tool} would refuse this job: {reason}")
   say(f"{backend.name}: {layout.describe()}; run directory {run_dir}")
   for text in texts.values():
     sys.stdout.write(text)
@@ -161,7 +158,8 @@ def _backend(name: str | None) -> Backend:
   return BACKENDS[name]
 
 
-def _check_modes(fv: flags.FlagValues, backend: Backend) -> None:
+def _check_modes(fv: flags.FlagValues, backend: Backend) -> bool:
+  """Whether this launch starts what it writes; UserError for modes that cannot work."""
   if fv.dry_run and fv.submit:
     raise UserError("launch: --dry_run only writes; --submit also submits: choose one")
   if fv.submit and backend.runs_by_default:
@@ -177,6 +175,7 @@ def _check_modes(fv: flags.FlagValues, backend: Backend) -> None:
     raise UserError(f"launch: --submit runs `{backend.tool}`, which is not on PATH here; drop "
                     f"--submit to only write the {backend.name} files, and submit them where "
                     f"{backend.tool} runs")
+  return starts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,6 +211,16 @@ def _check_run_dir(run_dir: pathlib.Path) -> None:
                       f"choose another --output_dir")
 
 
+def _check_names(fv: flags.FlagValues, backend: Backend, run_dir: pathlib.Path) -> None:
+  if fv.job_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", fv.job_name):
+    raise UserError(f"--job_name={fv.job_name}: letters, digits, '.', '_' and '-', starting with "
+                    f"a letter or digit")
+  if (fv.workdir and backend.runs_here and not run_dir.is_absolute()
+      and pathlib.Path(fv.workdir).absolute() != pathlib.Path.cwd()):
+    raise UserError(f"--workdir={fv.workdir} runs the processes in another directory: give an "
+                    f"absolute --output_dir, so that they and launch mean the same run directory")
+
+
 def _axtrain(fv: flags.FlagValues, backend: Backend) -> tuple[str, ...]:
   if fv.axtrain:
     try:
@@ -221,12 +230,11 @@ def _axtrain(fv: flags.FlagValues, backend: Backend) -> tuple[str, ...]:
     if not words:
       raise UserError("--axtrain is empty; give the command that runs axtrain")
     return words
-  if backend.name in _AXTRAIN:
-    return _AXTRAIN[backend.name]
-  if backend.name == "slurm":
-    script = pathlib.Path(sys.executable).parent / "axtrain"
-    if script.is_file():
-      return (str(script),)
+  if backend.axtrain is not None:
+    return backend.axtrain
+  script = pathlib.Path(sys.executable).parent / "axtrain"
+  if script.is_file() and not backend.runs_by_default:  # a script the job can read
+    return (str(script),)
   return (sys.executable, "-m", "launcher")
 
 

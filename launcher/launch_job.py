@@ -24,7 +24,7 @@ class Job:
   layout: Layout
   train_args: tuple[str, ...]  # the axtrain arguments after `--`, as given
   axtrain: tuple[str, ...]  # the command that runs axtrain where the job runs
-  workdir: str | None  # where it runs; None: the current directory (local), the image's (k8s)
+  workdir: str | None  # where it runs (--workdir, or this directory); None: the image's (k8s)
   run_dir: pathlib.Path  # the run directory, as the processes see it
   command: str  # the `axtrain launch ...` command line, recorded in what is written
   coordinator_port: int | None = None  # process 0's port, where the backend chooses it
@@ -53,8 +53,16 @@ class Backend:
   start: Callable[[Job, flags.FlagValues, dict[str, pathlib.Path]], int]  # run / submit
   submit_hint: Callable[[Job, dict[str, pathlib.Path]], str]  # how to start what was written
   runs_by_default: bool = False  # local runs unless --dry_run; the others need --submit
+  sized_by_flags: bool = False  # a generic mesh entry may be sized by --num_processes
+  runs_here: bool = True  # the processes see this filesystem (else --workdir is theirs)
+  own_workdir: bool = False  # they start in their own directory (an image's) unless --workdir
+  # The command that runs axtrain where the job runs, unless --axtrain (None: this installation).
+  axtrain: tuple[str, ...] | None = None
   # The coordinator's port (None: the scheduler's or JAX's own choice).
   port: Callable[[flags.FlagValues], int | None] = lambda fv: None
+  # Checks the rendered files with the scheduler before anything is written or submitted;
+  # returns why they would be refused (None: fine). Called only when launch submits.
+  preflight: Callable[[dict[str, str]], str | None] = lambda texts: None
 
 
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")

@@ -218,4 +218,5 @@ def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
 BACKEND = Backend(name="k8s", summary="an Indexed Job + headless Service (pod failure policy "
                   "for exit 75 and lost nodes)", tool="kubectl", flag_names=FLAG_NAMES,
                   define=_define, check=_check, render=_render, start=_start, submit_hint=_hint,
+                  runs_here=False, own_workdir=True, axtrain=("axtrain",),
                   port=lambda fv: fv.coordinator_port)

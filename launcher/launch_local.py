@@ -230,5 +230,5 @@ def _describe(code: int) -> str:
 
 BACKEND = Backend(name="local", summary="N processes on this machine (coordinator on 127.0.0.1)",
                   tool=None, flag_names=(), define=_define, check=_check, render=_render,
-                  start=_start, submit_hint=_hint, runs_by_default=True,
+                  start=_start, submit_hint=_hint, runs_by_default=True, sized_by_flags=True,
                   port=lambda fv: free_port())

@@ -141,10 +141,10 @@ def _render(job: Job, fv: flags.FlagValues) -> dict[str, str]:
   return {"slurm.sbatch": text.replace("\n\n\n", "\n\n")}
 
 
-def validate(path_or_text: str) -> str | None:
-  """`sbatch --test-only` of a script's text: None if Slurm would take it, else its reason."""
-  done = subprocess.run(["sbatch", "--test-only"], input=path_or_text, capture_output=True,
-                        text=True, timeout=60, check=False)
+def validate(texts: dict[str, str]) -> str | None:
+  """`sbatch --test-only` of the script's text: None if Slurm would take it, else its reason."""
+  done = subprocess.run(["sbatch", "--test-only"], input=texts["slurm.sbatch"],
+                        capture_output=True, text=True, timeout=60, check=False)
   if done.returncode == 0:
     return None
   lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -172,4 +172,5 @@ def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
 
 BACKEND = Backend(name="slurm", summary="an sbatch script running `srun axtrain ...` (requeued "
                   "on exit 75)", tool="sbatch", flag_names=FLAG_NAMES, define=_define,
-                  check=_check, render=_render, start=_start, submit_hint=_hint)
+                  check=_check, render=_render, start=_start, submit_hint=_hint,
+                  sized_by_flags=True, preflight=validate)

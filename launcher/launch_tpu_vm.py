@@ -122,4 +122,5 @@ def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
 
 BACKEND = Backend(name="tpu-vm", summary="gcloud ssh to every worker of a Cloud TPU VM slice "
                   "(multi-slice: NAME-0..NAME-{N-1})", tool="gcloud", flag_names=FLAG_NAMES,
-                  define=_define, check=_check, render=_render, start=_start, submit_hint=_hint)
+                  define=_define, check=_check, render=_render, start=_start, submit_hint=_hint,
+                  runs_here=False, axtrain=(".venv/bin/axtrain",))

@@ -90,6 +90,10 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
        "max_stepz"),
       (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
       (["--backend=slurm", "--", "--config=configs/nope.py", f"--output_dir={out}"], "nope.py"),
+      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
+       "--job_name=a b: letters, digits"),
+      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
+       "give an absolute --output_dir"),
   ]
 
 
