@@ -9,6 +9,7 @@ usage:
   axtrain generate --run_dir=DIR --prompt=TEXT [--max_new_tokens=N --temperature=T ...] (docs/generate.md)
   axtrain runs PATH... [--json] [--plot=FILE.png]   (a table of runs; docs/runs.md)
   axtrain eval --run_dir=DIR [--step=N] [--config.eval.*=...] [--config.data.*=...]
+  axtrain launch --backend=local|slurm|k8s|tpu-vm [launch flags] -- ARGS   (docs/launch.md)
 
 examples:
   axtrain --config=configs/tiny.py
@@ -37,7 +38,7 @@ import sys
 
 from absl import flags
 
-from launcher import config_loading, platforms
+from launcher import config_loading, distributed, platforms
 from launcher.errors import EXIT_USAGE, ConfigError, UserError
 
 
@@ -59,6 +60,13 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run.",
                        flag_values=fv)
+  flags.DEFINE_enum("distributed", "auto", distributed.MODES, "How a multi-process run starts: "
+                    "`auto` from the three flags above, JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/"
+                    "JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
+                    "(every worker of a multi-host slice).", flag_values=fv)
+  flags.DEFINE_integer("distributed_timeout", distributed.DEFAULT_TIMEOUT_S, "Seconds a "
+                       "multi-process run waits for all its processes to join before it gives "
+                       "up with one line naming the coordinator address.", flag_values=fv)
   config_loading.register_flag_names(fv)
   return fv
 
@@ -79,7 +87,7 @@ def help_text(fv: flags.FlagValues) -> str:
 
 # `axtrain COMMAND ...` -> the launcher module whose main(argv) runs it (imported on use).
 COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "generate": "generate",
-            "runs": "runs", "eval": "eval_run"}
+            "runs": "runs", "eval": "eval_run", "launch": "launch"}
 # Commands that run on this machine's devices: like training, they take the CPU backend
 # outright on a machine without accelerators (launcher/platforms.py). `plan` compiles for
 # other machines' devices and must keep libtpu's TPU topologies reachable.

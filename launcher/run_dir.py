@@ -26,10 +26,13 @@ from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
 
 BASE = "base"  # the directory of a run without overrides (an override name always holds '=')
+# What `axtrain launch` writes (the script or manifest that starts the run, the scheduler's log).
+# Like the lock it comes before the run's own files and outlives --overwrite.
+LAUNCH_DIR = "launch"
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       LOCK_NAME})
+                       LOCK_NAME, LAUNCH_DIR})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,
@@ -182,7 +185,8 @@ class RunDir:
     Refuses (UserError) a directory that holds a different config, unless
     `overwrite`, and one that holds files that are not a run's; writes nothing.
     """
-    if not self.path.exists() or not any(p.name != LOCK_NAME for p in self.path.iterdir()):
+    if not self.path.exists() or all(p.name in (LOCK_NAME, LAUNCH_DIR)
+                                     for p in self.path.iterdir()):
       return "new"
     foreign = self.foreign()
     if foreign:
@@ -220,8 +224,8 @@ class RunDir:
       return
     converted = self.converted()
     for child in self.path.iterdir():
-      if child.name == LOCK_NAME or child.name not in RUN_FILES:
-        continue  # the lock stays held; anything else was refused in prepare()
+      if child.name in (LOCK_NAME, LAUNCH_DIR) or child.name not in RUN_FILES:
+        continue  # the lock stays held, launch/ started this run; others were refused in prepare()
       if converted and child.name == "checkpoints":
         for step in child.iterdir():  # checkpoints/0 holds the converted weights
           if step.name != "0":

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import signal
 import sys
 import traceback
 
@@ -39,12 +41,15 @@ class Run:
   overwrite: bool
   progress: bool
   main_process: bool
+  multi_process: bool  # joined jax.distributed: stops are agreed between the processes
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
-  distributed.maybe_initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
+  multi_process = distributed.maybe_initialize(
+      fv.coordinator_address, fv.num_processes, fv.process_id, mode=fv.distributed,
+      timeout_s=fv.distributed_timeout)
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
   entry = meshes.select(fv.mesh)
@@ -66,7 +71,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
-             callbacks=tuple(callbacks))
+             multi_process=multi_process, callbacks=tuple(callbacks))
   if not main_process:
     return _train(this)
   with run_lock.RunLock(rd.path):
@@ -79,6 +84,24 @@ def check_init_from(run_dir: str, abstract_params) -> None:
                     f"axtrain or of `axtrain convert`")
   if run_dir:
     checkpoint.check_params_compatible(run_dir, abstract_params)
+
+
+def _stop_handling(this: Run, finish, progress):
+  """The signal handling, the loop's stop request and its callbacks.
+
+  One process: SIGTERM/SIGINT stop it after the step in flight (preemption.py). Several: every
+  process must stop after the same step, which JAX's preemption service agrees on; SIGTERM
+  goes to it, and a first SIGINT (Ctrl-C in one process's terminal) is passed on to it as a
+  SIGTERM of this process (launcher/distributed.py:AgreedStop).
+  """
+  second = lambda: finish("preempted", signal="second")  # pylint: disable=unnecessary-lambda-assignment
+  if not this.multi_process:
+    stop = preemption.Preemption(on_second=second)
+    return stop, stop.requested, this.callbacks
+  agreed = distributed.AgreedStop(say=progress.message)
+  stop = preemption.Preemption(on_second=second, signals=(signal.SIGINT,),
+                               on_first=lambda _: os.kill(os.getpid(), signal.SIGTERM))
+  return stop, agreed.requested, (agreed, *this.callbacks)
 
 
 def _train(this: Run) -> int:
@@ -98,12 +121,12 @@ def _train(this: Run) -> int:
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
-  stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
+  stop, stop_requested, callbacks = _stop_handling(this, finish, progress)
   try:
     with stop.installed():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
-                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop.requested,
-                          callbacks=this.callbacks,
+                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
+                          callbacks=callbacks,
                           hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
     finish("failed", error=str(e))
