@@ -32,6 +32,37 @@ def shape_bytes(text: str) -> list[int]:
   return out
 
 
+def tuple_elements(type_text: str) -> list[str]:
+  """The top-level elements of a tuple type `(a, (b, c), d)`; [type_text] if not a tuple."""
+  text = type_text.strip()
+  if not text.startswith("("):
+    return [text]
+  out, depth, start = [], 0, 1
+  for i, ch in enumerate(text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+      if depth == 0:
+        out.append(text[start:i])
+        break
+    elif ch == "," and depth == 1:
+      out.append(text[start:i])
+      start = i + 1
+  return [e.strip() for e in out if e.strip()]
+
+
+def result_bytes(op: str, out: str) -> int:
+  """Bytes of a collective's result. An asynchronous `-start` (but all-reduce-start, which
+  returns its result) returns (operands, results, context...): the second element, one array
+  or a tuple of them when the compiler combined several collectives into one."""
+  if op.endswith("-start") and op != "all-reduce-start":
+    parts = tuple_elements(out)
+    if len(parts) >= 2:
+      return sum(shape_bytes(parts[1]))
+  return sum(shape_bytes(out))
+
+
 def _group_size(rest: str, num_devices: int) -> int:
   """Devices in one replica group: mesh[...]{axes}, [groups,size]<=[...] or {{a,b,..},..}."""
   if m := re.search(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<used>[^}]*)\}", rest):
@@ -144,12 +175,9 @@ def sent_bytes(op: str, out: str, rest: str, num_devices: int, *, scatter: bool 
   if kind not in COLLECTIVES:
     return 0.0
   kind = "reduce-scatter" if scatter else kind
-  sizes = shape_bytes(out)
-  if not sizes:
+  size = result_bytes(op, out)
+  if not size:
     return 0.0
-  # `-start` ops return (operand, result, ...): the result is the largest; plain ops over a
-  # tuple move every element.
-  size = max(sizes) if op.endswith("-start") else sum(sizes)
   g = _group_size(rest, num_devices)
   if kind == "reduce-scatter" and not scatter:
     size *= g  # the input: g times the result
