@@ -118,8 +118,8 @@ def _gpu_devices(entry: Entry) -> list:
   """Compile-only GPUs: the plugin's topology of hosts x GPUs with the entry's target config.
   The plugin checks for CUDA libraries unless JAX's platforms leave CUDA out (`axtrain plan`
   runs with JAX_PLATFORMS=cpu)."""
-  check_gpu_plugin(entry.name)
   text = gpu_targets.target_config(entry)
+  check_gpu_plugin(entry.name)
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   try:
     devices = topologies.get_topology_desc(platform="cuda", target_config=text,
