@@ -155,6 +155,10 @@ class Compiled:
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
   cost_model_s: float | None = None
   ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`), if asked
+  # Matmul FLOPs per step per device counted in the compiled HLO, loop bodies times their
+  # trips (trainer/hlo_ops.py): the remat policy's recompute and the compiler's own
+  # rematerialisation included. GPU compiles only (no windowed-einsum loops to count twice).
+  hlo_matmul_flops: float | None = None
 
   @property
   def peak(self) -> int:
@@ -164,9 +168,10 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Estimate:
-  """A roofline: not a measurement. Compute (model FLOPs with remat recompute) at peak
-  FLOP/s, HBM traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at
-  the link bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
+  """A roofline: not a measurement. Compute (executed FLOPs: on GPU entries the compiled
+  HLO's matmuls, elsewhere model FLOPs with the remat policy's recompute) at peak FLOP/s, HBM
+  traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at the link
+  bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
   compute_s: float
   hbm_s: float
   collective_s: float
@@ -198,7 +203,7 @@ class Plan:
   fit_source: str  # "compiler" or "model"
   needed: int  # bytes per device the verdict is based on
   model_flops: float  # per step, all devices (6N + attention)
-  executed_flops: float  # per step per device, with remat recompute (estimate)
+  executed_flops: float  # per step per device: HLO matmuls (GPU) or model x recompute
   hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
 
@@ -259,22 +264,29 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
   if "optimal_seconds" in cost:
     cost_model = float(cost["optimal_seconds"]) + text.count(
         'custom_call_target="ConcatBitcast"')
-  ops = None
+  ops, hlo_matmul_flops = None, None
   if hardware is not None and hardware.peak_bf16_flops and hardware.hbm_bandwidth:
     ops = hlo_ops.ops_report(text, num_devices=num_devices,
                              peak_flops=hardware.peak_bf16_flops,
                              hbm_bandwidth=hardware.hbm_bandwidth,
                              link_bandwidth=hardware.link_bandwidth or hardware.hbm_bandwidth,
                              compiler_bytes=accessed, compiler_flops=flops)
+  if exp.mesh.devices.flat[0].platform == "gpu":
+    # XLA:GPU gives no cost analysis; its matmuls are counted from the HLO (loops unrolled).
+    hlo_matmul_flops = (ops or hlo_ops.ops_report(
+        text, num_devices=num_devices, peak_flops=1.0, hbm_bandwidth=1.0,
+        link_bandwidth=1.0)).flops
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
                   seconds=seconds, cost_model_s=cost_model, ops=ops,
-                  collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host))
+                  collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
+                  hlo_matmul_flops=hlo_matmul_flops)
+
 
 
 # Forward + backward = 3 forward passes; full remat recomputes the forward once more.
-_RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
+RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
 
 def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Compiled,
@@ -333,7 +345,8 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
-  executed = model_flops / n * _RECOMPUTE.get(remat, 4 / 3)
+  executed = (train.hlo_matmul_flops if train.hlo_matmul_flops
+              else model_flops / n * RECOMPUTE.get(remat, 4 / 3))
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0

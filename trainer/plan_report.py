@@ -70,7 +70,9 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
       f"{num(p.model_flops / p.devices)} per device; "
       + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
-         else f"the {src} reports none"),
+         else f"the {src} reports none")
+      + (f"; executed {num(t.hlo_matmul_flops)} per device [compiled HLO] (matmuls, loops "
+         f"unrolled: remat recompute included)" if t.hlo_matmul_flops else ""),
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")

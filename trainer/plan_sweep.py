@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from core.registry import ConfigError
-from trainer import experiment as experiment_lib, memory_model, plan as plan_lib, plan_report
-from trainer import sharding
+from trainer import experiment as experiment_lib, flops as flops_lib, memory_model
+from trainer import plan as plan_lib, plan_report, sharding
 from trainer.config import RunConfig
 from trainer.meshes import AXES, Entry
 
@@ -76,6 +76,44 @@ def candidates(run: RunConfig, num_devices: int, entry: Entry | None = None) -> 
   return out
 
 
+def screen_estimate(exp: experiment_lib.Experiment, entry: Entry, *, compute_bytes: int
+                    ) -> tuple[float, float]:
+  """(overlapped, serial) seconds of a step by an analytic model, without compiling: the order
+  in which the sweep compiles (its ranking reads the compiled HLO). Collectives per microbatch:
+  each pass (forward, backward) all-gathers the fsdp-sharded matmul weights and the backward
+  reduce-scatters their gradient; per layer and pass, tensor parallelism all-reduces the
+  activations twice (attention and MLP outputs), a third pass under remat; data parallelism
+  all-reduces the gradient shards. Groups that span hosts go at the network bandwidth."""
+  hw, run = entry.hardware, exp.run
+  if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth):
+    return 0.0, 0.0
+  mesh = dict(exp.mesh.shape)
+  data, fsdp, model = mesh["data"], mesh["fsdp"], mesh["model"]
+  n, accum, seq = data * fsdp * model, run.trainer.grad_accum_steps, exp.source.seq_len
+  params = exp.abstract_state.params
+  top_k = flops_lib.find_field(run.model, "top_k")
+  shape = memory_model.model_shape(params, top_k=top_k)
+  weights = flops_lib.count(params, seq_len=seq, top_k=top_k).matmul_params * compute_bytes
+  remat = getattr(run.model, "remat", "none")
+  passes = 2 if remat == "none" else 3
+  tokens = exp.source.batch_size * seq
+  compute = (flops_lib.model_flops_per_token(run, params) * tokens / n
+             * plan_lib.RECOMPUTE.get(remat, 4 / 3) / hw.peak_bf16_flops)
+  analytic = memory_model.analytic_memory(exp, compute_bytes=compute_bytes)
+  hbm = memory_model.hbm_traffic(exp, analytic, compute_bytes=compute_bytes) / hw.hbm_bandwidth
+  share = lambda g: (g - 1) / g
+  fsdp_bytes = accum * 3 * weights / model * share(fsdp)
+  tp_bytes = (2 * passes * shape.layers * 2 * share(model) * tokens / (data * fsdp)
+              * shape.dim * compute_bytes)
+  dp_bytes = accum * 2 * share(data) * weights / (model * fsdp)
+  spans = hosts_spanned(mesh, entry) > 1
+  host_bw = hw.host_bandwidth or hw.link_bandwidth
+  network = (fsdp_bytes if spans else 0.0) + (dp_bytes if entry.num_hosts > 1 else 0.0)
+  links = fsdp_bytes + tp_bytes + dp_bytes - network
+  collectives = links / hw.link_bandwidth + network / host_bw
+  return max(compute, hbm, collectives), max(compute, hbm) + collectives
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepResult:
   ranked: list  # [(Candidate, Plan)] that fit, fastest estimate first
@@ -89,9 +127,9 @@ def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
   """Ranks the candidates that fit by estimated step time (overlapped, then serial).
 
   The analytic model screens every candidate first (no compile); those it puts within 1.5x
-  of the usable memory compile in order of fewest recomputed FLOPs, fewest microbatches,
-  smallest tensor-parallel axis and fewest hosts per fsdp group, at most `limit` of them and
-  until `budget_s` seconds have passed.
+  of the usable memory compile, those it puts within the usable memory first, each group
+  fastest first by `screen_estimate`; at most `limit` of them and until `budget_s` seconds
+  have passed.
   """
   if devices is None:
     devices, _ = plan_lib.target_devices(entry)
@@ -100,24 +138,24 @@ def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
   screened, rejected, built = [], [], {}
   for cand in candidates(run, len(devices), entry):
     key = tuple(cand.axes.items())
-    try:
-      if key not in built:  # shapes and shardings depend on the mesh only
+    if key not in built:  # shapes and shardings depend on the mesh only
+      try:
         built[key] = experiment_lib.build(cand.apply(run), entry, devices)
-      exp = dataclasses.replace(built[key], run=cand.apply(run))
-    except ConfigError as e:
-      built[key] = None
-      rejected.append((cand, str(e)))
+      except ConfigError as e:
+        built[key] = str(e)
+    if isinstance(built[key], str):
+      rejected.append((cand, built[key]))
       continue
-    total = memory_model.analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize).total
+    exp = dataclasses.replace(built[key], run=cand.apply(run))
+    c = np.dtype(dtype).itemsize
+    total = memory_model.analytic_memory(exp, compute_bytes=c).total
     if total > 1.5 * usable:
       rejected.append((cand, f"analytic model: {plan_report.gib(total)} per device"))
     else:
-      screened.append(cand)
-  order = {name: i for i, name in enumerate(REMAT_SWEEP)}
-  screened.sort(key=lambda c: (order[c.remat], c.grad_accum_steps, c.axes["model"],
-                               hosts_spanned(c.axes, entry), -c.axes["fsdp"]))
+      screened.append(((total > usable, *screen_estimate(exp, entry, compute_bytes=c)), cand))
+  screened.sort(key=lambda kc: kc[0])
   start, fitting, compiled = time.perf_counter(), [], 0
-  for cand in screened:
+  for _, cand in screened:
     if compiled >= limit or time.perf_counter() - start > budget_s:
       break
     p = plan_lib.plan(cand.apply(run), entry, config_name=config_name, devices=devices,
