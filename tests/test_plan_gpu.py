@@ -17,7 +17,8 @@ import configs.tiny
 from launcher import main as main_lib
 from launcher.plan import GPU_PLUGIN_DIR
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, gpu_targets, hlo_collectives, meshes, plan, plan_sweep
+from trainer import config as config_lib, experiment, gpu_targets, hlo_collectives, meshes, plan
+from trainer import plan_sweep
 
 GPU_ENTRIES = [e for e in meshes.MESHES.values()
                if e.hardware.platform == "gpu" and e.num_devices is not None]
@@ -177,3 +178,25 @@ def test_sweep_candidates_keep_tensor_parallelism_inside_a_host_and_include_hsdp
   # Every candidate keeps the global batch over its batch shards.
   assert all((1024 // c.grad_accum_steps) % (c.axes["data"] * c.axes["fsdp"]) == 0
              for c in cands)
+
+
+def test_the_sweeps_order_puts_network_traffic_where_the_layout_puts_it():
+  """screen_estimate (the order in which the sweep compiles) on two 8-GPU hosts: HSDP sends
+  only the data-parallel gradient reduction over the network, FSDP across both hosts its
+  gathers too, and those grow with the number of microbatches."""
+  cfg = configs.tiny.get_config()
+  cfg.data.batch_size = 64
+  run = config_lib.parse(cfg)
+  entry = meshes.lookup("gpu-h100-8x2")
+  # Sixteen compile-only TPU devices give the mesh its shape (the order reads only that).
+  devices, _ = plan.target_devices(meshes.lookup("tpu-v5e-16"))
+
+  def estimate(data, fsdp, accum):
+    cand = plan_sweep.Candidate(axes={"data": data, "fsdp": fsdp, "model": 1}, remat="full",
+                                grad_accum_steps=accum)
+    exp = experiment.build(cand.apply(run), entry, devices)
+    return plan_sweep.screen_estimate(exp, entry, compute_bytes=2)
+
+  hsdp, across = estimate(2, 8, 1), estimate(1, 16, 1)
+  assert hsdp[1] < across[1]  # serial: the same compute, less network time
+  assert estimate(1, 16, 4)[1] - across[1] > estimate(2, 8, 4)[1] - hsdp[1] > 0
