@@ -10,10 +10,15 @@ PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
 install: $(STAMP)
 
+# The `gpu` extra (XLA's GPU compiler for `axtrain plan`) goes to its own folder, which only a
+# GPU entry's plan puts on the path (launcher/plan.py:GPU_PLUGIN_DIR; pyproject.toml says why).
+GPU_EXTRA := import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -e '.[test,hf,tpu]'
+	rm -rf $(VENV)/gpu-compiler
+	$(PIP_INSTALL) --no-deps --target $(VENV)/gpu-compiler $$($(BIN)/python -c "$(GPU_EXTRA)")
 	touch $(STAMP)
 
 # `make demo` ends by sampling a continuation of this prompt from the model it trained.

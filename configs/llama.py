@@ -62,9 +62,12 @@ RECIPES: dict[str, Recipe] = {
     "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable", mesh_rules=(
         (r"tpu-v5p-128|tpu-v6e-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
-        # FSDP within a host, data parallel across the two (the entry's axes): the gradient
-        # all-reduce is the only traffic over the network.
-        (_gpu_hosts(2), _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        # Two H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
+        # (docs/plan.md): data parallel across the hosts, FSDP over 4 and tensor parallel over
+        # 2 inside each; matmul outputs kept (little recompute), 8 microbatches.
+        (_gpu_hosts(2), {"mesh.data": 2, "mesh.fsdp": 4, "mesh.model": 2,
+                         "model.remat": "dots_with_no_batch_dims_saveable",
+                         "trainer.grad_accum_steps": 8, "trainer.loss_chunk_size": 1024}),
         (r"neuron-trn2-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
     )),
     "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
@@ -77,8 +80,14 @@ RECIPES: dict[str, Recipe] = {
                           "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
         (r"tpu-v5p-1024", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                            "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
-        (_gpu_hosts(16), {"mesh.data": 1, "mesh.fsdp": 16, "mesh.model": 8,
-                          "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
+        # 16 H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
+        # (docs/plan.md): tensor parallel over 4 GPUs of a host, FSDP over 32 across the
+        # hosts, 16 microbatches of 2 sequences per fsdp group; q/k/v and attention outputs
+        # kept. HSDP (FSDP inside a host) does not fit: a host's share of the float32
+        # parameters and bfloat16 Adam state is 70.6 GB per GPU before any gradient.
+        (_gpu_hosts(16), {"mesh.data": 1, "mesh.fsdp": 32, "mesh.model": 4,
+                          "model.remat": "save_attn_out", "trainer.grad_accum_steps": 16,
+                          "trainer.loss_chunk_size": 512}),
         (r"neuron-trn2-64x8", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                                "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
     )),

@@ -33,11 +33,11 @@ class AttentionConfig:
   head_dim: int | None = None  # per-head width; None = dim // num_heads
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
-  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention
-  # (cuDNN flash attention on GPU where it applies, XLA elsewhere); `chunked`: the `xla` math
-  # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time;
-  # `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over batch and
-  # heads, in Pallas interpret mode off TPU (slow: for tests).
+  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention (its XLA
+  # path on every platform in jax 0.10.2; cuDNN's needs cuDNN, docs/plan.md); `chunked`: the
+  # `xla` math over blocks of query_chunk_size queries, one block's [queries, keys] logits at a
+  # time; `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over
+  # batch and heads, in Pallas interpret mode off TPU (slow: for tests).
   implementation: Literal["xla", "dot_product", "chunked", "splash"] = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`

@@ -208,7 +208,7 @@ def test_a_new_gpu_entry_takes_the_rule_of_its_hardware(monkeypatch):
       "full", 8, 256)
   cfg = llm_7b.get_config()
   assert meshes.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
-  assert cfg.trainer.grad_accum_steps == 4
+  assert cfg.trainer.grad_accum_steps == 8
   small = dataclasses.replace(entry, name="gpu-l4-8", hardware=dataclasses.replace(
       entry.hardware, hbm_bytes=24 * meshes.GB))
   assert meshes.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe

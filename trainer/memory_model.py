@@ -2,8 +2,9 @@
 
 Parameter and optimizer-state bytes are exact (abstract shapes under their shardings); gradients,
 activations (by remat policy) and logits are a model read from the parameters' logical axis
-names. `axtrain plan` (trainer/plan.py) bases the fit on it wherever the TPU compiler's figures
-are missing (GPU and Trainium entries); `axtrain plan --sweep` screens candidates with it.
+names. `axtrain plan` (trainer/plan.py) bases the fit on it where no compiler of the target
+runs (Trainium entries) and shows it next to the TPU and GPU compilers' figures;
+`axtrain plan --sweep` screens candidates with it.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def num(x: float) -> str:
 
 def text(p: Plan, *, timings: bool = True) -> str:
   """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
-  src = "TPU compiler" if p.fit_source == "compiler" else "CPU compiler"
+  src = p.source
   a, t = p.analytic, p.train
   axes = " ".join(f"{k}={v}" for k, v in p.axes.items())
   lines = [
@@ -54,19 +54,25 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"    train peak         [{src}]  {gib(t.peak)}",
   ]
   if t.refused:
-    lines.append(f"    the TPU compiler refused: {t.refused}")
+    lines.append(f"    the {src} refused: {t.refused}")
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
+  if p.fit_source == "model":
+    lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
+                 f"compiler stands in, and the fit comes from the analytic model)")
   verdict = "fits" if p.fits else "does NOT fit"
   how = (f"{gib(p.headroom)} to spare" if p.fits else f"short by {gib(-p.headroom)}")
-  basis = "TPU compiler peak" if p.fit_source == "compiler" else "analytic model total"
+  basis = f"{src} peak" if p.fit_source == "compiler" else "analytic model total"
   lines += [
       f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
       f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}",
       f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
-      f"{num(p.model_flops / p.devices)} per device; compiler {num(t.flops)} per device "
-      f"(while-loop bodies counted once)",
+      f"{num(p.model_flops / p.devices)} per device; "
+      + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
+         else f"the {src} reports none")
+      + (f"; executed {num(t.hlo_matmul_flops)} per device [compiled HLO] (matmuls, loops "
+         f"unrolled: remat recompute included)" if t.hlo_matmul_flops else ""),
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")
