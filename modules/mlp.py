@@ -1,6 +1,7 @@
 """Position-wise feed-forward layers (the `ffn` registry): dense MLP with SwiGLU or GELU."""
 
 import dataclasses
+import math
 from typing import Literal
 
 import flax.linen as nn
@@ -29,6 +30,8 @@ class MlpConfig:
   init_std: float = 0.02  # stddev of the normal initialiser
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"mlp.init_std must be a finite number >= 0, got {self.init_std}")
     if self.hidden_dim <= 0:
       raise ConfigError(f"mlp.hidden_dim must be positive, got {self.hidden_dim}")
 

@@ -32,6 +32,8 @@ class RopeConfig:
   theta: float = 10_000.0  # base wavelength of the rotary frequencies
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope needs an even head_dim, got {head_dim}")
 
@@ -72,6 +74,8 @@ class RopeLlama3Config:
   original_max_position: int = 8192  # context length (tokens) of pre-training before scaling
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope_llama3.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope_llama3 needs an even head_dim, got {head_dim}")
     if self.factor <= 0 or self.original_max_position <= 0:
