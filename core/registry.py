@@ -69,6 +69,11 @@ def child_registry(f: dataclasses.Field) -> Registry | None:
   return None if name is None else _ALL[name]
 
 
+def child_default_kind(f: dataclasses.Field) -> str | None:
+  """The default kind of a `child()` field (None: the field has none)."""
+  return f.metadata.get(_DEFAULT_KIND_KEY)
+
+
 _ALL: dict[str, Registry] = {}
 
 

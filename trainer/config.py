@@ -15,17 +15,22 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import ml_collections
 
 from core import paths
-from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
+from core.registry import (ConfigError, child, child_default_kind, child_registry,
+                           parse_dataclass, suggest)
+
+
+MAX_STEP = 2 ** 31 - 1  # the train state counts steps in int32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-  max_steps: int  # optimizer steps to train for
+  max_steps: int  # optimizer steps to train for; raise it on a finished run to extend that run
   log_every: int = 10  # steps between metrics records (and host syncs)
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
@@ -47,6 +52,11 @@ class TrainerConfig:
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+      if getattr(self, name) > MAX_STEP:
+        raise ConfigError(f"trainer.{name} must be at most {MAX_STEP:,} (steps are counted in "
+                          f"int32), got {getattr(self, name):,}")
+    if not 0 <= self.seed < 2 ** 63:
+      raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
     if self.loss_chunk_size < 0:
       raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:
@@ -177,3 +187,32 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
   fields both kinds have (what `--config.<path>.kind=K` does); returns the new node.
   `dropped`: see core.paths.switch_kind."""
   return paths.switch_kind(cfg, path, kind, schema=RunConfig, dropped=dropped, **values)
+
+
+def defaults(resolved: Mapping) -> dict[str, Any]:
+  """{flat key `a.b.c`: the value a config gets when it leaves the field out} for the fields of
+  a resolved config (as JSON) that have a default. The `kind` of a child node has a default only
+  where its field names one, and then that kind's fields count: a run directory written before
+  a field existed holds a config without it (launcher/run_dir.py)."""
+  out: dict[str, Any] = {}
+  _defaults(resolved, RunConfig, "", None, out)
+  return out
+
+
+def _defaults(node: Any, cls: type, prefix: str, kind_default: str | None, out: dict) -> None:
+  if not isinstance(node, Mapping):
+    return
+  for f in dataclasses.fields(cls):
+    key, reg = prefix + f.name, child_registry(f)
+    if reg is not None:
+      value = node.get(f.name)
+      if isinstance(value, Mapping) and value.get("kind") in reg.kinds():
+        _defaults(value, reg.entry(value["kind"]).config_cls, key + ".", child_default_kind(f),
+                  out)
+    elif f.name == "kind" and prefix:
+      if kind_default is not None:
+        out[key] = kind_default
+    elif f.default is not dataclasses.MISSING:
+      out[key] = list(f.default) if isinstance(f.default, tuple) else f.default
+    elif dataclasses.is_dataclass(typing.get_type_hints(cls).get(f.name)):
+      _defaults(node.get(f.name), typing.get_type_hints(cls)[f.name], key + ".", None, out)
