@@ -86,7 +86,7 @@ def parse_args(argv: list[str]) -> dict:
     elif not sep or not value:
       raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
     else:
-      out[name] = value
+      out[name] = os.path.expanduser(value)  # `--output_dir=~/x`: the shell leaves ~ alone
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
   return out

@@ -15,6 +15,7 @@ own settings it reproduces the run's eval_loss at that step exactly.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -58,7 +59,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
       raise UserError(f"eval: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
   if out["run_dir"] is None:
     raise UserError(f"eval: --run_dir is required; {USAGE}")
-  out["run_dir"] = pathlib.Path(out["run_dir"])
+  out["run_dir"] = pathlib.Path(os.path.expanduser(out["run_dir"]))
   if out["step"] is not None:
     try:
       out["step"] = int(out["step"])
