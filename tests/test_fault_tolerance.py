@@ -197,6 +197,11 @@ def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache, capfd):
                        f"--config.init.from_run={ref}", callbacks=[NanAt(4)])
   assert result.returncode == 0, result.stderr[-3000:]
   assert cu.status(run_dir) == "completed"
+  # Said once, when the step is counted (at its log: log_every 1).
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert warnings == ["axtrain: warning: skipped step 4 with a non-finite loss or gradient, "
+                      "parameters unchanged; 1 of 4 steps skipped so far (lower "
+                      "optimizer.learning_rate if this goes on)"], result.stderr[-3000:]
   records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   skipped = {r["step"]: r["nonfinite_skipped"] for r in records if "loss" in r}
   assert skipped == {s: int(s >= 4) for s in range(1, 31)}
