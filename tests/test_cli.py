@@ -174,6 +174,18 @@ def test_a_run_shorter_than_its_warmup_is_accepted_with_a_note(capsys, config, a
   assert "trainer.max_steps:" in out
 
 
+def test_a_mixture_run_shorter_than_its_warmup_is_accepted_with_a_note(capsys, tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"text": f"def f(x):\n  return x * {i}\n"}) + "\n"
+                            for i in range(300)))
+  code, _, err = run_main(capsys, f"--config=configs/tiny_mixture.py:path={corpus}",
+                          "--config.trainer.max_steps=5", "--print_config")
+  assert code == 0 and err == ("axtrain: note: optimizer.schedule.warmup_steps 50 does not fit in "
+                               "trainer.max_steps 5: the warm-up shrinks to 0 steps (10% of the "
+                               "run)\n"), err
+
+
 def test_a_run_shorter_than_its_warmup_trains(capsys, tmp_path):
   code, _, err = run_main(capsys, "--config=configs/llama.py:size=test", "--noprogress",
                           "--config.trainer.max_steps=3", "--config.eval.batch_size=8",

@@ -13,8 +13,8 @@ A run written before the manifest existed (no manifest.json) is recognised by it
 axtrain run.json, a config.json with the run config's sections, metrics records, TensorBoard
 event files named and framed as TensorBoardWriter writes them, profiler captures that run.json
 lists, Orbax step folders. `adopt` records those in a new manifest the first time a newer
-axtrain resumes the run. Whatever is neither listed nor recognised is someone else's: `--overwrite`
-refuses, naming it (`unproven`).
+axtrain resumes the run. Whatever is neither listed nor recognised is someone else's
+(`Contents.unproven`): `--overwrite` refuses, naming it.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ import re
 import struct
 from typing import Callable, Iterable
 
+from trainer.config import RunConfig
+
 MANIFEST = "manifest.json"
 _TAG = "axtrain"
 _STEP = re.compile(r"^\d+(\.\d+)?$")  # checkpoints/<step>, or <step>.<n> once moved aside twice
 _ORBAX_TMP = re.compile(r"^\d+\.orbax-checkpoint-tmp(-\d+)?$")
 _EVENTS = re.compile(r"^events\.out\.tfevents\.\d+\..+\.\d+\.from\d+$")  # writers.TensorBoardWriter
-_SECTIONS = frozenset({"model", "optimizer", "data", "trainer", "eval", "mesh", "checkpoint",
-                       "init"})
+_SECTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig))  # of every config.json
 _OWN = frozenset({MANIFEST, MANIFEST + ".tmp", "config.json.tmp", "run.json.tmp"})
 _CHECKPOINT_DIRS = ("checkpoints", "superseded_checkpoints", "corrupt_checkpoints")
 
