@@ -141,8 +141,14 @@ def _train(this: Run) -> int:
                           callbacks=this.callbacks,
                           hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
-    finish("failed", error=str(e))
-    print(f"axtrain: error: {e}", file=sys.stderr)
+    message = str(e)
+    if isinstance(e, checkpoint.NoUsableCheckpoint):
+      unproven = rd.unproven()
+      message += ("; pass --overwrite to start the run over" if not unproven else
+                  f"; choose another --output_dir to start it over ({rd.path} also holds files "
+                  f"that axtrain did not write: {', '.join(unproven[:3])})")
+    finish("failed", error=message)
+    print(f"axtrain: error: {message}", file=sys.stderr)
     return EXIT_FAILED
   except KeyboardInterrupt:
     finish("interrupted")

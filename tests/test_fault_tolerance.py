@@ -145,6 +145,7 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
   assert len(errors) == 1 and "no usable checkpoint" in errors[0], result.stderr[-3000:]
+  assert errors[0].endswith("; pass --overwrite to start the run over"), errors[0]
   warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
   assert len(warnings) == 2 and all("is missing); moved it to" in w for w in warnings), warnings
   # Reads abandoned by the failed restores must not print tracebacks (CI saw them garble the error).

@@ -47,6 +47,10 @@ QUARANTINE = "corrupt_checkpoints"  # unreadable ones
 SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
 
 
+class NoUsableCheckpoint(CheckpointError):
+  """Checkpoints exist and none reads back; the caller says how to start the run over."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Restored:
   step: int
@@ -227,10 +231,9 @@ class Checkpointer:
              f"{f'falling back to step {older[-1]}' if older else 'no older checkpoint'}")
         unreadable.append(candidate)
     if unreadable:
-      raise CheckpointError(
+      raise NoUsableCheckpoint(
           f"no usable checkpoint in {self.directory}: steps {sorted(unreadable)} are all "
-          f"unreadable (moved to {self.directory.parent / QUARANTINE}); pass --overwrite to "
-          f"start the run over")
+          f"unreadable (moved to {self.directory.parent / QUARANTINE})")
     return None
 
   def set_aside(self, steps: list[int]) -> pathlib.Path:
