@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 
@@ -76,6 +75,14 @@ def completed(tmp_path_factory, compile_cache):  # pylint: disable=unused-argume
 def copy_of(run: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
   shutil.copytree(run, to, symlinks=True)
   return to
+
+
+@pytest.fixture
+def copied(completed, tmp_path, monkeypatch) -> pathlib.Path:
+  """A copy of the completed run as tmp_path/run, with quick.py, run from tmp_path."""
+  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
+  monkeypatch.chdir(tmp_path)
+  return copy_of(completed, tmp_path / "run")
 
 
 def test_default_dir_sorts_overrides_and_never_nests():
@@ -173,15 +180,13 @@ def refused(capsys, *args) -> str:
   return err
 
 
-def test_overwrite_refuses_files_axtrain_did_not_write(completed, tmp_path, capsys):
-  run = copy_of(completed, tmp_path / "run")
-  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
-  (tmp_path / "run" / "profile").mkdir()
+def test_overwrite_refuses_files_axtrain_did_not_write(copied, capsys):
+  run = copied
+  (run / "profile").mkdir()
   mine = {"checkpoints/myweights.bin": "w", "tensorboard/mylog.txt": "t", "profile/notes.md": "n"}
   for name, text in mine.items():
     (run / name).write_text(text)
   before = snapshot(run)
-  os.chdir(tmp_path)
   for extra in (["--overwrite"], ["--overwrite", "--config.trainer.seed=3"]):
     err = refused(capsys, "--output_dir=run", *extra)
     assert ("--overwrite deletes only the files axtrain wrote, and run also holds others "
@@ -227,10 +232,8 @@ def test_a_folder_of_other_files_is_never_overwritten(quick, capsys, files):
     assert snapshot(out) == before
 
 
-def test_a_run_written_before_manifests_is_overwritten_by_its_layout(completed, tmp_path, capsys):
-  run = copy_of(completed, tmp_path / "run")
-  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
-  os.chdir(tmp_path)
+def test_a_run_written_before_manifests_is_overwritten_by_its_layout(copied, capsys):
+  run = copied
   (run / run_files.MANIFEST).unlink()
   (run / "tensorboard" / "mylog.txt").write_text("mine")
   before = snapshot(run)
@@ -311,10 +314,8 @@ def test_refusals_say_what_a_folder_is(quick, capsys):
     assert snapshot(quick / out.split("/")[0]) == before
 
 
-def test_a_refused_command_leaves_the_lock_file_alone(completed, tmp_path, capsys):
-  run = copy_of(completed, tmp_path / "run")
-  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
-  os.chdir(tmp_path)
+def test_a_refused_command_leaves_the_lock_file_alone(copied, capsys):
+  run = copied
   (run / ".lock").write_text("12345\n")
   code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=5")
   assert code == 2 and "holds a run with a different config (trainer.seed differ)" in err, err
@@ -332,7 +333,7 @@ def test_output_dir_empty_or_with_a_tilde(quick, capsys, monkeypatch):
 
 # -- runs that outlive an upgrade, and runs that grow ----------------------------------------
 
-def test_a_field_added_since_a_run_was_written_is_no_difference(completed, tmp_path, capsys):
+def test_a_field_added_since_a_run_was_written_is_no_difference(completed, copied, capsys):
   stored = json.loads((completed / "config.json").read_text())
   resolved = json.loads(json.dumps(stored))
   older = json.loads(json.dumps(stored))
@@ -347,9 +348,7 @@ def test_a_field_added_since_a_run_was_written_is_no_difference(completed, tmp_p
   resolved["trainer"]["wandb_project"] = "mine"  # not the default: a real difference
   assert run_dir.differences(older, resolved) == ["trainer.wandb_project"]
   # Through the command line: the old run resumes (here: is complete) with its own command.
-  run = copy_of(completed, tmp_path / "run")
-  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
-  os.chdir(tmp_path)
+  run = copied
   config = json.loads((run / "config.json").read_text())
   del config["trainer"]["wandb_project"], config["trainer"]["peak_flops"]
   (run / "config.json").write_text(json.dumps(config))
@@ -357,10 +356,8 @@ def test_a_field_added_since_a_run_was_written_is_no_difference(completed, tmp_p
   assert code == 0 and "already completed; nothing to do" in err, err
 
 
-def test_raising_max_steps_extends_a_finished_run(completed, tmp_path, capsys):
-  run = copy_of(completed, tmp_path / "run")
-  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
-  os.chdir(tmp_path)
+def test_raising_max_steps_extends_a_finished_run(copied, capsys):
+  run = copied
   code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=3")
   assert code == 0, err
   assert ("axtrain: note: extending run from trainer.max_steps 1 to 3, continuing from step 1; "
