@@ -262,7 +262,8 @@ class _Loop:
     """One warning line for the steps just found non-finite and skipped (skip_nonfinite)."""
     if not bad:
       return
-    steps = f"step {bad[0]}" if len(bad) == 1 else f"{len(bad)} steps ({bad[0]}-{bad[-1]})"
+    steps = (f"step {bad[0]}" if len(bad) == 1
+             else f"{len(bad)} steps (between steps {bad[0]} and {bad[-1]})")
     done = upto - self.s.start
     self.warn(f"skipped {steps} with a non-finite loss or gradient, parameters unchanged; "
               f"{self.s.skipped} of {done} steps skipped so far (lower "
