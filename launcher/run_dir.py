@@ -22,15 +22,19 @@ import platform
 from typing import Literal
 
 from launcher import folders
-from launcher.errors import UserError
+from launcher.errors import ConfigError, UserError
 from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
 from trainer import config as config_lib, run_files
 
+# What `axtrain launch` writes before the run starts (its script, the scheduler's log): like
+# the lock it is the run's, and --overwrite keeps it.
+LAUNCH_DIR = "launch"
+KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       run_files.MANIFEST, LOCK_NAME})
+                       run_files.MANIFEST, *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,
@@ -117,7 +121,10 @@ def _read_json(path: pathlib.Path):
 def differences(stored: dict, resolved: dict) -> list[str]:
   """Flat keys whose values differ. A key that `stored` lacks is no difference where `resolved`
   holds that field's default: the field was added to axtrain after the run was written."""
-  defaults = {k: json.dumps(v) for k, v in config_lib.defaults(resolved).items()}
+  try:  # flatten: defaults() may give the nested tree as well as flat keys
+    defaults = {k: json.dumps(v) for k, v in flatten(config_lib.defaults(resolved)).items()}
+  except ConfigError:  # a kind this axtrain does not know: every key counts
+    defaults = {}
   flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (stored, resolved))
   return sorted(k for k in set(flat_a) | set(flat_b)
                 if flat_a.get(k) != flat_b.get(k)
@@ -187,9 +194,9 @@ class RunDir:
     return sorted(p.name for p in self.path.iterdir() if p.name not in ours and not _tmp(p.name))
 
   def _deletable(self) -> list[str]:
-    """Top-level entries that --overwrite may delete from (never the lock)."""
+    """Top-level entries that --overwrite may delete from (never the lock or launch/)."""
     return [p.name for p in self.path.iterdir()
-            if p.name != LOCK_NAME and (p.name in RUN_FILES or _tmp(p.name))]
+            if p.name not in KEPT and (p.name in RUN_FILES or _tmp(p.name))]
 
   def contents(self) -> run_files.Contents:
     return run_files.contents(self.path, self._deletable())
@@ -208,7 +215,7 @@ class RunDir:
     one that holds files that are not a run's; `overwrite` only when every file it would
     delete is axtrain's (run_files.py). A message suggests --overwrite only then. Writes nothing.
     """
-    if not self.path.exists() or not any(p.name != LOCK_NAME for p in self.path.iterdir()):
+    if not self.path.exists() or all(p.name in KEPT for p in self.path.iterdir()):
       return "new"
     foreign = self.foreign()
     if foreign:

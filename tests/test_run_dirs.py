@@ -426,3 +426,17 @@ def test_overwrite_of_a_converted_directory_keeps_what_convert_wrote(tmp_path):
   shutil.rmtree(out / "checkpoints" / "0")
   with pytest.raises(run_dir.UserError, match="rotated out"):
     rd.prepare(config, overwrite=True)
+
+
+def test_the_launch_folder_is_kept_like_the_lock(tmp_path):
+  """What `axtrain launch` writes before the run (launch/) is the run's and outlives --overwrite."""
+  out = tmp_path / "run"
+  (out / "launch").mkdir(parents=True)
+  (out / "launch" / "job.sh").write_text("#!/bin/sh\n")
+  config = {"trainer": {"max_steps": 1}}
+  rd = run_dir.RunDir(out)
+  assert rd.prepare(config, overwrite=False) == "new"
+  rd.start(config, argv=["axtrain"], fresh=True, extra={})
+  assert rd.prepare({"trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
+  rd.start({"trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
+  assert (out / "launch" / "job.sh").read_text() == "#!/bin/sh\n"
