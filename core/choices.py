@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from core.registry import child_registry, list_registry
+from core.registry import child_default_kind, child_registry, list_registry
 
 _NONE = dataclasses.MISSING
 
@@ -133,7 +133,26 @@ def defaults(cfg: Any, schema: type) -> dict:
   """The defaults of `cfg`'s nodes: the tree of `cfg` with its kinds, every field that has a
   default at that default, and no required field (e.g. to tell whether a field that an older
   config lacks is new with its default; launcher/run_dir.py)."""
-  return with_defaults(_kinds(_dict(cfg), schema), schema)
+  out = with_defaults(_kinds(_dict(cfg), schema), schema)
+  _drop_chosen_kinds(out, schema)
+  return out
+
+
+def _drop_chosen_kinds(node: dict, schema: type) -> None:
+  """Removes the `kind` of each child node whose field names no default kind, or another one:
+  that kind was chosen, so a config that lacks the node need not have had it."""
+  fields = {f.name: f for f in dataclasses.fields(schema)}
+  hints = typing.get_type_hints(schema)
+  for name, value in node.items():
+    f = fields.get(name)
+    if f is None or name == "kind" or not isinstance(value, dict):
+      continue
+    cls = _node_class(f, hints[name], value)
+    if cls is None:
+      continue
+    _drop_chosen_kinds(value, cls)
+    if child_registry(f) is not None and child_default_kind(f) != value.get("kind"):
+      value.pop("kind", None)
 
 
 def _kinds(node: dict, schema: type) -> dict:

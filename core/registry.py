@@ -101,6 +101,11 @@ def optional_child(f: dataclasses.Field) -> bool:
   return child_registry(f) is not None and f.default is None
 
 
+def child_default_kind(f: dataclasses.Field) -> str | None:
+  """The default kind of a `child()` field (None: the field names none)."""
+  return f.metadata.get(_DEFAULT_KIND_KEY)
+
+
 def shared_fields(cls: type) -> frozenset[str]:
   """The fields of config class `cls` that mean the same in the other kinds that share them:
   its `SHARED` names, and its `child()` fields."""

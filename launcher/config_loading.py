@@ -12,9 +12,12 @@ module turns each into a UserError that says what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import logging
+import os
 import pathlib
 import re
 import sys
+import traceback
 
 import ml_collections
 from absl import flags
@@ -83,14 +86,54 @@ class _SwitchingParser(ConfigFileFlagParser):
     self._argv = argv
 
   def parse(self, path):
-    cfg = super().parse(path)
-    if isinstance(cfg, ml_collections.ConfigDict):
-      try:
-        prepare(cfg, overrides(self._argv))
-      except ConfigError as e:
-        raise Refused(str(e)) from None
-      cfg.lock()
+    returned_none = logging.Filter()  # config_flags warns of it; the refusal below says it
+    returned_none.filter = lambda record: "get_config() returned None" not in str(record.msg)
+    logging.getLogger("absl").addFilter(returned_none)
+    try:
+      cfg = super().parse(path)
+    except Exception as e:  # pylint: disable=broad-except  (whatever the file raises: one line)
+      raise Refused(file_error(path, e)) from None
+    finally:
+      logging.getLogger("absl").removeFilter(returned_none)
+    error = vars(cfg).get("_error") if type(cfg).__name__ == "_ErrorConfig" else None
+    if isinstance(error, BaseException):  # config_flags defers an OSError of the file to here
+      raise Refused(file_error(path, error))
+    if not isinstance(cfg, ml_collections.ConfigDict):
+      got = "None" if cfg is None else f"a {type(cfg).__name__}"
+      raise Refused(f"config file '{path.split(':')[0]}'{_get_config_line()}: get_config() "
+                    f"returned {got}, not an ml_collections.ConfigDict; end it with `return cfg`")
+    try:
+      prepare(cfg, overrides(self._argv))
+    except ConfigError as e:
+      raise Refused(str(e)) from None
+    cfg.lock()
     return cfg
+
+
+def _get_config_line() -> str:
+  """' line N' of the loaded config file's get_config (config_flags loads it as config_config)."""
+  code = getattr(getattr(sys.modules.get("config_config"), "get_config", None), "__code__", None)
+  return f" line {code.co_firstlineno}" if code is not None else ""
+
+
+def file_error(value: str, error: BaseException) -> str:
+  """One line for an exception raised while loading config file `value` (FILE[:arg]): the file
+  and the line in it where it was raised, and the error."""
+  path = value.split(":", 1)[0]
+  if str(error).startswith("Error whilst parsing config file") and error.__context__:
+    error = error.__context__  # config_flags re-raises TypeError/ValueError with a traceback text
+  if isinstance(error, ConfigError):  # a config's own message (e.g. core.config_args.parse_arg)
+    return f"config file '{value}': {' '.join(str(error).split())}"
+  if isinstance(error, SyntaxError):
+    return f"config file '{error.filename}' line {error.lineno}: {error.msg}"
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return f"config file '{path}' defines no get_config(arg=None)"
+  line = None
+  for frame, lineno in traceback.walk_tb(error.__traceback__):
+    if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path):
+      line = lineno  # the innermost frame in the file
+  where = f" line {line}" if line is not None else ""
+  return f"config file '{path}'{where}: {type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> None:

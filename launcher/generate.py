@@ -15,6 +15,7 @@ per prompt instead. Sampling: --temperature=0 is greedy; --top_k=0 and
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -62,7 +63,7 @@ def read_prompts(args: dict) -> list[str]:
     if not args["prompt"]:
       raise UserError("generate: --prompt is empty; give some text to continue")
     return [args["prompt"]]
-  path = pathlib.Path(args["prompt_file"])
+  path = pathlib.Path(os.path.expanduser(args["prompt_file"]))
   if not path.is_file():
     raise UserError(f"generate: --prompt_file {path} does not exist")
   lines = path.read_text(encoding="utf-8").splitlines()
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
   if args["step"] is not None and args["step"] < 0:
     raise UserError(f"generate: --step must be >= 0, got {args['step']}")
   prompts = read_prompts(args)
-  run_dir = pathlib.Path(args["run_dir"])
+  run_dir = pathlib.Path(os.path.expanduser(args["run_dir"]))
   cfg = read_run_config(run_dir)
   for result in sample_run(run_dir, cfg, prompts, options, step=args["step"], seed=args["seed"]):
     if args["json"]:

@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import sys
+from typing import Any
 
 from absl import flags
 
@@ -105,8 +106,8 @@ def main(argv: list[str]) -> int:
       sized_by_flags=backend.sized_by_flags)
   if fv.max_restarts < 0:
     raise UserError(f"--max_restarts={fv.max_restarts}: must be >= 0")
-  run_dir = pathlib.Path(train.output_dir or run_dir_lib.default_dir(
-      config_loading.config_file_arg(train_args), config_loading.overrides(train_args)))
+  run_dir = (pathlib.Path(os.path.expanduser(train.output_dir)) if train.output_dir
+             else _default_dir(train_args, train))
   _check_run_dir(run_dir)
   _check_names(fv, backend, run_dir)
   job = Job(name=fv.job_name or default_name(run_dir), layout=layout,
@@ -183,6 +184,7 @@ class _Train:
   """What launch reads of the training arguments (parsed and checked as training would)."""
   mesh: str
   output_dir: str | None
+  config: Any  # the resolved ml_collections.ConfigDict of the training arguments
 
 
 def _check_train_args(train_args: list[str]) -> _Train:
@@ -198,7 +200,18 @@ def _check_train_args(train_args: list[str]) -> _Train:
       raise UserError("launch: --print_config runs no training; run it without launch")
   from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
   train = main_lib.parse_flags(["axtrain", *train_args])
-  return _Train(mesh=train.mesh, output_dir=train.output_dir)
+  return _Train(mesh=train.mesh, output_dir=train.output_dir, config=train["config"].value)
+
+
+def _default_dir(train_args: list[str], train: _Train) -> pathlib.Path:
+  """The run directory the training processes will name (launcher/run_names.py:directory)."""
+  from launcher import run_names  # pylint: disable=import-outside-toplevel
+  value, items = config_loading.config_file_arg(train_args), config_loading.overrides(train_args)
+  named = None if train.mesh == "auto" else train.mesh  # `auto` resolves where the processes run
+  if named is not None:
+    from trainer import meshes  # pylint: disable=import-outside-toplevel
+    meshes.apply_rules(train.config, named, {path for path, _ in items})
+  return run_names.directory(value, items, resolved=train.config, mesh=named)
 
 
 def _check_run_dir(run_dir: pathlib.Path) -> None:

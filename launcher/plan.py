@@ -53,7 +53,8 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
                        "--nowindowed_einsum turns that off, for --ops and the TPU cost model.",
                        flag_values=fv)
   flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
-  flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
+  flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free, in [0, 1).",
+                     flag_values=fv)
   flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
                      flag_values=fv)
   flags.DEFINE_integer("sweep_limit", 12, "Most candidates a sweep compiles.", flag_values=fv)
@@ -141,6 +142,9 @@ def main(argv: list[str]) -> int:
     raise config_loading.translate(e, argv) from None
   if fv.ops_top < 1:
     raise UserError(f"plan: --ops_top must be at least 1, got {fv.ops_top}")
+  if not 0 <= fv.margin < 1:
+    raise UserError(f"plan: --margin={fv.margin:g}: give the fraction of device memory to keep "
+                    f"free, from 0 up to (not including) 1, e.g. 0.05 for 5%")
   return _plan(fv, argv, entry)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -84,7 +85,9 @@ def main(argv: list[str]) -> int:
     raise UserError("tokenize needs --input=FILE|GLOB|DIR and --output_dir=DIR")
   if fv.shard_tokens <= 0:
     raise UserError(f"--shard_tokens must be positive, got {fv.shard_tokens}")
-  out = pathlib.Path(fv.output_dir)
+  out = pathlib.Path(os.path.expanduser(fv.output_dir))
+  from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
+  check_writable(out)  # a parent that is a file, or not writable: one line, nothing written
   if out.exists():
     raise UserError(f"--output_dir '{out}' exists; choose a new directory")
   tokenizer = _tokenizer(fv)

@@ -10,6 +10,7 @@ rest of the model only passes the flag through. See trainer/generate.py.
 """
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -57,6 +58,8 @@ class AttentionConfig:
     return self.num_heads, kv, self.head_dim or dim // self.num_heads
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"attention.init_std must be a finite number >= 0, got {self.init_std}")
     if self.num_heads <= 0 or (self.num_kv_heads is not None and self.num_kv_heads <= 0):
       raise ConfigError(f"attention: num_heads ({self.num_heads}) and num_kv_heads "
                         f"({self.num_kv_heads}) must be positive")

@@ -1,6 +1,7 @@
 """Position-wise feed-forward layers (the `ffn` registry): dense MLP with SwiGLU or GELU."""
 
 import dataclasses
+import math
 from typing import ClassVar, Literal
 
 import flax.linen as nn
@@ -31,6 +32,8 @@ class MlpConfig:
   SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"mlp.init_std must be a finite number >= 0, got {self.init_std}")
     if self.hidden_dim <= 0:
       raise ConfigError(f"mlp.hidden_dim must be positive, got {self.hidden_dim}")
 

@@ -46,6 +46,8 @@ class MoeConfig:
   SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")  # as mlp's
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"moe.init_std must be a finite number >= 0, got {self.init_std}")
     if self.num_experts <= 0 or self.hidden_dim <= 0:
       raise ConfigError(f"moe: num_experts ({self.num_experts}) and hidden_dim "
                         f"({self.hidden_dim}) must be positive")

@@ -34,6 +34,8 @@ class RopeConfig:
   SHARED: ClassVar = ("theta",)  # kept by a switch to another RoPE kind (core/registry.py)
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope needs an even head_dim, got {head_dim}")
 
@@ -75,6 +77,8 @@ class RopeLlama3Config:
   SHARED: ClassVar = ("theta",)
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope_llama3.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope_llama3 needs an even head_dim, got {head_dim}")
     if self.factor <= 0 or self.original_max_position <= 0:

@@ -190,7 +190,9 @@ def test_a_new_field_with_a_default_changes_no_golden_file_and_no_old_run(monkey
   run = RunDir(tmp_path / "run")
   run.path.mkdir()
   (run.path / "config.json").write_text(json.dumps(identity(before)))
-  (run.path / "run.json").write_text(json.dumps({"status": "completed"}))
+  (run.path / "run.json").write_text(json.dumps({  # as an older axtrain wrote it
+      "status": "completed", "command": "axtrain --config=configs/tiny.py",
+      "versions": {"axtrain": "0.1.0"}}))
   assert run.prepare(after, overwrite=False) == "completed"
   after["model"]["block"]["attention"]["added_later"] = 2.0
   with pytest.raises(UserError, match="model.block.attention.added_later differ"):

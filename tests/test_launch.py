@@ -356,17 +356,3 @@ def test_slurm_script_and_local_dry_run(batch):
   assert len(address) == 1
   assert sorted(p.name for p in cpu.iterdir()) == ["launch"]
   assert "run it with: axtrain launch --backend=local --num_processes=2" in results[2].stderr
-
-
-def test_launch_dir_belongs_to_the_run_and_outlives_overwrite(tmp_path):
-  from launcher import run_dir as run_dir_lib  # pylint: disable=import-outside-toplevel
-  rd = run_dir_lib.RunDir(tmp_path)
-  (tmp_path / "launch").mkdir()
-  (tmp_path / "launch" / "slurm.sbatch").write_text("#!/bin/bash\n")
-  assert rd.foreign() == [] and rd.prepare({"a": 1}, overwrite=False) == "new"
-  rd.start({"a": 1}, argv=["axtrain"], fresh=True, extra={})
-  (tmp_path / "metrics.jsonl").write_text("{}\n")
-  assert rd.prepare({"a": 1}, overwrite=True) == "overwrite"
-  rd.clear()  # --overwrite: the run's files go, the script that started it stays
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["launch"]
-  assert (tmp_path / "launch" / "slurm.sbatch").is_file()

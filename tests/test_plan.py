@@ -178,6 +178,14 @@ def test_ops_top_below_one_is_refused_before_compiling(capsys):
   assert code == 2 and out.err == "axtrain: error: plan: --ops_top must be at least 1, got 0\n"
 
 
+@pytest.mark.parametrize("margin", ["150", "-5", "1", "nan"])
+def test_margin_outside_zero_to_one_is_refused_before_compiling(capsys, margin):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-4", f"--margin={margin}")
+  assert code == 2 and out.err.startswith(f"axtrain: error: plan: --margin={float(margin):g}: "
+                                          f"give the fraction of device memory to keep free, "
+                                          f"from 0 up to (not including) 1"), out.err
+
+
 def test_batch_that_cannot_split_over_the_devices(capsys):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-16")
   assert code == 2

@@ -23,9 +23,12 @@ from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
 
 
+MAX_STEP = 2 ** 31 - 1  # the train state counts steps in int32
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-  max_steps: int  # optimizer steps to train for
+  max_steps: int  # optimizer steps to train for; raise it on a finished run to extend that run
   log_every: int = 10  # steps between metrics records (and host syncs)
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
@@ -47,6 +50,11 @@ class TrainerConfig:
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+      if getattr(self, name) > MAX_STEP:
+        raise ConfigError(f"trainer.{name} must be at most {MAX_STEP:,} (steps are counted in "
+                          f"int32), got {getattr(self, name):,}")
+    if not 0 <= self.seed < 2 ** 63:
+      raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
     if self.loss_chunk_size < 0:
       raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:

@@ -94,6 +94,16 @@ class Experiment:
     # batch of one; the parameters land in their shardings through out_shardings.
     return self.init_fn(jax.random.key(self.run.trainer.seed))
 
+  def abstract_state_inputs(self) -> TrainState:
+    """The state as ShapeDtypeStructs carrying their shardings: what the step is compiled for."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nn.meta.unbox(self.abstract_state), self.state_shardings)
+
+  def abstract_batch(self, local: dict, *, rows: int) -> dict:
+    """A global batch of `rows` rows shaped like `local` (one process's rows), abstract."""
+    return {k: jax.ShapeDtypeStruct((rows, *v.shape[1:]), v.dtype, sharding=self.batch_sharding)
+            for k, v in local.items()}
+
   def global_batch(self, local: dict) -> dict:
     """Process-local numpy slices -> global arrays sharded over the batch axes."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)

@@ -324,6 +324,18 @@ def select(name: str) -> Entry:
   return auto(device.platform, device.device_kind, jax.device_count(), jax.process_count())
 
 
+def check_present(entry: Entry) -> None:
+  """ConfigError unless the devices JAX sees are of `entry`'s platform: training on a TPU or GPU
+  entry needs those devices here (`axtrain plan` is how to target absent hardware)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  platform = jax.devices()[0].platform
+  if entry.hardware.platform != platform:
+    raise ConfigError(f"--mesh={entry.name} is a {entry.hardware.platform} mesh but JAX sees "
+                      f"{jax.device_count()} {platform} device(s) here; train here with "
+                      f"--mesh={platform} (or --mesh=auto), or plan for that hardware with "
+                      f"`axtrain plan --mesh={entry.name}`")
+
+
 # What a mesh rule may match besides the entry's name: facts of the hardware, so that a new
 # entry of the same kind (another 8-GPU host with as much memory) takes the same recipe.
 # Each number matches exactly, or as a bound with a `min_`/`max_` prefix.
