@@ -41,12 +41,13 @@ def check_context(length: int, block: int, count: int) -> None:
   context.check_length(length, count)
   chunk = length // (2 * count)
   b = min(block, chunk)
-  if chunk % b or b % LANES:
+  if chunk % LANES or chunk % b:
+    need = (f"a multiple of {LANES} (the kernel's lanes)" if chunk % LANES else
+            f"a multiple of attention.splash_block_size={block}")
     raise ConfigError(f"attention.implementation=splash with context parallelism over {count} "
-                      f"shards: each shard attends in chunks of {chunk} positions (length "
-                      f"{length} / (2 x {count})), which must be a multiple of the splash block "
-                      f"{b} (attention.splash_block_size, clipped to the chunk) and of {LANES}; "
-                      f"lengthen the sequence or use fewer context shards")
+                      f"shards: each shard attends in chunks of length / (2 x {count}) = {chunk} "
+                      f"positions, which must be {need}; lengthen the sequence, use fewer "
+                      f"context shards or change attention.splash_block_size")
 
 
 def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, *, block: int,

@@ -44,13 +44,14 @@ def _show(sizes: dict[str, int]) -> str:
 
 
 def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
-  """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast.
+  """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast;
+  an axis of AXES missing from `sizes` has size 1.
 
   Axis types are Auto: shardings come from in/out shardings and the logical
   constraints, and XLA propagates the rest.
   """
   devices = list(jax.devices() if devices is None else devices)
-  grid = device_grid(tuple(sizes[a] for a in AXES), devices)
+  grid = device_grid(tuple(sizes.get(a, 1) for a in AXES), devices)
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 

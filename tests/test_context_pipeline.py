@@ -1,0 +1,112 @@
+"""Context parallelism and pipeline stages on 8 fake CPU devices: each equals one device (losses
+over 6 steps of packed documents, float32 gradients), really splits the work, restores a
+pipelined checkpoint into a mesh without stages and back, and refuses bad input in one line.
+
+The 8-device work runs once, in tests/context_pipeline_worker.py (a subprocess: fake devices
+must be configured before jax is imported), the CLI's bad-input runs included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_sharding import REL_TOL, max_rel_diff
+
+GRAD_TOL = 1e-5  # float32 gradients: the meshes only reorder sums
+CASES = ("context=8", "fsdp=2,context=4 (chunked)", "stage=4,data=2", "stage=2,fsdp=4 (remat)")
+
+
+def _worker(*args: str) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, str(ROOT / "tests" / "context_pipeline_worker.py"),
+                         *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> dict:
+  tmp = tmp_path_factory.mktemp("context_pipeline")
+  out = _worker(str(tmp))
+  out["tmp"] = tmp
+  return out
+
+
+def test_worker_saw_eight_devices(worker):
+  assert worker["device_count"] == 8
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_losses_equal_one_device(worker, case):
+  losses = worker["losses"][case]
+  assert len(losses["mesh"]) == 6
+  assert losses["one"][-1] < losses["one"][0] - 0.5  # runs that train
+  assert max_rel_diff(losses["mesh"], losses["one"]) <= REL_TOL
+
+
+@pytest.mark.parametrize("case", [*CASES, "context=8 (dot_product)"])
+def test_gradients_equal_one_device(worker, case):
+  grads = worker["grads"][case]
+  assert grads["max_abs"] > 0.1  # gradients worth comparing
+  assert grads["max_abs_diff"] <= GRAD_TOL
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_device_holds_a_share_of_the_activations(worker, case):
+  """The compiler's temporaries per device (activations, logits) against one device's."""
+  temp = worker["temp_bytes"][case]
+  assert temp["mesh"] < temp["one"] / 3, temp
+
+
+def test_context_gathers_keys_and_stages_pass_activations(worker):
+  temp = worker["temp_bytes"]
+  assert temp["context=8"]["all_gathers"] > 0
+  assert temp["context=8"]["collective_permutes"] == 0
+  for case in ("stage=4,data=2", "stage=2,fsdp=4 (remat)"):
+    assert temp[case]["collective_permutes"] > 0
+
+
+@pytest.mark.parametrize("case", ["stage=4,data=2", "stage=2,fsdp=4 (remat)"])
+def test_each_stage_holds_its_share_of_the_layers(worker, case):
+  held = worker["layer_bytes"][case]
+  share = held["total"] / (held["stages"] * held["fsdp"])
+  # Only the norm scales (a few hundred floats) are not split over fsdp.
+  assert all(b == pytest.approx(share, rel=0.02) for b in held["per_device"]), held
+
+
+def test_pipelined_checkpoint_restores_without_stages_and_back(worker):
+  """Steps 1-3 on stage=2,fsdp=4, 4-6 restored on fsdp=8, 7-9 restored on stage=4,data=2."""
+  ref, moved = worker["restore"]["ref"], worker["restore"]["moved"]
+  assert sorted(moved, key=int) == [str(s) for s in range(1, 10)]
+  assert max_rel_diff([moved[s] for s in ref], list(ref.values())) <= REL_TOL
+
+
+BAD = ("context does not divide length", "splash block does not fit",
+       "stage without scanned layers", "stage does not divide layers",
+       "microbatches do not divide the batch", "negative microbatches",
+       "stage and context too many devices")
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_writes_nothing(worker, case):
+  result = worker["bad"][case]
+  assert result["code"] == 2, result["stderr"][-2000:]
+  lines = result["stderr"].splitlines()
+  assert len(lines) == 1 and lines[0].startswith("axtrain: error: "), result["stderr"][-2000:]
+  assert result["message"] in lines[0]
+  assert not result["left"]
+
+
+def test_splash_under_context_parallelism_equals_xla():
+  """Pallas interpret mode: 4 rows of 512 positions, context=2 x data=4 (a process of its own)."""
+  got = _worker("--splash")
+  assert got["value"] <= 1e-5 * got["value_scale"]
+  assert max(got["grads"]) <= 1e-5 * got["grad_scale"]
