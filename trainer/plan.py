@@ -154,6 +154,14 @@ class Plan:
   executed_flops: float  # per step per device, with remat recompute (estimate)
   hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
+  # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
+  # stages and microbatches.
+  split: memory_model.Split
+
+  @property
+  def bubble(self) -> float:
+    """The pipeline's idle fraction of the step, (S - 1) / (M + S - 1); 0 without stages."""
+    return 1 - 1 / self.split.ticks_per_microbatch
 
   @property
   def usable(self) -> int:
@@ -281,7 +289,9 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
-  executed = model_flops / n * _RECOMPUTE.get(remat, 4 / 3)
+  split = memory_model.split(exp)
+  # Pipeline stages compute through the bubble too (on no microbatch): (M + S - 1) / M.
+  executed = model_flops / n * _RECOMPUTE.get(remat, 4 / 3) * split.ticks_per_microbatch
   on_tpu = devices[0].platform == "tpu"
   needed = max(train.peak, evaluated.peak if evaluated else 0) if on_tpu else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
@@ -292,4 +302,5 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
               fit_source="compiler" if on_tpu else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
-              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens))
+              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens),
+              split=split)
