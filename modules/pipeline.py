@@ -75,10 +75,14 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
     names = ("act_batch", "act_length", "act_embed")[:a.ndim - 1]
     return nn.with_logical_constraint(a, (None, *names))
 
+  # The input is stage 0's alone: the other stages get zeros in its place (they read what the
+  # stage before them sends), so its gradient is stage 0's, with no sum over stages.
   xs = split(x_BxLxD)
+  xs = jnp.concatenate([xs[None], jnp.zeros((stage_count - 1, *xs.shape), xs.dtype)])
   extras = jax.tree.map(split, extras)
 
   def run(params, xs, extras):
+    xs = xs[0]
     s = jax.lax.axis_index(axes)
     ticks = m + stage_count - 1
 
@@ -108,7 +112,7 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
     return outputs[None], aux[None]
 
   spec = jax.P(axes)
-  outputs, aux = jax.shard_map(run, in_specs=(spec, jax.P(), jax.P()), out_specs=(spec, spec),
+  outputs, aux = jax.shard_map(run, in_specs=(spec, spec, jax.P()), out_specs=(spec, spec),
                                axis_names=set(axes), check_vma=False)(params, xs, extras)
   y = outputs[-1].swapaxes(0, 1).reshape(x_BxLxD.shape)
   return y, jnp.sum(aux) / m

@@ -165,6 +165,21 @@ def restore_across_meshes(devices, tmp: pathlib.Path) -> dict:
   return {"ref": ref, "moved": got}
 
 
+def plans(devices) -> dict:
+  """`axtrain plan`'s report of the pipelined and context-parallel `test` model on gpu-h100-8
+  (8 CPU stand-ins), and the same without stages."""
+  from trainer import plan as plan_lib, plan_report  # pylint: disable=import-outside-toplevel
+  entry = meshes.lookup("gpu-h100-8")
+  out = {}
+  for name, mesh in (("stage=2,context=2,fsdp=2", {"stage": 2, "context": 2, "fsdp": 2}),
+                     ("fsdp=8", {"fsdp": 8})):
+    run = run_config({"data": 1, **mesh}, num_layers=4, pipeline_microbatches=4)
+    p = plan_lib.plan(run, entry, config_name="test", devices=devices, with_eval=False)
+    out[name] = {"text": plan_report.text(p, timings=False), "json": json.loads(json.dumps(
+        plan_report.to_json(p), default=str))}
+  return out
+
+
 BAD = {
     "context does not divide length": (
         ["--config=configs/llama.py:size=test", "--config.mesh.data=1", "--config.mesh.context=8",
@@ -239,7 +254,8 @@ def main() -> None:
     return
   tmp = pathlib.Path(sys.argv[1])
   out = {"device_count": len(devices), **equality(devices),
-         "restore": restore_across_meshes(devices, tmp), "bad": bad_input(tmp)}
+         "restore": restore_across_meshes(devices, tmp), "bad": bad_input(tmp),
+         "plans": plans(devices)}
   json.dump(out, sys.stdout)
 
 

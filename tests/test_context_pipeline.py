@@ -105,6 +105,22 @@ def test_bad_input_is_one_line_and_writes_nothing(worker, case):
   assert not result["left"]
 
 
+def test_plan_shows_the_bubble_per_stage_memory_and_context(worker):
+  """The `test` model (4 layers) on gpu-h100-8: stage=2 x context=2 x fsdp=2, 4 microbatches."""
+  piped, flat = worker["plans"]["stage=2,context=2,fsdp=2"], worker["plans"]["fsdp=8"]
+  assert piped["json"]["bubble"] == pytest.approx((2 - 1) / (4 + 2 - 1))
+  assert flat["json"]["bubble"] == 0
+  text = piped["text"]
+  assert "pipeline: 2 stages, 4 microbatches (GPipe): bubble (S - 1) / (M + S - 1) = 1/5 = 20.0%" \
+      in text
+  assert "per stage: 2 layers on 4 devices; parameters" in text
+  assert "context: each sequence over 2 devices, 16 positions each" in text
+  assert "pipeline" not in flat["text"] and "context:" not in flat["text"]
+  # The bubble's idle ticks are counted as executed work: (M + S - 1) / M.
+  assert piped["json"]["executed_flops"] == pytest.approx(
+      flat["json"]["executed_flops"] * 5 / 4, rel=1e-6)
+
+
 def test_splash_under_context_parallelism_equals_xla():
   """Pallas interpret mode: 4 rows of 512 positions, context=2 x data=4 (a process of its own)."""
   got = _worker("--splash")

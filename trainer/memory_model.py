@@ -84,6 +84,7 @@ class Split:
   positions: int  # positions of each row on this device: seq_len / context shards
   seq_len: int
   stages: int  # pipeline stages (1: none)
+  layers: int  # decoder layers, all stages together
   microbatches: int  # pipeline microbatches per accumulation microbatch (1: no pipeline)
   model: int  # tensor-parallel shards
 
@@ -108,7 +109,8 @@ def split(exp: experiment_lib.Experiment) -> Split:
   micro = (getattr(run.model, "pipeline_microbatches", 0) or stages) if stages > 1 else 1
   rows = max(exp.source.batch_size // accum // batch_shards, 1)
   return Split(rows=rows, positions=exp.source.seq_len // context, seq_len=exp.source.seq_len,
-               stages=stages, microbatches=micro, model=mesh.get("model", 1))
+               stages=stages, layers=getattr(run.model, "num_layers", 0), microbatches=micro,
+               model=mesh.get("model", 1))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

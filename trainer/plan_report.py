@@ -110,10 +110,10 @@ def parallel_lines(p: Plan) -> list[str]:
         f"  pipeline: {sp.stages} stages, {sp.microbatches} microbatches (GPipe): bubble "
         f"(S - 1) / (M + S - 1) = {sp.stages - 1}/{sp.microbatches + sp.stages - 1} = "
         f"{p.bubble:.1%} of the step idle",
-        f"    per stage ({per_stage} devices): parameters {gib(a.params * per_stage)}, "
-        f"optimizer state {gib(a.opt_state * per_stage)} [exact]; train peak "
-        f"{gib(p.train.peak * per_stage)} [{'TPU' if p.fit_source == 'compiler' else 'CPU'}"
-        f" compiler] ({gib(p.train.peak)} per device)",
+        f"    per stage: {sp.layers // sp.stages} layers on {per_stage} devices; parameters "
+        f"{gib(a.params * per_stage)}, optimizer state {gib(a.opt_state * per_stage)} [exact]"
+        f" ({gib(a.params)} and {gib(a.opt_state)} per device); train peak {gib(p.train.peak)}"
+        f" per device [{'TPU' if p.fit_source == 'compiler' else 'CPU'} compiler]",
     ]
   return lines
 
