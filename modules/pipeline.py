@@ -14,6 +14,11 @@ stage idles (computes on nothing) for S - 1 of the ticks: the bubble, a fraction
 (S - 1) / (M + S - 1) of the step. The backward pass is the autodiff of the same loop, the
 transposed ppermutes running the stages in reverse. Inside a stage the other mesh axes (data,
 fsdp, context, model) stay with the compiler, so FSDP gathers each layer as it runs.
+
+Outside the stages (embedding, final norm, LM head, loss) the stage axes split the batch like
+data parallelism (trainer/meshes.py maps `batch` and `act_batch` to them too): stage 0 gathers
+the rows of every stage before the first tick, and the last stage's outputs are spread back
+over the stages after the last one. Inside, the rules in force drop the stage axes (`without`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ def stages() -> tuple[tuple[str, ...], int]:
   for a in names:
     count *= mesh.shape[a]
   return names, count
+
+
+def without(axes: tuple[str, ...]):
+  """The logical rules in force with `axes` taken out of every mapping (inside the stages they
+  are manual; the batch, split over them outside, is whole in each stage)."""
+  def drop(target):
+    if target is None or isinstance(target, str):
+      return None if target in axes else target
+    kept = tuple(a for a in target if a not in axes)
+    return kept or None
+  return tuple((name, drop(target)) for name, target in nn.get_logical_axis_rules())
 
 
 def bubble(stage_count: int, microbatches: int) -> float:
@@ -69,11 +85,13 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   the layers' aux losses summed, averaged over microbatches.
   """
   m = microbatches
+  rules = without(axes)
 
   def split(a):  # [B, ...] -> [M, B/M, ...], microbatch i = rows i, i + M, ...
     a = a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
     names = ("act_batch", "act_length", "act_embed")[:a.ndim - 1]
-    return nn.with_logical_constraint(a, (None, *names))
+    with nn.logical_axis_rules(rules):  # the rows of every stage
+      return nn.with_logical_constraint(a, (None, *names))
 
   # The input is stage 0's alone: the other stages get zeros in its place (they read what the
   # stage before them sends), so its gradient is stage 0's, with no sum over stages.
@@ -82,7 +100,10 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   extras = jax.tree.map(split, extras)
 
   def run(params, xs, extras):
-    xs = xs[0]
+    with nn.logical_axis_rules(rules):
+      return stages_loop(params, xs[0], extras)
+
+  def stages_loop(params, xs, extras):
     s = jax.lax.axis_index(axes)
     ticks = m + stage_count - 1
 
@@ -114,5 +135,6 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   spec = jax.P(axes)
   outputs, aux = jax.shard_map(run, in_specs=(spec, spec, jax.P()), out_specs=(spec, spec),
                                axis_names=set(axes), check_vma=False)(params, xs, extras)
+  # The last stage's outputs, whose rows the caller's constraints spread over the stages again.
   y = outputs[-1].swapaxes(0, 1).reshape(x_BxLxD.shape)
   return y, jnp.sum(aux) / m

@@ -127,3 +127,30 @@ def test_splash_under_context_parallelism_equals_xla():
   got = _worker("--splash")
   assert got["value"] <= 1e-5 * got["value_scale"]
   assert max(got["grads"]) <= 1e-5 * got["grad_scale"]
+
+
+# --- the layout and the schedule's arithmetic (in this process) ---------------------------
+
+def test_zigzag_layout_is_a_permutation_that_balances_causal_work():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from modules import context  # pylint: disable=import-outside-toplevel
+  order = context.zigzag_order(64, 4)
+  assert sorted(order.tolist()) == list(range(64))
+  # Shard i holds chunks i and 7 - i of 8 chunks of 8 positions.
+  assert order[:16].tolist() == [*range(0, 8), *range(56, 64)]
+  # Keys visible to a shard's queries under the causal mask: the same on every shard.
+  visible = [int(np.sum(order[i * 16:(i + 1) * 16] + 1)) for i in range(4)]
+  assert len(set(visible)) == 1 and sum(visible) == 64 * 65 // 2
+  x = jnp.arange(2 * 64).reshape(2, 64)
+  np.testing.assert_array_equal(context.unzigzag(context.zigzag(x, 4), 4), x)
+  with pytest.raises(Exception, match="must be a multiple of 8"):
+    context.zigzag_order(60, 4)
+
+
+def test_gpipe_bubble():
+  from modules import pipeline  # pylint: disable=import-outside-toplevel
+  assert pipeline.bubble(1, 8) == 0
+  assert pipeline.bubble(4, 12) == pytest.approx(3 / 15)
+  assert pipeline.bubble(2, 4) == pytest.approx(1 / 5)

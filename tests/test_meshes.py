@@ -224,7 +224,7 @@ MESH_ERRORS = [
                                       " are available"),
     (["--config.data.batch_size=12"], "data.batch_size 12 must split into"
                                       " trainer.grad_accum_steps=1 microbatches, each divisible"
-                                      " by the 8 batch shards of the mesh (data=8 x fsdp=1)"),
+                                      " by the 8 batch shards of the mesh (data=8 x stage=1 x fsdp=1)"),
     (["--config.mesh.model=8", "--config.mesh.data=1"],
      "dimension 6 is not divisible by mesh axes model=8"),
     (["--mesh=gpu-h100"], "unknown mesh (did you mean 'gpu-h100-8'?)"),
@@ -300,7 +300,7 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
   assert tuple(specs["embedding"]["embedding"]) == ("model", embed)
   assert tuple(specs["head"]) == (embed, "model")
   assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
-      ("data", "fsdp"), None)
+      ("data", "stage", "fsdp"), None)
 
 
 # --- the table's derived facts -----------------------------------------------------------

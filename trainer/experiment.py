@@ -101,10 +101,14 @@ class Experiment:
             for k, v in local.items()}
 
 
-def mesh_size(mesh: Mesh, rules, logical: str) -> tuple[str, int]:
-  """(`axis=n x ...`, n): the mesh axes a logical axis maps to by `rules`, and their product."""
-  axes = nn.logical_to_mesh_axes((logical,), rules)[0]
-  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+def mesh_size(mesh: Mesh, rules, logical: str, *, but: str | None = None) -> tuple[str, int]:
+  """(`mesh.axis=n x ...`, n): the mesh axes a logical axis maps to by `rules`, and their
+  product; `but`: without the axes that logical axis maps to."""
+  def axes_of(name):
+    axes = nn.logical_to_mesh_axes((name,), rules)[0]
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+  drop = axes_of(but) if but else ()
+  axes = [a for a in axes_of(logical) if a not in drop]
   return (" x ".join(f"mesh.{a}={mesh.shape[a]}" for a in axes),
           math.prod(mesh.shape[a] for a in axes))
 
@@ -136,7 +140,8 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
       raise ConfigError(f"{name} must divide model.num_layers={layers} into equal pipeline "
                         f"stages; pick a divisor of {layers}")
     micro = getattr(model, "pipeline_microbatches", 0) or stages
-    batch_shards = sharding.num_shards(sharding.batch_sharding(mesh, rules), dim=0)
+    # Inside the stages a microbatch's rows split over the batch axes other than the stages'.
+    _, batch_shards = mesh_size(mesh, rules, "act_batch", but="layers")
     for what, batch in (("data.batch_size", source.batch_size // run.trainer.grad_accum_steps),
                         ("eval.batch_size", run.eval.batch_size)):
       if batch % micro or (batch // micro) % batch_shards:

@@ -80,7 +80,8 @@ def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: i
 class Split:
   """How one device's share of a microbatch comes out of the mesh (per gradient-accumulation
   microbatch): its rows, positions per row (context parallelism), layers (pipeline stages)."""
-  rows: int  # sequences whose positions this device holds (batch over the batch axes)
+  rows: int  # sequences whose positions this device holds in the layers (per microbatch)
+  head_rows: int  # the same in the LM head and loss (pipeline stages split the batch there)
   positions: int  # positions of each row on this device: seq_len / context shards
   seq_len: int
   stages: int  # pipeline stages (1: none)
@@ -103,12 +104,15 @@ def split(exp: experiment_lib.Experiment) -> Split:
   run = exp.run
   mesh = dict(exp.mesh.shape)
   accum = run.trainer.grad_accum_steps
-  _, batch_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "batch")
+  _, batch_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch")
+  _, layer_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch", but="layers")
   _, context = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_length")
   _, stages = experiment_lib.mesh_size(exp.mesh, exp.rules, "layers")
   micro = (getattr(run.model, "pipeline_microbatches", 0) or stages) if stages > 1 else 1
-  rows = max(exp.source.batch_size // accum // batch_shards, 1)
-  return Split(rows=rows, positions=exp.source.seq_len // context, seq_len=exp.source.seq_len,
+  rows = max(exp.source.batch_size // accum // layer_shards, 1)
+  head_rows = max(exp.source.batch_size // accum // batch_shards, 1)
+  return Split(rows=rows, head_rows=head_rows, positions=exp.source.seq_len // context,
+               seq_len=exp.source.seq_len,
                stages=stages, layers=getattr(run.model, "num_layers", 0), microbatches=micro,
                model=mesh.get("model", 1))
 
@@ -149,7 +153,7 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   activations = int(tokens * saved)
   chunk = run.trainer.loss_chunk_size
   vocab = shape.vocab // (model if shape.vocab % model == 0 else 1)
-  logit_tokens = sp.rows * chunk * sp.positions // seq if chunk else tokens
+  logit_tokens = sp.head_rows * (chunk * sp.positions // seq if chunk else sp.positions)
   # bf16 logits and their gradient for every token (unchunked), float32 logits, softmax
   # and gradient for the tokens in flight.
   logits = int(logit_tokens * vocab * (2 * compute_bytes + 12))

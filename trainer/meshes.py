@@ -28,10 +28,11 @@ AXES = ("data", "stage", "fsdp", "context", "model")
 # library; `act_*` names are activations. Each mesh axis is used at most once
 # per array (flax skips an axis that an earlier dimension took).
 # `context` splits sequences (act_length) and, like fsdp, the parameters' `embed` side;
-# `stage` splits the scanned layer stack (`layers`) into pipeline stages.
+# `stage` splits the scanned layer stack (`layers`) into pipeline stages, and outside the
+# stages (embedding, LM head, loss) the batch like `data`.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("act_batch", ("data", "fsdp")),
+    ("batch", ("data", "stage", "fsdp")),
+    ("act_batch", ("data", "stage", "fsdp")),
     ("act_length", "context"),
     ("act_embed", None),
     ("act_heads", "model"),

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from core.registry import ConfigError
+from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib
 from trainer import hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
@@ -161,7 +162,7 @@ class Plan:
   @property
   def bubble(self) -> float:
     """The pipeline's idle fraction of the step, (S - 1) / (M + S - 1); 0 without stages."""
-    return 1 - 1 / self.split.ticks_per_microbatch
+    return pipeline.bubble(self.split.stages, self.split.microbatches)
 
   @property
   def usable(self) -> int:
