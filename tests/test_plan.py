@@ -150,7 +150,8 @@ def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypat
   cfg.model.block.attention.implementation = "splash"
   p = plan.plan(_run(cfg), meshes.lookup("tpu-v5e-4"), config_name="configs/tiny.py",
                 with_eval=False)
-  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {"data": 1, "fsdp": 4, "model": 1}
+  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {
+      "data": 1, "stage": 1, "fsdp": 4, "context": 1, "model": 1}
   assert len(texts) == 1 and "tpu_custom_call" in texts[0]
 
 
