@@ -98,9 +98,7 @@ class DecoderLM(nn.Module):
       positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
     # Context parallelism: the sequence in the load-balanced layout until the final hidden
     # states, which go back to the natural order (modules/context.py).
-    _, shards = context.shards()
-    if decode:
-      shards = 1
+    shards = 1 if decode else context.shards()[1]
     if shards > 1:
       tokens_BxL, positions_BxL = (context.zigzag(a, shards) for a in (tokens_BxL, positions_BxL))
       if segment_ids_BxL is not None:

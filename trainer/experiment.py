@@ -142,12 +142,12 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
     micro = getattr(model, "pipeline_microbatches", 0) or stages
     # Inside the stages a microbatch's rows split over the batch axes other than the stages'.
     _, batch_shards = mesh_size(mesh, rules, "act_batch", but="layers")
-    for what, batch in (("data.batch_size", source.batch_size // run.trainer.grad_accum_steps),
+    for what, batch in (("data.batch_size / trainer.grad_accum_steps",
+                         source.batch_size // run.trainer.grad_accum_steps),
                         ("eval.batch_size", run.eval.batch_size)):
       if batch % micro or (batch // micro) % batch_shards:
-        raise ConfigError(f"the pipeline cuts each batch of {batch} rows ({what}"
-                          f"{' / trainer.grad_accum_steps' if what[0] == 'd' else ''}) into "
-                          f"{micro} microbatches (model.pipeline_microbatches; 0 = stages), each "
+        raise ConfigError(f"the pipeline cuts each batch of {batch} rows ({what}) into {micro} "
+                          f"microbatches (model.pipeline_microbatches; 0 = stages), each "
                           f"divisible by the {batch_shards} batch shards of the mesh; change "
                           f"the batch size or model.pipeline_microbatches")
 
