@@ -10,6 +10,7 @@ rest of the model only passes the flag through. See trainer/generate.py.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from modules import splash
+from modules import context, splash
 from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
@@ -159,6 +160,17 @@ def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: i
   return out_NxBxCxHxK.swapaxes(0, 1).reshape(b, length, h, k)
 
 
+def masked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, implementation: str,
+                     chunk: int, logits_dtype=None):
+  """Attention under an explicit mask by `implementation` (any but `splash`)."""
+  if implementation == "chunked":
+    return chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, chunk=chunk,
+                             logits_dtype=logits_dtype)
+  if implementation == "dot_product":
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask=mask_Bx1xLxS)
+  return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, logits_dtype=logits_dtype)
+
+
 @ATTENTION.register("attention", AttentionConfig)
 class Attention(nn.Module):
   cfg: AttentionConfig
@@ -192,6 +204,10 @@ class Attention(nn.Module):
     if decode:
       kk, v = self._cached(kk, v, positions_BxL)
       out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
+    elif cfg.implementation != "splash" and context.shards()[1] > 1:
+      out = context.attention(q, kk, v, segment_ids_BxL, attend=functools.partial(
+          masked_attention, implementation=cfg.implementation, chunk=cfg.query_chunk_size,
+          logits_dtype=logits_dtype))
     elif cfg.implementation == "xla":
       out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
                           logits_dtype=logits_dtype)

@@ -85,9 +85,11 @@ class EvalConfig:
 class MeshConfig:
   # Axis sizes; None takes the size from the selected mesh (--mesh), -1 fills from the
   # device count. Explicit values here win over the mesh entry and over `rules`.
-  data: int | None = None
-  fsdp: int | None = None
-  model: int | None = None
+  data: int | None = None  # data parallel: batch rows (parameters replicated)
+  stage: int | None = None  # pipeline stages: the scanned layer stack split in groups of layers
+  fsdp: int | None = None  # fully sharded data parallel: batch rows and parameters (ZeRO-3)
+  context: int | None = None  # context parallel: each sequence's positions (and parameters)
+  model: int | None = None  # tensor parallel: heads, MLP units, vocabulary
   # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh
   # entry applies its overrides (AXLearn's mesh_rules). match: a regex of the entry's whole
   # name, or hardware facts {"platform": "gpu", "devices_per_host": 8, "min_hbm_gb": 80, ...}
@@ -140,6 +142,7 @@ class RunConfig:
 
 
 _SECTIONS = [f.name for f in dataclasses.fields(RunConfig)]
+_AXIS_FIELDS = [f.name for f in dataclasses.fields(MeshConfig) if f.name != "rules"]
 
 
 def section_node(cls: type, **values) -> ml_collections.ConfigDict:
@@ -153,7 +156,7 @@ def section_node(cls: type, **values) -> ml_collections.ConfigDict:
   if values:
     raise ConfigError(f"{cls.__name__} has no field(s) {', '.join(values)}")
   node = ml_collections.ConfigDict(out)
-  for name in ("data", "fsdp", "model"):
+  for name in _AXIS_FIELDS:
     if cls is MeshConfig and node[name] is None:
       node[name] = ml_collections.config_dict.placeholder(int)
   return node

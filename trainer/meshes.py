@@ -20,20 +20,25 @@ import re
 
 from core.registry import ConfigError, suggest
 
-AXES = ("data", "fsdp", "model")
+# Slowest link first: `data` and `stage` may span hosts (or TPU slices), `model` never does.
+# An axis that a mesh entry does not list has size 1.
+AXES = ("data", "stage", "fsdp", "context", "model")
 
 # Logical axis -> mesh axes. Parameter names on the left come from the layer
 # library; `act_*` names are activations. Each mesh axis is used at most once
 # per array (flax skips an axis that an earlier dimension took).
+# `context` splits sequences (act_length) and, like fsdp, the parameters' `embed` side;
+# `stage` splits the scanned layer stack (`layers`) into pipeline stages, and outside the
+# stages (embedding, LM head, loss) the batch like `data`.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("act_batch", ("data", "fsdp")),
-    ("act_length", None),
+    ("batch", ("data", "stage", "fsdp")),
+    ("act_batch", ("data", "stage", "fsdp")),
+    ("act_length", "context"),
     ("act_embed", None),
     ("act_heads", "model"),
     ("act_mlp", "model"),
     ("act_vocab", "model"),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "context")),
     ("vocab", "model"),
     ("heads", "model"),
     ("kv_heads", "model"),
@@ -41,7 +46,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("experts", None),
     ("act_experts", None),
     ("head_dim", None),
-    ("layers", None),
+    ("layers", "stage"),
     ("norm", None),
 )
 

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from core.registry import ConfigError
+from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib
 from trainer import gpu_targets, hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
@@ -206,6 +207,14 @@ class Plan:
   executed_flops: float  # per step per device: HLO matmuls (GPU) or model x recompute
   hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
+  # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
+  # stages and microbatches.
+  split: memory_model.Split
+
+  @property
+  def bubble(self) -> float:
+    """The pipeline's idle fraction of the step, (S - 1) / (M + S - 1); 0 without stages."""
+    return pipeline.bubble(self.split.stages, self.split.microbatches)
 
   @property
   def source(self) -> str:
@@ -345,8 +354,11 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
+  split = memory_model.split(exp)
+  # Pipeline stages compute through the bubble too (on no microbatch): (M + S - 1) / M. The
+  # compiled HLO's matmul count includes it; the model's estimate is scaled by it.
   executed = (train.hlo_matmul_flops if train.hlo_matmul_flops
-              else model_flops / n * RECOMPUTE.get(remat, 4 / 3))
+              else model_flops / n * RECOMPUTE.get(remat, 4 / 3) * split.ticks_per_microbatch)
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
@@ -357,4 +369,5 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
               fit_source="compiler" if exact else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
-              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens))
+              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens),
+              split=split)

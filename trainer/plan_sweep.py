@@ -49,7 +49,7 @@ def hosts_spanned(axes: dict, entry: Entry) -> int:
   """How many hosts one fsdp group spans (1: HSDP, FSDP inside a host)."""
   if entry.topology is not None or entry.num_hosts <= 1:
     return 1
-  outer = sharding.split_outer(tuple(axes[a] for a in AXES), entry.num_hosts)
+  outer = sharding.split_outer(tuple(axes.get(a, 1) for a in AXES), entry.num_hosts)
   return outer[AXES.index("fsdp")] if outer else entry.num_hosts
 
 
