@@ -79,6 +79,7 @@ class MeshConfig:
   # device count. Explicit values here win over the mesh entry and over `rules`.
   data: int | None = None
   fsdp: int | None = None
+  expert: int | None = None  # expert parallelism: must divide every MoE layer's num_experts
   model: int | None = None
   # ((mesh-name regex, {config.path: value, ...}), ...): the first rule whose regex
   # matches the selected mesh name applies its overrides (AXLearn's mesh_rules).
@@ -144,7 +145,7 @@ def section_node(cls: type, **values) -> ml_collections.ConfigDict:
   if values:
     raise ConfigError(f"{cls.__name__} has no field(s) {', '.join(values)}")
   node = ml_collections.ConfigDict(out)
-  for name in ("data", "fsdp", "model"):
+  for name in ("data", "fsdp", "expert", "model"):
     if cls is MeshConfig and node[name] is None:
       node[name] = ml_collections.config_dict.placeholder(int)
   return node

@@ -20,26 +20,32 @@ import re
 
 from core.registry import ConfigError, suggest
 
-AXES = ("data", "fsdp", "model")
+# Mesh axes, slowest link first. `expert` holds whole experts of a MoE layer (expert
+# parallelism); everywhere else it acts as more data/FSDP: it splits the batch and, after the
+# experts took it, the `embed` side of the weights.
+AXES = ("data", "fsdp", "expert", "model")
 
 # Logical axis -> mesh axes. Parameter names on the left come from the layer
 # library; `act_*` names are activations. Each mesh axis is used at most once
-# per array (flax skips an axis that an earlier dimension took).
+# per array: flax goes down the rules in order and skips a rule whose mesh axes an earlier
+# rule gave to another dimension, so `experts` takes `expert` before `embed` can, and expert
+# weights fall back to `embed` over `fsdp` alone.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("act_batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
+    ("act_batch", ("data", "fsdp", "expert")),
     ("act_length", None),
     ("act_embed", None),
     ("act_heads", "model"),
     ("act_mlp", "model"),
     ("act_vocab", "model"),
+    ("experts", "expert"),
+    ("act_experts", "expert"),
+    ("embed", ("fsdp", "expert")),
     ("embed", "fsdp"),
     ("vocab", "model"),
     ("heads", "model"),
     ("kv_heads", "model"),
     ("mlp", "model"),
-    ("experts", None),
-    ("act_experts", None),
     ("head_dim", None),
     ("layers", None),
     ("norm", None),

@@ -16,8 +16,9 @@ from trainer.meshes import AXES, Entry
 
 
 def resolve_axes(entry: Entry, cfg: MeshConfig, device_count: int) -> dict[str, int]:
-  """Axis sizes: the entry's, overridden by the config's; one -1 fills from the device count."""
-  sizes = dict(entry.axes)
+  """Axis sizes: the entry's (1 for an axis it does not name), overridden by the config's; one
+  -1 fills from the device count."""
+  sizes = {axis: 1 for axis in AXES} | dict(entry.axes)
   for axis in AXES:
     value = getattr(cfg, axis)
     if value is not None:
@@ -55,7 +56,7 @@ def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
 
 
 def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
-  """Devices arranged as `shape` (axes ordered data, fsdp, model: slowest link first).
+  """Devices arranged as `shape` (axes ordered as AXES: slowest link first).
 
   TPU slices: the ICI torus order (mesh_utils). Several TPU slices, or several
   processes on other platforms (GPU hosts over the network): each granule (slice
@@ -83,7 +84,8 @@ def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
 
 
 def split_outer(shape: tuple[int, ...], granules: int) -> tuple[int, ...] | None:
-  """How many granules each axis spans: `data` first, then `fsdp`; never `model`.
+  """How many granules each axis spans: `data` first, then `fsdp`, then `expert` (its
+  all-to-all then crosses the network); never `model`.
 
   None when the granules do not factor that way (the model axis would cross hosts).
   """
