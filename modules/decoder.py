@@ -101,7 +101,7 @@ class DecoderLM(nn.Module):
     if cfg.remat != "none" and not decode:
       layer = nn.remat(layer, policy=remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "cache": 0},
+      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "metrics": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg=cfg.block, dim=cfg.dim, decode=decode, name="layers")(
