@@ -4,7 +4,8 @@ Pure numpy, no torch: each family says which HF config it accepts (`size_from_hf
 the config node it becomes, the HF tensor names and shapes its config implies,
 and how each tensor maps to our parameters (one layer at a time; the caller
 stacks layers for a scanned model). Every map is a reshape or a transpose, so
-a round trip reproduces each tensor bit for bit.
+a round trip reproduces each tensor bit for bit. Our vocabulary is padded (model.vocab_multiple):
+`pad_vocab` adds zero rows on import, `drop_vocab_padding` removes them on export.
 """
 
 from __future__ import annotations
@@ -320,6 +321,29 @@ FAMILIES = {
                               (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
                               _gpt2_hf_config),
 }
+
+
+def pad_vocab(params: dict, rows: int) -> dict:
+  """Our tree from `from_hf` with the token embedding's rows (and an untied head's columns)
+  padded with zeros up to `rows`, the model's padded_vocab_size (modules/decoder.py)."""
+  def pad(x, axis):
+    width = [(0, 0)] * x.ndim
+    width[axis] = (0, rows - x.shape[axis])
+    return np.pad(x, width)
+  out = dict(params, embedding=dict(params["embedding"],
+                                    embedding=pad(params["embedding"]["embedding"], 0)))
+  if "head" in params:
+    out["head"] = pad(params["head"], 1)
+  return out
+
+
+def drop_vocab_padding(params: dict, vocab_size: int) -> dict:
+  """The inverse of pad_vocab: the first `vocab_size` rows (head columns), for `to_hf`."""
+  out = dict(params, embedding=dict(params["embedding"],
+                                    embedding=params["embedding"]["embedding"][:vocab_size]))
+  if "head" in params:
+    out["head"] = params["head"][:, :vocab_size]
+  return out
 
 
 def family_of_model(m) -> Family:

@@ -6,6 +6,7 @@ with shardings and donation. Tests call them directly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from modules.decoder import LmHead
 from trainer.optimizer import Optimizer
 
 
@@ -83,7 +85,8 @@ def sown_means(collection) -> dict[str, jax.Array]:
           for name, leaves in sorted(groups.items())}
 
 
-def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int) -> jax.Array:
+def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *,
+                     chunk: int) -> jax.Array:
   """sum(weights * cross-entropy(x @ head, targets)) over sequence chunks of `chunk` positions.
 
   A scan over chunks whose body is rematerialised: forward and backward each hold one
@@ -94,7 +97,8 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   # The head gathered over its embed axis once for the loop, not once per chunk forward and
   # again backward; its gradient is reduced over the devices once, after the loop. (Its vocab
   # axis keeps the mesh's sharding, e.g. over `model`.)
-  head_DxV = nn.with_logical_constraint(head_DxV, (None, "vocab"))
+  head = dataclasses.replace(head, weight_DxV=nn.with_logical_constraint(head.weight_DxV,
+                                                                         (None, "vocab")))
 
   def split(a):  # [B, L, ...] -> [n, B, chunk, ...]
     return a.reshape(b, n, chunk, *a.shape[2:]).swapaxes(0, 1)
@@ -102,7 +106,7 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   @jax.checkpoint
   def body(total, xs):
     x_BxCxD, targets_BxC, weights_BxC = xs
-    logits = jnp.einsum("bcd,dv->bcv", x_BxCxD, head_DxV)
+    logits = head.logits(x_BxCxD)
     logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                              targets_BxC)
