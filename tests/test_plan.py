@@ -34,7 +34,7 @@ def tiny_plan():
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
   assert tiny_plan.compiler == "TPU compiler (libtpu)"
-  assert tiny_plan.axes == {"data": 1, "fsdp": 8, "model": 1}
+  assert tiny_plan.axes == {"data": 1, "fsdp": 8, "expert": 1, "model": 1}
   exp = experiment.build(_run(configs.tiny.get_config()), meshes.lookup("cpu"), jax.devices()[:1])
   leaves = jax.tree.leaves(exp.abstract_state.params,
                            is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
@@ -128,7 +128,7 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
   cfg = configs.tiny.get_config()
   cfg.data.batch_size = 16  # one sequence per chip
   p = plan.plan(_run(cfg), entry, config_name="configs/tiny.py", with_eval=False)
-  assert p.devices == 16 and p.axes == {"data": 2, "fsdp": 8, "model": 1}
+  assert p.devices == 16 and p.axes == {"data": 2, "fsdp": 8, "expert": 1, "model": 1}
   assert p.train.collectives.cross_host_bytes > 0
   assert "between hosts (or TPU slices)" in plan_report.text(p)
   hw = entry.hardware
@@ -149,7 +149,8 @@ def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypat
   cfg.model.block.attention.implementation = "splash"
   p = plan.plan(_run(cfg), meshes.lookup("tpu-v5e-4"), config_name="configs/tiny.py",
                 with_eval=False)
-  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {"data": 1, "fsdp": 4, "model": 1}
+  assert p.compiler == "TPU compiler (libtpu)"
+  assert p.axes == {"data": 1, "fsdp": 4, "expert": 1, "model": 1}
   assert len(texts) == 1 and "tpu_custom_call" in texts[0]
 
 

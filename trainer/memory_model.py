@@ -14,7 +14,7 @@ import math
 import jax
 from jax.sharding import NamedSharding
 
-from trainer import experiment as experiment_lib, flops as flops_lib
+from trainer import experiment as experiment_lib, flops as flops_lib, sharding
 
 
 def _sharded_bytes(abstract_tree, shardings) -> int:
@@ -23,6 +23,11 @@ def _sharded_bytes(abstract_tree, shardings) -> int:
   shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
   return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
              for a, s in zip(leaves, shards))
+
+
+def _batch_shards(exp) -> int:
+  """Devices the batch is split over: the mesh axes the rules give `batch` (data, fsdp, expert)."""
+  return sharding.num_shards(exp.batch_sharding, dim=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,7 +105,7 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
   mesh = dict(exp.mesh.shape)
   seq = exp.source.seq_len
-  rows = exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"])
+  rows = exp.source.batch_size // accum // _batch_shards(exp)
   tokens = max(rows, 1) * seq
   policy = getattr(run.model, "remat", "none")
   saved = _saved_per_token_layer(policy, shape, compute_bytes, seq, mesh["model"]) * shape.layers
@@ -132,7 +137,7 @@ def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_b
   mesh = dict(exp.mesh.shape)
   accum = run.trainer.grad_accum_steps
   seq = exp.source.seq_len
-  rows = max(exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"]), 1)
+  rows = max(exp.source.batch_size // accum // _batch_shards(exp), 1)
   tokens = rows * seq
   remat = getattr(run.model, "remat", "none")
   passes = 3 if remat == "none" else 4
