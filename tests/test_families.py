@@ -74,6 +74,22 @@ def test_gpt2_rows(name):
   assert got == gpt2_count(*GPT2_PUBLISHED[name]) == GPT2_EXACT[name]
 
 
+def test_mixtral_8x7b_has_the_published_counts():
+  from configs import mixtral_8x7b
+  # mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size, num_hidden_layers, num_attention_heads,
+  # num_key_value_heads, intermediate_size, vocab_size (untied), num_local_experts,
+  # num_experts_per_tok.
+  d, layers, heads, kv_heads, ffn, vocab, experts, top_k = 4096, 32, 32, 8, 14_336, 32_000, 8, 2
+  expert = 3 * d * ffn  # SwiGLU
+  dense_layer = llama_count(d, 1, heads, kv_heads, 0, 0, True) - d  # attention, two norms
+  total = 2 * vocab * d + layers * (dense_layer + d * experts + experts * expert) + d
+  # The Hub's model.safetensors.index.json: total_size 93,405,585,408 bytes of bfloat16.
+  assert count(mixtral_8x7b.get_config().model) == total == 93_405_585_408 // 2
+  # Mistral AI, "Mixtral of experts": 46.7B parameters, 12.9B used per token.
+  assert round(total / 1e9, 1) == 46.7
+  assert round((total - layers * (experts - top_k) * expert) / 1e9, 1) == 12.9
+
+
 def test_vocab_padding_adds_only_the_pad_rows():
   # GPT-2: 50,257 ids -> 50,304 rows (393 x 128), one tied table of width 768.
   assert count(gpt2.model_node("small"), vocab_multiple=None) == GPT2_EXACT["small"] + 47 * 768
