@@ -228,6 +228,17 @@ def test_llm_70b_does_not_fit_one_gpu_host():
   assert "does NOT fit" in result.stdout and "short by" in result.stdout
 
 
+def test_sweep_candidates_put_experts_on_the_expert_axis():
+  import configs.moe_tiny  # pylint: disable=import-outside-toplevel
+  moe = plan_sweep.candidates(_run(configs.moe_tiny.get_config()), 8)  # 8 experts, batch 16
+  assert {c.axes["expert"] for c in moe} == {1, 2, 4, 8}
+  assert all(math.prod(c.axes.values()) == 8 for c in moe)
+  assert all(16 // c.grad_accum_steps % (c.axes["data"] * c.axes["fsdp"] * c.axes["expert"]) == 0
+             for c in moe)
+  assert {c.axes["expert"] for c in plan_sweep.candidates(_run(configs.tiny.get_config()), 8)
+          } == {1}
+
+
 @pytest.mark.slow
 def test_sweep_ranks_fitting_candidates():
   entry = meshes.lookup("tpu-v5e-4")

@@ -11,7 +11,8 @@ import time
 import numpy as np
 
 from core.registry import ConfigError
-from trainer import experiment as experiment_lib, memory_model, plan as plan_lib, plan_report
+from trainer import experiment as experiment_lib, flops as flops_lib, memory_model
+from trainer import plan as plan_lib, plan_report
 from trainer.config import RunConfig
 from trainer.meshes import Entry
 
@@ -20,7 +21,7 @@ REMAT_SWEEP = ("none", "save_attn_out", "full")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Candidate:
-  axes: dict  # data / fsdp / model sizes
+  axes: dict  # data / fsdp / expert / model sizes
   remat: str
   grad_accum_steps: int
 
@@ -37,20 +38,23 @@ class Candidate:
 
 
 def candidates(run: RunConfig, num_devices: int) -> list[Candidate]:
-  """Every data x fsdp x model factorisation, remat policy and accumulation that keeps the
-  global batch: microbatches divide over the data and fsdp axes."""
+  """Every data x fsdp x expert x model factorisation (expert: divisors of the MoE layers'
+  num_experts, 1 for a dense model), remat policy and accumulation that keeps the global
+  batch: microbatches divide over the data, fsdp and expert axes."""
   out = []
   divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
+  experts = flops_lib.find_field(run.model, "num_experts") or 1
   batch = run.data.batch_size
   for model in divisors:
-    for fsdp in (d for d in divisors if (num_devices // model) % d == 0):
-      data = num_devices // model // fsdp
-      for accum in (a for a in (1, 2, 4, 8, 16) if batch % a == 0):
-        if (batch // accum) % (data * fsdp):
-          continue
-        for remat in REMAT_SWEEP:
-          out.append(Candidate(axes={"data": data, "fsdp": fsdp, "model": model},
-                               remat=remat, grad_accum_steps=accum))
+    for expert in (d for d in divisors if (num_devices // model) % d == 0 and experts % d == 0):
+      for fsdp in (d for d in divisors if (num_devices // model // expert) % d == 0):
+        data = num_devices // model // expert // fsdp
+        for accum in (a for a in (1, 2, 4, 8, 16) if batch % a == 0):
+          if (batch // accum) % (data * fsdp * expert):
+            continue
+          for remat in REMAT_SWEEP:
+            out.append(Candidate(axes={"data": data, "fsdp": fsdp, "expert": expert,
+                                       "model": model}, remat=remat, grad_accum_steps=accum))
   return out
 
 
