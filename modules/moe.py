@@ -109,24 +109,29 @@ def expert_parallel(x_BxExCxD, w_in, w_up, w_out, act):
   on the weights gives the expert axes X (each device holds E/X whole experts), `act_batch`
   the axes the tokens are split over, which must include X. One all-to-all over X sends each
   device's slots for expert e to the device that holds e ([b, E, C, D] -> [b*X, E/X, C, D]),
-  the experts run there, and a second all-to-all returns the outputs. The weights enter with
-  their `embed` side gathered (FSDP) and their `mlp` side split as the rules say (tensor
-  parallel: partial sums added over those axes).
+  the experts run there, and a second all-to-all returns the outputs. The weights enter as
+  stored: their `embed` side is all-gathered inside (FSDP; the backward pass reduce-scatters
+  their gradients), their `mlp` side stays split (tensor parallel: partial sums added).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return None
-  expert_axes, _, mlp_axes = _mesh_axes(("experts", "embed", "mlp"), mesh)
+  expert_axes, embed_axes, mlp_axes = _mesh_axes(("experts", "embed", "mlp"), mesh)
   batch_axes = _mesh_axes(("act_batch",), mesh)[0]
   b, e = x_BxExCxD.shape[:2]
   if (not expert_axes or not set(expert_axes) <= set(batch_axes)
       or b % _size(batch_axes, mesh) or e % _size(expert_axes, mesh)):
     return None  # no expert axis in the rules in force: the compiler partitions the einsums
-  if w_in.shape[-1] % _size(mlp_axes, mesh):
-    mlp_axes = ()
+  d, f = w_in.shape[1:]
+  embed_axes = embed_axes if d % _size(embed_axes, mesh) == 0 else ()
+  mlp_axes = mlp_axes if f % _size(mlp_axes, mesh) == 0 else ()
   ep = expert_axes if len(expert_axes) > 1 else expert_axes[0]
 
   def local(x, w_in, w_up, w_out):
+    if embed_axes:
+      gather = lambda w, axis: jax.lax.all_gather(w, embed_axes, axis=axis, tiled=True)
+      w_in, w_out = gather(w_in, 1), gather(w_out, 2)
+      w_up = None if w_up is None else gather(w_up, 1)
     x = jax.lax.all_to_all(x, ep, split_axis=1, concat_axis=0, tiled=True)
     y = _expert_mlp(x, w_in, w_up, w_out, act)
     if mlp_axes:
@@ -134,11 +139,11 @@ def expert_parallel(x_BxExCxD, w_in, w_up, w_out, act):
     return jax.lax.all_to_all(y, ep, split_axis=0, concat_axis=1, tiled=True)
 
   x_spec = jax.P(batch_axes, None, None, None)
-  w_in_spec = jax.P(expert_axes, None, mlp_axes or None)
-  w_up_spec = None if w_up is None else w_in_spec
-  return jax.shard_map(local, in_specs=(x_spec, w_in_spec, w_up_spec,
-                                        jax.P(expert_axes, mlp_axes or None, None)),
-                       out_specs=x_spec)(x_BxExCxD, w_in, w_up, w_out)
+  w_in_spec = jax.P(expert_axes, embed_axes or None, mlp_axes or None)
+  w_out_spec = jax.P(expert_axes, mlp_axes or None, embed_axes or None)
+  return jax.shard_map(local, in_specs=(x_spec, w_in_spec, None if w_up is None else w_in_spec,
+                                        w_out_spec), out_specs=x_spec)(
+      x_BxExCxD, w_in, w_up, w_out)
 
 
 @FFN.register("moe", MoeConfig)
