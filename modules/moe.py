@@ -23,9 +23,10 @@ axis on mesh axes of more than one device (`--config.mesh.expert=N`), each devic
 num_experts / N whole experts, and the dispatched slots [B, E, C, D] travel to the devices
 that own their experts and back by two all-to-alls under `jax.shard_map`; routing, dispatch
 and combine stay outside it, on the batch shards, so results equal the one-device run.
-Capacity, not a ragged exchange: every slot buffer has a static shape, the all-to-all
-lowers on every backend (XLA:CPU has no ragged-all-to-all, so fake-device tests could not run
-a dropless ragged exchange), and the price is the capacity padding and the dropped tokens.
+Capacity, not a ragged exchange: every slot buffer has a static shape and the all-to-all
+lowers on CPU, GPU and TPU (XLA:CPU has no ragged-all-to-all, so fake-device tests could not
+run a dropless ragged exchange); the price is the capacity padding and the dropped tokens
+(docs/parallelism.md).
 
 Router metrics go to the "metrics" collection (the step reports each sown scalar's mean):
 `moe_tokens_per_expert/<e>`, the share of routed (token, choice) pairs that chose expert e
