@@ -124,11 +124,12 @@ def test_step_reports_sown_metrics_as_means_over_layers():
   exp = experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"))
   state = exp.init()
   batch = exp.global_batch(next(exp.source.train_iterator(process_index=0, process_count=1)))
-  _, per_layer = exp.model.apply({"params": state.params}, batch["inputs"], batch.get("positions"),
-                                 batch.get("segment_ids"), mutable=["metrics"])
+  args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
+  _, per_layer = jax.jit(lambda p: exp.model.apply({"params": p}, *args, mutable=["metrics"]))(
+      state.params)
   sown = per_layer["metrics"]["layers"]["block"]["ffn"]
-  _, stats = loss_sums(state.params, batch, model=exp.model, compute_dtype=jnp.float32)
-  metrics = stats["metrics"]
+  metrics = jax.jit(lambda p: loss_sums(p, batch, model=exp.model,
+                                        compute_dtype=jnp.float32)[1]["metrics"])(state.params)
   assert sorted(metrics) == sorted(sown) and len(metrics) == 8 + 1  # 8 experts, drops
   for name, (values,) in sown.items():
     assert values.shape == (2,)  # one per scanned layer

@@ -17,6 +17,7 @@ import modules  # noqa: F401  (registers the layer library)
 from core.registry import ConfigError
 from modules import llama
 from modules.decoder import MODELS
+from tests.test_modules import random_params
 from trainer.step import loss_sums
 
 VOCAB, PADDED, SEQ = 200, 256, 16
@@ -41,8 +42,12 @@ def _pad(params, rng):
   return out
 
 
-@pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("chunk", [0, 8])
+def _close(got, want):
+  """Equal up to float32 reordering: the padded softmax sums over more (zero) terms."""
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(want))))
+
+
+@pytest.mark.parametrize("tied,chunk", [(False, 0), (True, 8)])  # whole logits; chunked loss
 def test_padded_loss_and_gradients_equal_the_unpadded(tied, chunk):
   rng = np.random.default_rng(0)
   plain, padded = _model(tied, 1), _model(tied, 128)
@@ -50,9 +55,7 @@ def test_padded_loss_and_gradients_equal_the_unpadded(tied, chunk):
   tokens = rng.integers(0, VOCAB, (2, SEQ + 1))
   batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
            "weights": jnp.ones((2, SEQ), jnp.float32)}
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x,
-                        plain.init(jax.random.key(0), batch["inputs"])["params"],
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params = random_params(plain, batch["inputs"])
   padded_params = _pad(params, rng)
 
   def loss(model, p):
@@ -61,23 +64,21 @@ def test_padded_loss_and_gradients_equal_the_unpadded(tied, chunk):
   want, want_grads = jax.jit(jax.value_and_grad(functools.partial(loss, plain)))(params)
   got, got_grads = jax.jit(jax.value_and_grad(functools.partial(loss, padded)))(padded_params)
   np.testing.assert_allclose(got, want, rtol=1e-6)
-  np.testing.assert_allclose(got_grads["embedding"]["embedding"][:VOCAB],
-                             want_grads["embedding"]["embedding"], rtol=1e-5, atol=1e-6)
+  _close(got_grads["embedding"]["embedding"][:VOCAB], want_grads["embedding"]["embedding"])
   if tied:  # the tied table's pad rows are logits only: masked
     assert np.all(got_grads["embedding"]["embedding"][VOCAB:] == 0)
   else:
-    np.testing.assert_allclose(got_grads["head"][:, :VOCAB], want_grads["head"], rtol=1e-5,
-                               atol=1e-6)
+    _close(got_grads["head"][:, :VOCAB], want_grads["head"])
     assert np.all(got_grads["head"][:, VOCAB:] == 0)
     assert np.all(got_grads["embedding"]["embedding"][VOCAB:] == 0)  # never looked up
   for a, b in zip(jax.tree.leaves(got_grads["layers"]), jax.tree.leaves(want_grads["layers"])):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _close(a, b)
 
 
 def test_logits_of_pad_ids_are_the_lowest_float():
   model = _model(False, 128)
   tokens = jnp.zeros((1, 4), jnp.int32)
-  params = model.init(jax.random.key(0), tokens)["params"]
+  params = random_params(model, tokens)
   logits = np.asarray(jax.jit(model.apply)({"params": params}, tokens))
   assert logits.shape == (1, 4, PADDED)
   assert np.all(logits[..., VOCAB:] == np.finfo(np.float32).min)
