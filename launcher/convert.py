@@ -10,8 +10,10 @@ that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
 source's config, reused by --to_hf) and a step-0 checkpoint. Training in
 RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included. --to_hf writes config.json + model.safetensors from the
-latest checkpoint of a run directory. Output goes to a temporary directory
-that is renamed into place at the end, so a mistake writes nothing.
+latest checkpoint of a run directory. The vocabulary rows that pad the embedding and
+LM head to model.vocab_multiple are added (zeros) on import and dropped on export.
+Output goes to a temporary directory that is renamed into place at the end, so a
+mistake writes nothing.
 """
 
 from __future__ import annotations
@@ -339,9 +341,9 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   exp = experiment_of(resolved)
   abstract = abstract_params(exp)
 
-  from modules.hf_maps import import_params  # pylint: disable=import-outside-toplevel
+  from modules.hf_maps import import_params, pad_vocab  # pylint: disable=import-outside-toplevel
   params = import_params(family, st.get, hf_cfg, layer_tree(abstract, node.num_layers))
-  params = stack_layers(params, scan=scan_layers)
+  params = stack_layers(pad_vocab(params, exp.run.model.padded_vocab_size), scan=scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -369,7 +371,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   import ml_dtypes  # pylint: disable=import-outside-toplevel
 
-  from modules.hf_maps import family_of_model  # pylint: disable=import-outside-toplevel
+  from modules.hf_maps import (  # pylint: disable=import-outside-toplevel
+      drop_vocab_padding, family_of_model)
   if not run_dir.is_dir():
     raise UserError(f"--to_hf {run_dir} is not a directory")
   cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
@@ -394,7 +397,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
                            abstract)
   export(family, split_layers(stand_ins, run.model.num_layers), run.model)
   params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
-  tensors = export(family, split_layers(params, run.model.num_layers), run.model)
+  tensors = export(family, drop_vocab_padding(split_layers(params, run.model.num_layers),
+                                              run.model.vocab_size), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
   with _Staging(output) as tmp:
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")

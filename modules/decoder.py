@@ -1,4 +1,14 @@
-"""Decoder-only language models: embeddings, a stack of blocks (scanned or unrolled), LM head."""
+"""Decoder-only language models: embeddings, a stack of blocks (scanned or unrolled), LM head.
+
+Vocabulary padding: the embedding table and the LM head hold `padded_vocab_size` rows, the
+vocabulary rounded up to a multiple of `vocab_multiple` (128 by default: the TPU's lanes, and
+a multiple of every power-of-two tensor-parallel axis up to 128, so GPT-2's 50,257 ids split
+over `model` as 50,304). The pad ids' logits are set to the lowest float, out of the softmax:
+no loss, no gradient and no sample reaches them. The multiple is a model field, not the mesh's:
+parameter shapes, and so checkpoints, stay the same on every mesh; a mesh rule can raise it
+(128 x the model axis gives lane-aligned shards). HF conversion drops the pad rows
+(modules/hf_maps.py).
+"""
 
 import dataclasses
 from typing import Any, Literal
@@ -40,6 +50,9 @@ def remat_policy(name: str):
 class DecoderLMConfig:
   kind: str = "decoder_lm"
   vocab_size: int = REQUIRED  # tokens in the vocabulary
+  # Embedding rows and LM head columns are padded up to a multiple of this (pad ids masked out
+  # of the softmax), so the vocabulary splits over a tensor-parallel axis; 1 = no padding.
+  vocab_multiple: int = 128
   dim: int = REQUIRED  # model width (residual stream)
   num_layers: int = REQUIRED  # decoder blocks
   scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
@@ -55,7 +68,7 @@ class DecoderLMConfig:
   final_norm: Any = child("norm")
 
   def check(self):
-    for name in ("vocab_size", "dim", "num_layers"):
+    for name in ("vocab_size", "vocab_multiple", "dim", "num_layers"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.pipeline_microbatches < 0:
@@ -65,6 +78,30 @@ class DecoderLMConfig:
       raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
                         f"{', '.join(CHECKPOINT_NAMES)}")
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the embedding table and columns of the LM head."""
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+
+def mask_padding(logits_BxLxV, vocab_size: int):
+  """Logits with the pad ids (`vocab_size` and up) at the lowest float: out of the softmax."""
+  if logits_BxLxV.shape[-1] == vocab_size:
+    return logits_BxLxV
+  real = jnp.arange(logits_BxLxV.shape[-1]) < vocab_size
+  return jnp.where(real, logits_BxLxV, jnp.finfo(logits_BxLxV.dtype).min)
+
+
+@dataclasses.dataclass(frozen=True)
+class LmHead:
+  """The LM head for a loss that computes logits chunk by chunk (`DecoderLM(head=False)`)."""
+  weight_DxV: jax.Array  # [dim, padded_vocab_size]
+  vocab_size: int  # ids from here up are padding
+
+  def logits(self, x_BxLxD):
+    """x @ head, the pad ids masked."""
+    return mask_padding(jnp.einsum("bld,dv->blv", x_BxLxD, self.weight_DxV), self.vocab_size)
 
 
 class _Layer(nn.Module):
@@ -83,8 +120,9 @@ class _Layer(nn.Module):
 class DecoderLM(nn.Module):
   """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype).
 
-  With `head=False`: (final hidden states [B, L, D], LM head matrix [D, V]) instead, for a
-  loss that computes the logits chunk by chunk (trainer.step, trainer.loss_chunk_size).
+  The logits span `padded_vocab_size` ids, the pad ids masked (`mask_padding`).
+  With `head=False`: (final hidden states [B, L, D], `LmHead`) instead, for a loss that
+  computes the logits chunk by chunk (trainer.step, trainer.loss_chunk_size).
   decode=True: attention reads and writes its KV cache (the mutable "cache"
   collection) at `positions_BxL`; see trainer/generate.py.
   """
@@ -103,8 +141,8 @@ class DecoderLM(nn.Module):
       tokens_BxL, positions_BxL = (context.zigzag(a, shards) for a in (tokens_BxL, positions_BxL))
       if segment_ids_BxL is not None:
         segment_ids_BxL = context.zigzag(segment_ids_BxL, shards)
-    embed = EMBEDDINGS.build(cfg.embedding, vocab_size=cfg.vocab_size, dim=cfg.dim,
-                             name="embedding")
+    vocab = cfg.padded_vocab_size
+    embed = EMBEDDINGS.build(cfg.embedding, vocab_size=vocab, dim=cfg.dim, name="embedding")
     x = embed(tokens_BxL)
     pos = POSITION_EMBEDDINGS.build(cfg.position_embedding, dim=cfg.dim,
                                     name="position_embedding")(positions_BxL)
@@ -119,7 +157,7 @@ class DecoderLM(nn.Module):
     if stages > 1 and not decode and not self.is_initializing():
       x = self._pipelined(x, positions_BxL, segment_ids_BxL, axes=stage_axes, stages=stages)
     elif cfg.scan_layers:
-      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "cache": 0},
+      stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "metrics": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg=cfg.block, dim=cfg.dim, decode=decode, name="layers")(
@@ -135,17 +173,17 @@ class DecoderLM(nn.Module):
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
     if cfg.tie_embeddings:
       if not head:
-        return x, embed.embedding.T.astype(x.dtype)
+        return x, LmHead(embed.embedding.T.astype(x.dtype), cfg.vocab_size)
       with jax.named_scope("head"):  # names its ops in profiles and `axtrain plan --ops`
-        logits = embed.attend(x)
+        logits = mask_padding(embed.attend(x), cfg.vocab_size)
     else:
       w = self.param("head", nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
-          (cfg.dim, cfg.vocab_size))
+          (cfg.dim, vocab))
       if not head:
-        return x, w.astype(x.dtype)
+        return x, LmHead(w.astype(x.dtype), cfg.vocab_size)
       with jax.named_scope("head"):
-        logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
+        logits = LmHead(w.astype(x.dtype), cfg.vocab_size).logits(x)
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
 
   def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):
@@ -156,19 +194,27 @@ class DecoderLM(nn.Module):
     pipeline.check(num_layers=cfg.num_layers, scan_layers=cfg.scan_layers, stage_count=stages,
                    batch=x_BxLxD.shape[0], microbatches=microbatches)
     block = _Layer(cfg=cfg.block, dim=cfg.dim, parent=None)
-    sows = []
+    sows, names = [], {}
 
     def layer_fn(params, x, extras):
-      (y, _), state = block.apply({"params": params}, x, *extras, mutable=["losses"])
+      (y, _), state = block.apply({"params": params}, x, *extras, mutable=["losses", "metrics"])
       losses = jax.tree.leaves(state.get("losses", {}))
       sows.append(bool(losses))
-      return y, sum((jnp.sum(v) for v in losses), jnp.float32(0))
+      # The layer's sown metrics (MoE router statistics), by their path in the block.
+      metrics = {}
+      for path, v in jax.tree_util.tree_leaves_with_path(state.get("metrics", {})):
+        key = jax.tree_util.keystr(path)
+        names[key] = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+        metrics[key] = jnp.sum(v)
+      return y, (sum((jnp.sum(v) for v in losses), jnp.float32(0)), metrics)
 
     if cfg.remat != "none":
       layer_fn = jax.checkpoint(layer_fn, policy=remat_policy(cfg.remat), prevent_cse=False)
-    x, aux = pipeline.gpipe(layer_fn, self.variables["params"]["layers"], x_BxLxD,
-                            (positions_BxL, segment_ids_BxL), axes=axes, stage_count=stages,
-                            microbatches=microbatches)
+    x, (aux, metrics) = pipeline.gpipe(layer_fn, self.variables["params"]["layers"], x_BxLxD,
+                                       (positions_BxL, segment_ids_BxL), axes=axes,
+                                       stage_count=stages, microbatches=microbatches)
     if any(sows):  # the layers' own losses (MoE load balancing), summed over layers
       self.sow("losses", "pipeline_layers", aux)
+    for key, total in metrics.items():  # means over layers, as the scanned stack reports them
+      self.sow("metrics", names[key], total / cfg.num_layers)
     return x

@@ -12,6 +12,9 @@ parameter of the model must be read by the map to Hugging Face, and every tensor
 HF config implies must be read by the map from it; otherwise the conversion refuses and
 names what is unmapped. So a layer that adds a parameter cannot be dropped silently by a
 conversion written before it existed.
+
+Our vocabulary is padded (model.vocab_multiple): `pad_vocab` adds zero rows on import,
+`drop_vocab_padding` removes them on export.
 """
 
 from __future__ import annotations
@@ -472,6 +475,29 @@ FAMILIES = {
                               (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
                               _gpt2_hf_config),
 }
+
+
+def pad_vocab(params: dict, rows: int) -> dict:
+  """Our tree from `from_hf` with the token embedding's rows (and an untied head's columns)
+  padded with zeros up to `rows`, the model's padded_vocab_size (modules/decoder.py)."""
+  def pad(x, axis):
+    width = [(0, 0)] * x.ndim
+    width[axis] = (0, rows - x.shape[axis])
+    return np.pad(x, width)
+  out = dict(params, embedding=dict(params["embedding"],
+                                    embedding=pad(params["embedding"]["embedding"], 0)))
+  if "head" in params:
+    out["head"] = pad(params["head"], 1)
+  return out
+
+
+def drop_vocab_padding(params: dict, vocab_size: int) -> dict:
+  """The inverse of pad_vocab: the first `vocab_size` rows (head columns), for `to_hf`."""
+  out = dict(params, embedding=dict(params["embedding"],
+                                    embedding=params["embedding"]["embedding"][:vocab_size]))
+  if "head" in params:
+    out["head"] = params["head"][:, :vocab_size]
+  return out
 
 
 def family_of_model(m) -> Family:

@@ -17,6 +17,21 @@ Dispatch, per sequence (a group of L tokens):
   capacity_factor = 0: dropless. Every expert runs on every token and the
     outputs are combined with the (mostly zero) router weights: exact, at
     num_experts / top_k times the FLOPs of capacity dispatch.
+
+Expert parallelism (`expert_parallel`): when the logical rules in force put the `experts`
+axis on mesh axes of more than one device (`--config.mesh.expert=N`), each device holds
+num_experts / N whole experts, and the dispatched slots [B, E, C, D] travel to the devices
+that own their experts and back by two all-to-alls under `jax.shard_map`; routing, dispatch
+and combine stay outside it, on the batch shards, so results equal the one-device run.
+Capacity, not a ragged exchange: every slot buffer has a static shape and the all-to-all
+lowers on CPU, GPU and TPU (XLA:CPU has no ragged-all-to-all, so fake-device tests could not
+run a dropless ragged exchange); the price is the capacity padding and the dropped tokens
+(docs/parallelism.md).
+
+Router metrics go to the "metrics" collection (the step reports each sown scalar's mean):
+`moe_tokens_per_expert/<e>`, the share of routed (token, choice) pairs that chose expert e
+(1 / num_experts when balanced), and `moe_dropped_fraction`, the share dropped for want of
+capacity.
 """
 
 import dataclasses
@@ -27,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from modules import context
 from modules.mlp import ACTIVATIONS, FFN
 from core.registry import REQUIRED, ConfigError
 
@@ -69,6 +85,81 @@ def load_balancing_loss(probs_BxLxE, chosen_BxLxKxE):
   return num_experts * jnp.sum(fraction_E * mean_prob_E)
 
 
+def _expert_mlp(x_BxExCxD, w_in, w_up, w_out, act, constrain=lambda h: h):
+  """Each expert's MLP on its slots: [B, E, C, D] with weights [E, D, F] ([E, F, D] out)."""
+  h = act(jnp.einsum("becd,edf->becf", x_BxExCxD, w_in))
+  if w_up is not None:
+    h = h * jnp.einsum("becd,edf->becf", x_BxExCxD, w_up)
+  return jnp.einsum("becf,efd->becd", constrain(h), w_out)
+
+
+def _mesh_axes(logical: tuple, mesh) -> list[tuple[str, ...]]:
+  """Per dimension, the mesh axes of more than one device that the logical rules in force
+  map `logical` to."""
+  out = []
+  for axes in nn.logical_to_mesh_axes(logical):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    out.append(tuple(a for a in names if mesh.shape.get(a, 1) > 1))
+  return out
+
+
+def _size(axes: tuple[str, ...], mesh) -> int:
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def expert_parallel(x_BxExCxD, w_in, w_up, w_out, act):
+  """The experts' MLP with expert parallelism, or None where the mesh and rules give none.
+
+  Under `jax.shard_map`, with the mesh axes read from the logical rules in force: `experts`
+  on the weights gives the expert axes X (each device holds E/X whole experts), `act_batch`
+  the axes the tokens are split over, which must include X. One all-to-all over X sends each
+  device's slots for expert e to the device that holds e ([b, E, C, D] -> [b*X, E/X, C, D]),
+  the experts run there, and a second all-to-all returns the outputs. The weights enter as
+  stored: their `embed` side is all-gathered inside (FSDP; the backward pass reduce-scatters
+  their gradients), their `mlp` side stays split (tensor parallel: partial sums added). The
+  slots split over the axes of `act_length` (context parallelism).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return None
+  expert_axes, embed_axes, mlp_axes = _mesh_axes(("experts", "embed", "mlp"), mesh)
+  batch_axes = _mesh_axes(("act_batch",), mesh)[0]
+  b, e = x_BxExCxD.shape[:2]
+  if (not expert_axes or not set(expert_axes) <= set(batch_axes)
+      or b % _size(batch_axes, mesh) or e % _size(expert_axes, mesh)):
+    return None  # no expert axis in the rules in force: the compiler partitions the einsums
+  d, f = w_in.shape[1:]
+  embed_axes = embed_axes if d % _size(embed_axes, mesh) == 0 else ()
+  mlp_axes = mlp_axes if f % _size(mlp_axes, mesh) == 0 else ()
+  ep = expert_axes if len(expert_axes) > 1 else expert_axes[0]
+
+  def local(x, w_in, w_up, w_out):
+    if embed_axes:
+      gather = lambda w, axis: jax.lax.all_gather(w, embed_axes, axis=axis, tiled=True)
+      w_in, w_out = gather(w_in, 1), gather(w_out, 2)
+      w_up = None if w_up is None else gather(w_up, 1)
+    x = jax.lax.all_to_all(x, ep, split_axis=1, concat_axis=0, tiled=True)
+    y = _expert_mlp(x, w_in, w_up, w_out, act)
+    if mlp_axes:
+      y = jax.lax.psum(y, mlp_axes)
+    return jax.lax.all_to_all(y, ep, split_axis=0, concat_axis=1, tiled=True)
+
+  # Under context parallelism each sequence's slots are split over the context axes too (the
+  # slot buffer padded with empty slots to a multiple of them), so the context devices share
+  # the experts' work rather than each doing all of it.
+  length_axes = tuple(a for a in _mesh_axes(("act_length",), mesh)[0] if a not in batch_axes)
+  c = x_BxExCxD.shape[2]
+  pad = -c % _size(length_axes, mesh) if length_axes else 0
+  if pad:
+    x_BxExCxD = jnp.pad(x_BxExCxD, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  x_spec = jax.P(batch_axes, None, length_axes or None, None)
+  w_in_spec = jax.P(expert_axes, embed_axes or None, mlp_axes or None)
+  w_out_spec = jax.P(expert_axes, mlp_axes or None, embed_axes or None)
+  return jax.shard_map(local, in_specs=(x_spec, w_in_spec, None if w_up is None else w_in_spec,
+                                        w_out_spec), out_specs=x_spec)(
+      x_BxExCxD, w_in, w_up, w_out)[:, :, :c]
+
+
 @FFN.register("moe", MoeConfig)
 class Moe(nn.Module):
   cfg: MoeConfig
@@ -100,13 +191,23 @@ class Moe(nn.Module):
     act = ACTIVATIONS[cfg.activation]
 
     def experts(x_BxExCxD):
-      h = act(jnp.einsum("becd,edf->becf", x_BxExCxD, w_in))
-      if cfg.gated:
-        h = h * jnp.einsum("becd,edf->becf", x_BxExCxD, w_up)
-      h = nn.with_logical_constraint(h, ("act_batch", "act_experts", None, "act_mlp"))
-      return jnp.einsum("becf,efd->becd", h, w_out)
+      x_BxExCxD = nn.with_logical_constraint(x_BxExCxD, ("act_batch", "act_experts", None,
+                                                         "act_embed"))
+      y = expert_parallel(x_BxExCxD, w_in, w_up, w_out, act)
+      if y is not None:
+        return y
+      return _expert_mlp(x_BxExCxD, w_in, w_up, w_out, act, constrain=lambda h: (
+          nn.with_logical_constraint(h, ("act_batch", "act_experts", None, "act_mlp"))))
+
+    # Router metrics, means over the batch (the step reports each sown scalar's mean over
+    # layers): the share of routed tokens each expert is chosen for (1/E when balanced), and
+    # the share of (token, choice) pairs dropped for want of capacity.
+    share_E = jnp.mean(jnp.sum(chosen_BxLxKxE, axis=2), axis=(0, 1)) / cfg.top_k
+    for i in range(e):
+      self.sow("metrics", f"moe_tokens_per_expert/{i}", share_E[i])
 
     if cfg.capacity_factor == 0:
+      self.sow("metrics", "moe_dropped_fraction", jnp.float32(0))
       combine_BxLxE = jnp.einsum("blk,blke->ble", gates_BxLxK, chosen_BxLxKxE)
       x_BxExLxD = jnp.broadcast_to(x_BxLxD[:, None], (x_BxLxD.shape[0], e, *x_BxLxD.shape[1:]))
       y_BxExLxD = experts(x_BxExLxD)
@@ -114,20 +215,25 @@ class Moe(nn.Module):
 
     b, length, k = experts_BxLxK.shape
     c = cfg.capacity(length)
-    # Slot of each (token, choice) in its expert's queue, in token order: a
-    # token's slot depends only on earlier tokens, so routing stays causal.
-    chosen_BxLKxE = chosen_BxLxKxE.reshape(b, length * k, e)
+    # Slot of each (token, choice) in its expert's queue, in token order: a token's slot
+    # depends only on earlier tokens, so routing stays causal. Under context parallelism the
+    # sequence arrives in the load-balanced layout (modules/context.py): the queues are
+    # counted in the original order, so the same tokens are dropped as on one device.
+    _, shards = context.shards()
+    natural_BxLxKxE = context.unzigzag(chosen_BxLxKxE, shards) if shards > 1 else chosen_BxLxKxE
+    chosen_BxLKxE = natural_BxLxKxE.reshape(b, length * k, e)
     slot_BxLxKxE = (jnp.cumsum(chosen_BxLKxE, axis=1) * chosen_BxLKxE - 1).reshape(
         b, length, k, e)
-    slot_BxLxK = jnp.sum(slot_BxLxKxE * chosen_BxLxKxE, axis=-1).astype(jnp.int32)
+    slot_BxLxK = jnp.sum(slot_BxLxKxE * natural_BxLxKxE, axis=-1).astype(jnp.int32)
+    if shards > 1:
+      slot_BxLxK = context.zigzag(slot_BxLxK, shards)
     kept_BxLxK = slot_BxLxK < c
+    self.sow("metrics", "moe_dropped_fraction", 1 - jnp.mean(kept_BxLxK.astype(jnp.float32)))
     # one_hot of an out-of-range slot is all zeros: dropped tokens dispatch nowhere.
     slots_BxLxKxC = jax.nn.one_hot(jnp.where(kept_BxLxK, slot_BxLxK, c), c, dtype=jnp.float32)
     dispatch_BxLxExC = jnp.einsum("blke,blkc->blec", chosen_BxLxKxE, slots_BxLxKxC)
     combine_BxLxExC = jnp.einsum("blke,blkc,blk->blec", chosen_BxLxKxE, slots_BxLxKxC,
                                  gates_BxLxK)
     x_BxExCxD = jnp.einsum("blec,bld->becd", dispatch_BxLxExC.astype(x_BxLxD.dtype), x_BxLxD)
-    x_BxExCxD = nn.with_logical_constraint(x_BxExCxD, ("act_batch", "act_experts", None,
-                                                       "act_embed"))
     y_BxExCxD = experts(x_BxExCxD)
     return jnp.einsum("blec,becd->bld", combine_BxLxExC.astype(y_BxExCxD.dtype), y_BxExCxD)

@@ -81,8 +81,9 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   """All layers of the stack `params` (leaves [layers, ...]) applied to `x_BxLxD` as a pipeline.
 
   `layer_fn(layer_params, x_BxLxD, extras) -> (x_BxLxD, aux)` applies one layer; `extras` is a
-  pytree of [B, ...] arrays each layer reads (positions, segment ids). Returns the output and
-  the layers' aux losses summed, averaged over microbatches.
+  pytree of [B, ...] arrays each layer reads (positions, segment ids); `aux` a pytree of
+  scalars (the layer's losses, its metrics). Returns the output and each aux leaf summed over
+  layers, averaged over microbatches.
   """
   m = microbatches
   rules = without(axes)
@@ -109,7 +110,7 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
 
     def stage(x, extra):
       x, aux = jax.lax.scan(lambda x, p: layer_fn(p, x, extra), x, params)
-      return x, jnp.sum(aux)
+      return x, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
 
     def tick(carry, t):
       received, outputs, aux = carry
@@ -119,22 +120,24 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
       take = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
       x = jnp.where(s == 0, take(xs), received)
       y, a = stage(x, jax.tree.map(take, extras))
-      aux = aux + jnp.where(valid, a, 0.0)
+      aux = jax.tree.map(lambda total, new: total + jnp.where(valid, new, 0.0), aux, a)
       done = valid & (s == stage_count - 1)
       outputs = jax.lax.dynamic_update_index_in_dim(outputs, jnp.where(done, y, take(outputs)),
                                                     i, 0)
       sent = jax.lax.ppermute(y, axes, [(j, j + 1) for j in range(stage_count - 1)])
       return (sent, outputs, aux), None
 
-    start = (jnp.zeros_like(xs[0]), jnp.zeros_like(xs), jnp.float32(0))
+    aux_shape = jax.eval_shape(lambda: stage(xs[0], jax.tree.map(lambda a: a[0], extras))[1])
+    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shape)
+    start = (jnp.zeros_like(xs[0]), jnp.zeros_like(xs), zeros)
     (_, outputs, aux), _ = jax.lax.scan(tick, start, jnp.arange(ticks))
     # Only the last stage's outputs are filled; every stage returns its own (mapped over the
     # stage axes) and the caller keeps the last: no replication claim for autodiff to undo.
-    return outputs[None], aux[None]
+    return outputs[None], jax.tree.map(lambda a: a[None], aux)
 
   spec = jax.P(axes)
   outputs, aux = jax.shard_map(run, in_specs=(spec, spec, jax.P()), out_specs=(spec, spec),
                                axis_names=set(axes), check_vma=False)(params, xs, extras)
   # The last stage's outputs, whose rows the caller's constraints spread over the stages again.
   y = outputs[-1].swapaxes(0, 1).reshape(x_BxLxD.shape)
-  return y, jnp.sum(aux) / m
+  return y, jax.tree.map(lambda a: jnp.sum(a, axis=0) / m, aux)

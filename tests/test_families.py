@@ -1,4 +1,7 @@
-"""Every size row of every family builds abstract shapes with the published parameter count."""
+"""Every size row of every family builds abstract shapes with the published parameter count.
+
+Counts are taken without vocabulary padding (model.vocab_multiple=1); the padded rows are
+checked on their own (test_vocab_padding_adds_only_the_pad_rows)."""
 
 import flax.linen as nn
 import jax
@@ -44,7 +47,11 @@ def gpt2_count(d, layers, vocab=50_257, positions=1024):
   return vocab * d + positions * d + layers * per_layer + 2 * d
 
 
-def count(node) -> int:
+def count(node, *, vocab_multiple: int | None = 1) -> int:
+  """Parameters of a model node; vocab_multiple=None keeps the node's padding."""
+  if vocab_multiple is not None:
+    node = node.copy_and_resolve_references()
+    node.vocab_multiple = vocab_multiple
   model = MODELS.build(MODELS.parse(node, "model"))
   shapes = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32)), jax.random.key(0))
   return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
@@ -65,6 +72,33 @@ def test_llama_rows(name):
 def test_gpt2_rows(name):
   got = count(gpt2.model_node(name))
   assert got == gpt2_count(*GPT2_PUBLISHED[name]) == GPT2_EXACT[name]
+
+
+def test_mixtral_8x7b_has_the_published_counts():
+  from configs import mixtral_8x7b
+  # mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size, num_hidden_layers, num_attention_heads,
+  # num_key_value_heads, intermediate_size, vocab_size (untied), num_local_experts,
+  # num_experts_per_tok.
+  d, layers, heads, kv_heads, ffn, vocab, experts, top_k = 4096, 32, 32, 8, 14_336, 32_000, 8, 2
+  expert = 3 * d * ffn  # SwiGLU
+  dense_layer = llama_count(d, 1, heads, kv_heads, 0, 0, True) - d  # attention, two norms
+  total = 2 * vocab * d + layers * (dense_layer + d * experts + experts * expert) + d
+  # The Hub's model.safetensors.index.json: total_size 93,405,585,408 bytes of bfloat16.
+  assert count(mixtral_8x7b.get_config().model) == total == 93_405_585_408 // 2
+  # Mistral AI, "Mixtral of experts": 46.7B parameters, 12.9B used per token.
+  assert round(total / 1e9, 1) == 46.7
+  assert round((total - layers * (experts - top_k) * expert) / 1e9, 1) == 12.9
+
+
+def test_vocab_padding_adds_only_the_pad_rows():
+  # GPT-2: 50,257 ids -> 50,304 rows (393 x 128), one tied table of width 768.
+  assert count(gpt2.model_node("small"), vocab_multiple=None) == GPT2_EXACT["small"] + 47 * 768
+  # LLaMA-2-7B: 32,000 is already a multiple of 128; of 1,024 it becomes 32,768, embedding
+  # and untied head each.
+  assert count(llama.model_node("7b"), vocab_multiple=None) == llama_count(
+      *LLAMA_PUBLISHED["7b"])
+  assert count(llama.model_node("7b"), vocab_multiple=1024) == llama_count(
+      *LLAMA_PUBLISHED["7b"]) + 2 * 768 * 4096
 
 
 def test_unknown_size_suggests():

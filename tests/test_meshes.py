@@ -45,7 +45,7 @@ def test_host_suffix_puts_data_across_hosts():
   assert (entry.num_devices, entry.num_hosts) == (32, 4)
   assert dict(entry.axes) == {"data": 4, "fsdp": -1, "model": 1}
   assert sharding.resolve_axes(entry, MeshConfig(), 32) == {
-      "data": 4, "stage": 1, "fsdp": 8, "context": 1, "model": 1}
+      "data": 4, "stage": 1, "fsdp": 8, "expert": 1, "context": 1, "model": 1}
 
 
 @pytest.mark.parametrize("name,message", [
@@ -108,18 +108,21 @@ def test_docs_table_is_generated_from_the_registry():
 def test_resolve_axes_fill_and_overrides():
   cpu = meshes.lookup("cpu")
   assert sharding.resolve_axes(cpu, MeshConfig(), 8) == {
-      "data": 8, "stage": 1, "fsdp": 1, "context": 1, "model": 1}
+      "data": 8, "stage": 1, "fsdp": 1, "expert": 1, "context": 1, "model": 1}
   assert sharding.resolve_axes(cpu, MeshConfig(model=2), 8) == {
-      "data": 4, "stage": 1, "fsdp": 1, "context": 1, "model": 2}
+      "data": 4, "stage": 1, "fsdp": 1, "expert": 1, "context": 1, "model": 2}
   assert sharding.resolve_axes(cpu, MeshConfig(data=2, fsdp=-1, model=2), 8) == {
-      "data": 2, "stage": 1, "fsdp": 2, "context": 1, "model": 2}
+      "data": 2, "stage": 1, "fsdp": 2, "expert": 1, "context": 1, "model": 2}
+  assert sharding.resolve_axes(cpu, MeshConfig(data=1, fsdp=2, expert=4), 8) == {
+      "data": 1, "stage": 1, "fsdp": 2, "expert": 4, "context": 1, "model": 1}
   assert sharding.resolve_axes(cpu, MeshConfig(stage=2, context=2), 8) == {
-      "data": 2, "stage": 2, "fsdp": 1, "context": 2, "model": 1}
+      "data": 2, "stage": 2, "fsdp": 1, "expert": 1, "context": 2, "model": 1}
 
 
 @pytest.mark.parametrize("cfg,message", [
-    (MeshConfig(data=3), "data=3,stage=1,fsdp=1,context=1,model=1 needs 3 devices but 8"
+    (MeshConfig(data=3), "data=3,stage=1,fsdp=1,expert=1,context=1,model=1 needs 3 devices but 8"
                                       " are available"),
+    (MeshConfig(expert=3), "8 is not divisible by 3"),
     (MeshConfig(data=-1, fsdp=-1), "at most one -1"),
     (MeshConfig(model=0), "must be positive"),
     (MeshConfig(model=3), "8 is not divisible by 3"),
@@ -143,27 +146,28 @@ def hosts_of(grid):
 # Shapes in AXES order: data, stage, fsdp, context, model.
 
 def test_device_grid_puts_hosts_on_the_data_axis():
-  grid = sharding.device_grid((2, 1, 4, 1, 1), fake_devices(2, 4, shuffle=True))
+  grid = sharding.device_grid((2, 1, 4, 1, 1, 1), fake_devices(2, 4, shuffle=True))
   assert hosts_of(grid) == [[0, 0, 0, 0], [1, 1, 1, 1]]
 
 
 def test_device_grid_fsdp_across_hosts_keeps_model_inside_one():
-  grid = sharding.device_grid((1, 1, 4, 1, 2), fake_devices(2, 4))
+  grid = sharding.device_grid((1, 1, 4, 1, 1, 2), fake_devices(2, 4))
   assert [[d.process_index for d in row] for row in grid.reshape(4, 2)] == [
       [0, 0], [0, 0], [1, 1], [1, 1]]
   with pytest.raises(ConfigError, match="cannot be laid over 2 hosts of 4 devices"):
-    sharding.device_grid((1, 1, 1, 1, 8), fake_devices(2, 4))
+    sharding.device_grid((1, 1, 1, 1, 1, 8), fake_devices(2, 4))
 
 
 def test_device_grid_puts_pipeline_stages_across_hosts_before_fsdp():
-  grid = sharding.device_grid((1, 2, 2, 1, 2), fake_devices(2, 4, shuffle=True))
+  grid = sharding.device_grid((1, 2, 2, 1, 1, 2), fake_devices(2, 4, shuffle=True))
   assert [sorted({d.process_index for d in grid[0, s].flat}) for s in range(2)] == [[0], [1]]
 
 
 def test_make_mesh_single_process():
   import jax  # pylint: disable=import-outside-toplevel
-  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
-  assert dict(mesh.shape) == {"data": 1, "stage": 1, "fsdp": 1, "context": 1, "model": 1}
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "model": 1}, jax.devices()[:1])
+  assert dict(mesh.shape) == {"data": 1, "stage": 1, "fsdp": 1, "expert": 1, "context": 1,
+                              "model": 1}
   assert all(str(t) == "AxisType.Auto" for t in mesh.axis_types)
 
 
@@ -271,11 +275,11 @@ def test_select_mesh_in_process():
 # --- through the CLI (8 fake devices) ----------------------------------------------------
 
 MESH_ERRORS = [
-    (["--config.mesh.data=3"], "data=3,stage=1,fsdp=1,context=1,model=1 needs 3 devices but 8"
+    (["--config.mesh.data=3"], "data=3,stage=1,fsdp=1,expert=1,context=1,model=1 needs 3 devices but 8"
                                       " are available"),
     (["--config.data.batch_size=12"], "data.batch_size 12 must split into"
                                       " trainer.grad_accum_steps=1 microbatches, each divisible"
-                                      " by the 8 batch shards of the mesh (data=8 x stage=1 x fsdp=1)"),
+                                      " by the 8 batch shards of the mesh (data=8 x stage=1 x fsdp=1 x expert=1)"),
     (["--config.mesh.model=8", "--config.mesh.data=1"],
      "dimension 6 is not divisible by mesh axes model=8"),
     (["--mesh=gpu-h100"], "unknown mesh (did you mean 'gpu-h100-8'?)"),
@@ -303,11 +307,11 @@ def cli8(tmp_path_factory) -> dict:
 def test_cli_auto_and_rules_with_explicit_override(cli8):
   result = cli8["auto"]
   assert result.returncode == 0, result.stderr
-  assert "# mesh: cpu {'data': 8, 'stage': 1, 'fsdp': 1, 'context': 1, 'model': 1}\n" in result.stdout
+  assert "# mesh: cpu {'data': 8, 'stage': 1, 'fsdp': 1, 'expert': 1, 'context': 1, 'model': 1}\n" in result.stdout
 
   result = cli8["ruled"]
   assert result.returncode == 0, result.stderr
-  assert ("# mesh: gpu-h100-8 {'data': 4, 'stage': 1, 'fsdp': 2, 'context': 1, 'model': 1} "
+  assert ("# mesh: gpu-h100-8 {'data': 4, 'stage': 1, 'fsdp': 2, 'expert': 1, 'context': 1, 'model': 1} "
           "(rule 'gpu-h100-.*')\n"
           in result.stdout)
   assert "trainer.grad_accum_steps: 2\n" in result.stdout
@@ -340,8 +344,8 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
   specs = nn.logical_to_mesh(nn.get_partition_spec(abstract), meshes.DEFAULT_RULES)
   layer = specs["layers"]["block"]
   # Scanned layers lead with the layer axis (pipeline stages); the `embed` side is split like
-  # FSDP over fsdp and context.
-  embed = ("fsdp", "context")
+  # FSDP over fsdp, expert and context.
+  embed = ("fsdp", "expert", "context")
   for name in ("q", "k", "v"):  # [layers, embed, heads, head_dim]: split by output (column)
     assert tuple(layer["attention"][name]) == ("stage", embed, "model", None)
   assert tuple(layer["attention"]["o"]) == ("stage", "model", None, embed)  # by input (row)
@@ -351,7 +355,20 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
   assert tuple(specs["embedding"]["embedding"]) == ("model", embed)
   assert tuple(specs["head"]) == (embed, "model")
   assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
-      ("data", "stage", "fsdp"), None)
+      ("data", "stage", "fsdp", "expert"), None)
+
+
+def test_rules_put_whole_experts_on_the_expert_axis():
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  rules = meshes.DEFAULT_RULES
+  # Expert weights [experts, embed, mlp]: experts over `expert`, so `embed` falls back to
+  # fsdp and context.
+  assert tuple(nn.logical_to_mesh_axes(("experts", "embed", "mlp"), rules)) == (
+      "expert", ("fsdp", "context"), "model")
+  assert tuple(nn.logical_to_mesh_axes(("layers", "experts", "mlp", "embed"), rules)) == (
+      "stage", "expert", "model", ("fsdp", "context"))
+  assert tuple(nn.logical_to_mesh_axes(("embed", None), rules)) == (
+      ("fsdp", "expert", "context"), None)
 
 
 # --- the table's derived facts -----------------------------------------------------------

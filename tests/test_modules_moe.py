@@ -99,3 +99,40 @@ def test_moe_params_carry_experts_axis():
 def test_top_k_above_num_experts_is_a_config_error():
   with pytest.raises(ConfigError, match="top_k 3 must be between 1 and num_experts 2"):
     _build("moe", num_experts=2, top_k=3, hidden_dim=8)
+
+
+def test_router_metrics_count_choices_and_drops():
+  moe = _build("moe", num_experts=2, top_k=1, hidden_dim=32, capacity_factor=0.5)
+  x = _x(shape=(1, 16, DIM))
+  p = _init(moe, x, 1, std=0.5)
+  y, state = jax.jit(lambda p, x: moe.apply({"params": p}, x, mutable=["metrics"]))(p, x)
+  got = {name: float(values[0]) for name, values in state["metrics"].items()}
+  choice = np.argmax(np.asarray(x[0]) @ np.asarray(p["router"]), axis=-1)  # top-1 by logit
+  assert got["moe_tokens_per_expert/0"] == np.mean(choice == 0)
+  assert got["moe_tokens_per_expert/1"] == np.mean(choice == 1)
+  served = np.sum(np.any(np.asarray(y[0]) != 0, axis=-1))
+  assert got["moe_dropped_fraction"] == pytest.approx(1 - served / 16) and served < 16
+
+
+def test_step_reports_sown_metrics_as_means_over_layers():
+  from configs import moe_tiny
+  from trainer import config as config_lib, experiment, meshes
+  from trainer.step import loss_sums
+  cfg = moe_tiny.get_config()
+  cfg.model.num_layers, cfg.data.seq_len, cfg.data.batch_size = 2, 16, 2
+  cfg.eval.batch_size = 2
+  exp = experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"))
+  state = exp.init()
+  batch = exp.global_batch(next(exp.source.train_iterator(process_index=0, process_count=1)))
+  args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
+  _, per_layer = jax.jit(lambda p: exp.model.apply({"params": p}, *args, mutable=["metrics"]))(
+      state.params)
+  sown = per_layer["metrics"]["layers"]["block"]["ffn"]
+  metrics = jax.jit(lambda p: loss_sums(p, batch, model=exp.model,
+                                        compute_dtype=jnp.float32)[1]["metrics"])(state.params)
+  assert sorted(metrics) == sorted(sown) and len(metrics) == 8 + 1  # 8 experts, drops
+  for name, (values,) in sown.items():
+    assert values.shape == (2,)  # one per scanned layer
+    np.testing.assert_allclose(metrics[name], np.mean(values), rtol=1e-6)
+  shares = sum(float(metrics[f"moe_tokens_per_expert/{e}"]) for e in range(8))
+  assert shares == pytest.approx(1.0)

@@ -34,7 +34,7 @@ def tiny_plan():
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
   assert tiny_plan.compiler == "TPU compiler (libtpu)"
-  assert tiny_plan.axes == {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "model": 1}
+  assert tiny_plan.axes == {"data": 1, "stage": 1, "fsdp": 8, "expert": 1, "context": 1, "model": 1}
   exp = experiment.build(_run(configs.tiny.get_config()), meshes.lookup("cpu"), jax.devices()[:1])
   leaves = jax.tree.leaves(exp.abstract_state.params,
                            is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
@@ -128,7 +128,7 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
   cfg = configs.tiny.get_config()
   cfg.data.batch_size = 16  # one sequence per chip
   p = plan.plan(_run(cfg), entry, config_name="configs/tiny.py", with_eval=False)
-  assert p.devices == 16 and p.axes == {"data": 2, "stage": 1, "fsdp": 8, "context": 1,
+  assert p.devices == 16 and p.axes == {"data": 2, "stage": 1, "fsdp": 8, "expert": 1, "context": 1,
                                                  "model": 1}
   assert p.train.collectives.cross_host_bytes > 0
   assert "between hosts (or TPU slices)" in plan_report.text(p)
@@ -151,7 +151,7 @@ def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypat
   p = plan.plan(_run(cfg), meshes.lookup("tpu-v5e-4"), config_name="configs/tiny.py",
                 with_eval=False)
   assert p.compiler == "TPU compiler (libtpu)" and p.axes == {
-      "data": 1, "stage": 1, "fsdp": 4, "context": 1, "model": 1}
+      "data": 1, "stage": 1, "fsdp": 4, "expert": 1, "context": 1, "model": 1}
   assert len(texts) == 1 and "tpu_custom_call" in texts[0]
 
 
@@ -235,6 +235,17 @@ def test_llm_70b_does_not_fit_one_gpu_host():
                timeout=1800)
   assert result.returncode == 0, result.stderr
   assert "does NOT fit" in result.stdout and "short by" in result.stdout
+
+
+def test_sweep_candidates_put_experts_on_the_expert_axis():
+  import configs.moe_tiny  # pylint: disable=import-outside-toplevel
+  moe = plan_sweep.candidates(_run(configs.moe_tiny.get_config()), 8)  # 8 experts, batch 16
+  assert {c.axes["expert"] for c in moe} == {1, 2, 4, 8}
+  assert all(math.prod(c.axes.values()) == 8 for c in moe)
+  assert all(16 // c.grad_accum_steps % (c.axes["data"] * c.axes["fsdp"] * c.axes["expert"]) == 0
+             for c in moe)
+  assert {c.axes["expert"] for c in plan_sweep.candidates(_run(configs.tiny.get_config()), 8)
+          } == {1}
 
 
 @pytest.mark.slow

@@ -166,13 +166,14 @@ def test_sweep_candidates_keep_tensor_parallelism_inside_a_host_and_include_hsdp
   cands = plan_sweep.candidates(run, 128, entry)
   assert cands and all(8 % c.axes["model"] == 0 for c in cands)
   # HSDP: FSDP inside each host, data parallel across the 16.
-  hsdp = [c for c in cands if c.axes == {"data": 16, "fsdp": 8, "model": 1}]
+  hsdp = [c for c in cands if c.axes == {"data": 16, "fsdp": 8, "expert": 1, "model": 1}]
   assert hsdp and all(plan_sweep.hosts_spanned(c.axes, entry) == 1 for c in hsdp)
   assert plan_sweep.hosts_spanned({"data": 1, "fsdp": 16, "model": 8}, entry) == 16
   # From one microbatch down to one sequence per batch shard (1024 / 128 = 8 accumulation
   # steps at most with 128 shards, 64 with 16).
   assert {c.grad_accum_steps for c in hsdp} == {1, 2, 4, 8}
-  tp = {c.grad_accum_steps for c in cands if c.axes == {"data": 1, "fsdp": 16, "model": 8}}
+  tp = {c.grad_accum_steps for c in cands
+        if c.axes == {"data": 1, "fsdp": 16, "expert": 1, "model": 8}}
   assert tp == {1, 2, 4, 8, 16, 32, 64}
   # Every candidate keeps the global batch over its batch shards.
   assert all((1024 // c.grad_accum_steps) % (c.axes["data"] * c.axes["fsdp"]) == 0

@@ -88,6 +88,7 @@ class MeshConfig:
   data: int | None = None  # data parallel: batch rows (parameters replicated)
   stage: int | None = None  # pipeline stages: the scanned layer stack split in groups of layers
   fsdp: int | None = None  # fully sharded data parallel: batch rows and parameters (ZeRO-3)
+  expert: int | None = None  # expert parallelism: must divide every MoE layer's num_experts
   context: int | None = None  # context parallel: each sequence's positions (and parameters)
   model: int | None = None  # tensor parallel: heads, MLP units, vocabulary
   # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh

@@ -9,8 +9,10 @@ lookup table is `[vocab or unnamed, embed]` (token and learned position
 embeddings); with tied embeddings (no `[embed, vocab]` head) the token table is
 the head and counts once. Weights with an `experts` axis count `top_k /
 num_experts` of their size, since each token visits `top_k` experts (capacity
-padding and dropped tokens aside). Biases and norm scales do no matmul and are
-not counted.
+padding and dropped tokens aside). Weights with a `vocab` axis count the real
+vocabulary, not the padded one (modules/decoder.py: vocab_multiple): the pad
+columns' FLOPs are overhead, like capacity padding. Biases and norm scales do no
+matmul and are not counted.
 
 The attention term is the PaLM convention (Chowdhury et al. 2022, appendix B):
 QK^T and AV over the full `seq_len` x `seq_len` square, forward and backward;
@@ -61,12 +63,16 @@ def without_layers(names, shape):
   return names, shape, 1
 
 
-def count(params, *, seq_len: int, top_k: int | None = None) -> FlopCount:
-  """The FLOP model's inputs from boxed (abstract) parameters."""
+def count(params, *, seq_len: int, top_k: int | None = None,
+          vocab_size: int | None = None) -> FlopCount:
+  """The FLOP model's inputs from boxed (abstract) parameters; `vocab_size`: the real
+  vocabulary when the `vocab` axis is padded (None: the axis as it is)."""
   matmul, width, tables, has_head = 0.0, 0, [], False
   for names, shape in named_leaves(params):
     names, shape, layers = without_layers(names, shape)
     size = math.prod(shape) * layers
+    if vocab_size is not None and "vocab" in names:
+      size = size * vocab_size / shape[names.index("vocab")]
     if len(names) == 2 and names[1] == "embed" and names[0] in ("vocab", None):
       tables.append((names, size))
       continue
@@ -111,5 +117,5 @@ def model_flops_per_token(run, abstract_params) -> float:
   `abstract_params`: the boxed parameter tree, e.g. `Experiment.abstract_state.params`.
   Multiply by tokens per step (`data.batch_size * data.seq_len`) for FLOPs per step.
   """
-  return count(abstract_params, seq_len=run.data.seq_len,
-               top_k=find_field(run.model, "top_k")).per_token
+  return count(abstract_params, seq_len=run.data.seq_len, top_k=find_field(run.model, "top_k"),
+               vocab_size=find_field(run.model, "vocab_size")).per_token

@@ -15,7 +15,7 @@ import math
 import jax
 from jax.sharding import NamedSharding
 
-from trainer import experiment as experiment_lib, flops as flops_lib
+from trainer import experiment as experiment_lib, flops as flops_lib, sharding
 
 
 def _sharded_bytes(abstract_tree, shardings) -> int:
@@ -24,6 +24,11 @@ def _sharded_bytes(abstract_tree, shardings) -> int:
   shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
   return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
              for a, s in zip(leaves, shards))
+
+
+def _batch_shards(exp) -> int:
+  """Devices the batch is split over: the mesh axes the rules give `batch` (data, fsdp, expert)."""
+  return sharding.num_shards(exp.batch_sharding, dim=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

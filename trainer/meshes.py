@@ -20,31 +20,36 @@ import re
 
 from core.registry import ConfigError, suggest
 
-# Slowest link first: `data` and `stage` may span hosts (or TPU slices), `model` never does.
-# An axis that a mesh entry does not list has size 1.
-AXES = ("data", "stage", "fsdp", "context", "model")
+# Mesh axes, slowest link first: `data` and `stage` may span hosts (or TPU slices), `model`
+# never does. An axis that a mesh entry does not list has size 1. `expert` holds whole experts
+# of a MoE layer (expert parallelism); everywhere else it acts as more data/FSDP: it splits the
+# batch and, after the experts took it, the `embed` side of the weights.
+AXES = ("data", "stage", "fsdp", "expert", "context", "model")
 
 # Logical axis -> mesh axes. Parameter names on the left come from the layer
 # library; `act_*` names are activations. Each mesh axis is used at most once
-# per array (flax skips an axis that an earlier dimension took).
+# per array: flax goes down the rules in order and skips a rule whose mesh axes an earlier
+# rule gave to another dimension, so `experts` takes `expert` before `embed` can, and expert
+# weights fall back to `embed` over `fsdp` (and `context`) alone.
 # `context` splits sequences (act_length) and, like fsdp, the parameters' `embed` side;
 # `stage` splits the scanned layer stack (`layers`) into pipeline stages, and outside the
 # stages (embedding, LM head, loss) the batch like `data`.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "stage", "fsdp")),
-    ("act_batch", ("data", "stage", "fsdp")),
+    ("batch", ("data", "stage", "fsdp", "expert")),
+    ("act_batch", ("data", "stage", "fsdp", "expert")),
     ("act_length", "context"),
     ("act_embed", None),
     ("act_heads", "model"),
     ("act_mlp", "model"),
     ("act_vocab", "model"),
+    ("experts", "expert"),
+    ("act_experts", "expert"),
+    ("embed", ("fsdp", "expert", "context")),
     ("embed", ("fsdp", "context")),
     ("vocab", "model"),
     ("heads", "model"),
     ("kv_heads", "model"),
     ("mlp", "model"),
-    ("experts", None),
-    ("act_experts", None),
     ("head_dim", None),
     ("layers", "stage"),
     ("norm", None),

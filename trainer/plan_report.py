@@ -34,7 +34,8 @@ def text(p: Plan, *, timings: bool = True) -> str:
   """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
   src = p.source
   a, t = p.analytic, p.train
-  axes = " ".join(f"{k}={v}" for k, v in p.axes.items())
+  # data, fsdp and model always; stage, expert and context where they split something
+  axes = " ".join(f"{k}={v}" for k, v in p.axes.items() if v > 1 or k in ("data", "fsdp", "model"))
   lines = [
       f"plan: {p.config} on {p.mesh} ({p.devices} devices, {axes}), compiled by {p.compiler}",
       f"  run: batch {p.batch} x {p.seq_len} tokens, grad_accum_steps {p.grad_accum_steps}, "

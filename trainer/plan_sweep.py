@@ -29,7 +29,7 @@ REMAT_SWEEP = ("none", "dots_with_no_batch_dims_saveable", "save_attn_out", "ful
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Candidate:
-  axes: dict  # data / fsdp / model sizes
+  axes: dict  # data / fsdp / expert / model sizes
   remat: str
   grad_accum_steps: int
 
@@ -54,25 +54,28 @@ def hosts_spanned(axes: dict, entry: Entry) -> int:
 
 
 def candidates(run: RunConfig, num_devices: int, entry: Entry | None = None) -> list[Candidate]:
-  """Every data x fsdp x model factorisation (with several GPU/Trainium hosts: model inside
-  one), remat policy and power-of-two accumulation that keeps the global batch: each
-  microbatch divides over the data and fsdp axes."""
+  """Every data x fsdp x expert x model factorisation (expert: divisors of the MoE layers'
+  num_experts, 1 for a dense model; with several GPU/Trainium hosts: model inside one), remat
+  policy and power-of-two accumulation that keeps the global batch: each microbatch divides
+  over the data, fsdp and expert axes."""
   out = []
   divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
   multi_host = entry is not None and entry.topology is None and entry.num_hosts > 1
+  experts = flops_lib.find_field(run.model, "num_experts") or 1
   batch = run.data.batch_size
   accums = [a for a in (2 ** k for k in range(batch.bit_length())) if batch % a == 0]
   for model in divisors:
     if multi_host and entry.hardware.devices_per_host % model:
       continue  # tensor parallel across hosts: its per-layer collectives on the network
-    for fsdp in (d for d in divisors if (num_devices // model) % d == 0):
-      data = num_devices // model // fsdp
-      for accum in accums:
-        if (batch // accum) % (data * fsdp):
-          continue
-        for remat in REMAT_SWEEP:
-          out.append(Candidate(axes={"data": data, "fsdp": fsdp, "model": model},
-                               remat=remat, grad_accum_steps=accum))
+    for expert in (d for d in divisors if (num_devices // model) % d == 0 and experts % d == 0):
+      for fsdp in (d for d in divisors if (num_devices // model // expert) % d == 0):
+        data = num_devices // model // expert // fsdp
+        for accum in accums:
+          if (batch // accum) % (data * fsdp * expert):
+            continue
+          for remat in REMAT_SWEEP:
+            out.append(Candidate(axes={"data": data, "fsdp": fsdp, "expert": expert,
+                                       "model": model}, remat=remat, grad_accum_steps=accum))
   return out
 
 
@@ -89,7 +92,7 @@ def screen_estimate(exp: experiment_lib.Experiment, entry: Entry, *, compute_byt
     return 0.0, 0.0
   mesh = dict(exp.mesh.shape)
   data, fsdp, model = mesh["data"], mesh["fsdp"], mesh["model"]
-  n, accum, seq = data * fsdp * model, run.trainer.grad_accum_steps, exp.source.seq_len
+  n, accum, seq = int(np.prod(list(mesh.values()))), run.trainer.grad_accum_steps, exp.source.seq_len
   params = exp.abstract_state.params
   top_k = flops_lib.find_field(run.model, "top_k")
   shape = memory_model.model_shape(params, top_k=top_k)
@@ -103,7 +106,7 @@ def screen_estimate(exp: experiment_lib.Experiment, entry: Entry, *, compute_byt
   hbm = memory_model.hbm_traffic(exp, analytic, compute_bytes=compute_bytes) / hw.hbm_bandwidth
   share = lambda g: (g - 1) / g
   fsdp_bytes = accum * 3 * weights / model * share(fsdp)
-  tp_bytes = (2 * passes * shape.layers * 2 * share(model) * tokens / (data * fsdp)
+  tp_bytes = (2 * passes * shape.layers * 2 * share(model) * tokens / (n // model)
               * shape.dim * compute_bytes)
   dp_bytes = accum * 2 * share(data) * weights / (model * fsdp)
   spans = hosts_spanned(mesh, entry) > 1

@@ -16,7 +16,8 @@ from trainer.meshes import AXES, Entry
 
 
 def resolve_axes(entry: Entry, cfg: MeshConfig, device_count: int) -> dict[str, int]:
-  """Axis sizes: the entry's, overridden by the config's; one -1 fills from the device count."""
+  """Axis sizes: the entry's (1 for an axis it does not name), overridden by the config's; one
+  -1 fills from the device count."""
   sizes = {axis: 1 for axis in AXES} | dict(entry.axes)
   for axis in AXES:
     value = getattr(cfg, axis)
@@ -84,7 +85,8 @@ def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
 
 
 def split_outer(shape: tuple[int, ...], granules: int) -> tuple[int, ...] | None:
-  """How many granules each axis spans, outer axes first (`data`, `stage`, ...); never `model`.
+  """How many granules each axis spans, outer axes first (`data`, `stage`, `fsdp`, then
+  `expert`: its all-to-all then crosses the network); never `model`.
 
   None when the granules do not factor that way (the model axis would cross hosts).
   """

@@ -6,6 +6,7 @@ with shardings and donation. Tests call them directly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from modules.decoder import LmHead
 from trainer.optimizer import Optimizer
 
 
@@ -46,18 +48,19 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
   """(sum of token losses + weighted aux losses, stats) for one (micro)batch, in float32.
 
   `loss_chunk_size` > 0: the LM head and the cross-entropy run over chunks of that many
-  positions (chunked_token_losses), never holding the [batch, seq, vocab] logits at once.
+  positions (chunked_loss_sum), never holding the [batch, seq, vocab] logits at once.
+  stats["metrics"]: what the modules sowed into the "metrics" collection (sown_means).
   """
   variables = {"params": cast_floats(params, compute_dtype)}
   args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
   weights = batch["weights"].astype(jnp.float32)
   # Named scopes label the compiled ops (`axtrain plan --ops`, profiles): loss, optimizer.
   if loss_chunk_size:
-    (x, head), state = model.apply(variables, *args, head=False, mutable=["losses"])
+    (x, head), state = model.apply(variables, *args, head=False, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
       loss_sum = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size)
   else:
-    logits, state = model.apply(variables, *args, mutable=["losses"])
+    logits, state = model.apply(variables, *args, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
       token_loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                                    batch["targets"])
@@ -66,10 +69,24 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
   aux = sum((jnp.sum(x) for x in jax.tree.leaves(state.get("losses", {}))), jnp.float32(0))
   # Aux losses (e.g. MoE load balancing) are means; scale them like the token sum.
   return loss_sum + aux * weight_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum,
-                                       "aux_loss": aux}
+                                       "aux_loss": aux,
+                                       "metrics": sown_means(state.get("metrics", {}))}
 
 
-def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int) -> jax.Array:
+def sown_means(collection) -> dict[str, jax.Array]:
+  """{name: mean} of the scalars sown under each name, over every module and layer that sowed
+  it (a scanned stack sows one per layer). Modules report router statistics this way
+  (modules/moe.py) without the step knowing them."""
+  groups: dict[str, list] = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(collection)[0]:
+    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+    groups.setdefault(name, []).append(leaf)
+  return {name: sum(jnp.sum(x) for x in leaves) / sum(x.size for x in leaves)
+          for name, leaves in sorted(groups.items())}
+
+
+def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *,
+                     chunk: int) -> jax.Array:
   """sum(weights * cross-entropy(x @ head, targets)) over sequence chunks of `chunk` positions.
 
   A scan over chunks whose body is rematerialised: forward and backward each hold one
@@ -83,7 +100,8 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   # The head gathered over its embed axis once for the loop, not once per chunk forward and
   # again backward; its gradient is reduced over the devices once, after the loop. (Its vocab
   # axis keeps the mesh's sharding, e.g. over `model`.)
-  head_DxV = nn.with_logical_constraint(head_DxV, (None, "vocab"))
+  head = dataclasses.replace(head, weight_DxV=nn.with_logical_constraint(head.weight_DxV,
+                                                                         (None, "vocab")))
 
   def split(a):  # [B, L, ...] -> [n, B, chunk, ...], chunk k = positions k, k + n, ...
     return jnp.moveaxis(a.reshape(b, chunk, n, *a.shape[2:]), 2, 0)
@@ -91,7 +109,7 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   @jax.checkpoint
   def body(total, xs):
     x_BxCxD, targets_BxC, weights_BxC = xs
-    logits = jnp.einsum("bcd,dv->bcv", x_BxCxD, head_DxV)
+    logits = head.logits(x_BxCxD)
     logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                              targets_BxC)
@@ -132,10 +150,13 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
       g, s = grad_fn(state.params, micro)
       return jax.tree.map(jnp.add, acc, (g, s)), None
 
-    zeros = (jax.tree.map(jnp.zeros_like, state.params),
-             {"loss_sum": jnp.float32(0), "weight_sum": jnp.float32(0), "aux_loss": jnp.float32(0)})
-    (grads, stats), _ = jax.lax.scan(body, zeros, _microbatches(batch, grad_accum_steps))
-    stats = dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps)
+    micro = _microbatches(batch, grad_accum_steps)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+        grad_fn, state.params, jax.tree.map(lambda x: x[0], micro)))
+    (grads, stats), _ = jax.lax.scan(body, zeros, micro)
+    # Means over the microbatches; the loss and weight sums stay sums.
+    stats = dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps,
+                 metrics={k: v / grad_accum_steps for k, v in stats["metrics"].items()})
   denom = jnp.maximum(stats["weight_sum"], 1.0)
   with jax.named_scope("optimizer"):
     grads = jax.tree.map(lambda g: g / denom, grads)
@@ -158,6 +179,7 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
       "update_norm": update_norm,  # the optimizer's update, before a skip
       "learning_rate": optimizer.schedule(state.step),
       "nonfinite": 1.0 - finite.astype(jnp.float32),
+      **stats["metrics"],  # sown by the modules (e.g. MoE router statistics)
   }
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
