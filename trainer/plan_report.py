@@ -93,7 +93,10 @@ def text(p: Plan, *, timings: bool = True) -> str:
         f"{e.mfu_serial:.2f} serial; HBM traffic [model] {gib(p.hbm_traffic)} per device",
     ]
   if t.cost_model_s is not None:
-    lines.append(f"  TPU cost model [TPU compiler]: step {secs(t.cost_model_s)} per device, "
+    # libtpu's cost model returns a negative time for some programs (seen with all-to-alls).
+    step = (f"step {secs(t.cost_model_s)}" if t.cost_model_s >= 0
+            else "no step time (libtpu's cost model returned a negative one)")
+    lines.append(f"  TPU cost model [TPU compiler]: {step} per device, "
                  f"{gib(t.bytes_accessed)} accessed (libtpu's per-op roofline; compare "
                  f"programs with layers unrolled and windowed einsum off)")
   if timings:
