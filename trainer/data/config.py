@@ -39,6 +39,15 @@ class _Batches:
 class SyntheticConfig(_Batches):
   """Uniformly random tokens (benchmarks)."""
   kind: str = "synthetic"
+  # tokens per document on average: > 0 packs rows from documents of random length, as the
+  # corpus kinds pack theirs (batches carry positions and segment_ids); 0: one stream, no documents
+  mean_doc_len: int = 0
+
+  def check(self, *, vocab_size: int, seed: int):
+    super().check(vocab_size=vocab_size, seed=seed)
+    if self.mean_doc_len < 0 or self.mean_doc_len == 1:
+      raise ConfigError(f"data.mean_doc_len must be 0 (no documents) or at least 2 tokens, got "
+                        f"{self.mean_doc_len}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from core.registry import ConfigError
 from trainer.data import corpus as corpus_lib
 from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows, process_rows
 from trainer.data.config import FieldFileConfig, FileConfig, StdlibConfig, TokensConfig
-from trainer.data.packing import Packer
+from trainer.data.packing import PACKED_FIELDS, Packer
 
 
 def check_vocab(vocab: int, model_vocab: int, what: str) -> None:
@@ -55,6 +55,9 @@ class CorpusSource(Source):
                        what=f"the held-out split of data '{cfg.kind}'")
     self.stream = {**split.describe, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
                    "seed": list(seed)}
+
+  def fields(self) -> dict:
+    return dict(PACKED_FIELDS)
 
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
     local_rows(self.batch_size, process_index=process_index,

@@ -1,4 +1,6 @@
-"""Uniformly random tokens, for benchmarks: no I/O, a pure function of (seed, step)."""
+"""Uniformly random tokens, for benchmarks: no I/O, a pure function of (seed, step); with
+data.mean_doc_len, packed from documents of random length like a corpus (positions and
+segment_ids), so that the step compiled and run is the one training on a corpus runs."""
 
 from __future__ import annotations
 
@@ -6,14 +8,25 @@ import numpy as np
 
 from trainer.data.base import DATA, Source, StepIndexedIterator, local_rows
 from trainer.data.config import SyntheticConfig
+from trainer.data.packing import PACKED_FIELDS, packed_batch
 
 
-def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size):
+def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size,
+                  mean_doc_len: int = 0):
   """Rows `rows` of the global batch at `step` (the same whatever the process count)."""
   rng = np.random.default_rng([*seed, step])
-  tokens = rng.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int32)[rows]
-  return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-          "weights": np.ones((len(tokens), seq_len), np.float32)}
+  tokens = rng.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int32)
+  if not mean_doc_len:
+    tokens = tokens[rows]
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+            "weights": np.ones((len(tokens), seq_len), np.float32)}
+  # A document starts at each token with probability 1 / mean_doc_len (geometric lengths);
+  # a row starts a piece, positions counting from 0, as packing cuts documents into rows.
+  starts = (rng.random((batch_size, seq_len + 1)) < 1 / mean_doc_len)[rows]
+  starts[:, 0] = True
+  index = np.arange(seq_len + 1)
+  positions = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+  return packed_batch(tokens[rows], np.cumsum(starts, axis=1), positions)
 
 
 @DATA.register("synthetic", SyntheticConfig)
@@ -22,14 +35,19 @@ class SyntheticSource(Source):
   def __init__(self, *, cfg: SyntheticConfig, vocab_size: int, seed: int):
     self.vocab_size, self.seed = vocab_size, seed
     self.batch_size, self.seq_len = cfg.batch_size, cfg.seq_len
+    self.mean_doc_len = cfg.mean_doc_len
+
+  def fields(self) -> dict:
+    return dict(PACKED_FIELDS) if self.mean_doc_len else super().fields()
 
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
     rows = local_rows(self.batch_size, process_index=process_index, process_count=process_count)
     return StepIndexedIterator(lambda step: _random_batch(
-        (self.seed,), step, rows, self.batch_size, self.seq_len, self.vocab_size))
+        (self.seed,), step, rows, self.batch_size, self.seq_len, self.vocab_size,
+        self.mean_doc_len))
 
   def eval_batches(self, *, batch_size, num_batches, process_index, process_count):
     rows = local_rows(batch_size, process_index=process_index, process_count=process_count,
                       what="eval.batch_size")
-    return [_random_batch((self.seed, 1), i, rows, batch_size, self.seq_len, self.vocab_size)
-            for i in range(num_batches)]
+    return [_random_batch((self.seed, 1), i, rows, batch_size, self.seq_len, self.vocab_size,
+                          self.mean_doc_len) for i in range(num_batches)]
