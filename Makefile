@@ -10,10 +10,15 @@ PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
 install: $(STAMP)
 
+# The `gpu` extra (XLA's GPU compiler for `axtrain plan`) goes to its own folder, which only a
+# GPU entry's plan puts on the path (launcher/plan.py:GPU_PLUGIN_DIR; pyproject.toml says why).
+GPU_EXTRA := import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -e '.[test,hf,tpu]'
+	rm -rf $(VENV)/gpu-compiler
+	$(PIP_INSTALL) --no-deps --target $(VENV)/gpu-compiler $$($(BIN)/python -c "$(GPU_EXTRA)")
 	touch $(STAMP)
 
 # `make demo` ends by sampling a continuation of this prompt from the model it trained.
@@ -46,8 +51,11 @@ bench-tpu: $(STAMP)
 
 # The README's sweep: three short tiny runs over the learning rate, their `axtrain runs` table
 # (docs/sweep.txt, pasted into README.md) and plot (docs/sweep.png). About 3 CPU-minutes.
+# The runs' config.json, run.json and metrics.jsonl are kept in tests/testdata/sweep/, from which
+# tests/test_runs.py renders the table again and compares it with both documents.
 AXTRAIN ?= $(BIN)/axtrain
 SWEEP_LRS := 1e-3 3e-3 1e-2
+SWEEP_SAVED := tests/testdata/sweep
 sweep-doc: $(STAMP)
 	for lr in $(SWEEP_LRS); do \
 	  $(AXTRAIN) --config=configs/tiny.py --config.trainer.max_steps=100 \
@@ -55,6 +63,12 @@ sweep-doc: $(STAMP)
 	    --output_dir=runs/sweep/lr=$$lr --overwrite || exit 1; \
 	done
 	$(AXTRAIN) runs runs/sweep --plot=docs/sweep.png > docs/sweep.txt
+	rm -rf $(SWEEP_SAVED)
+	for lr in $(SWEEP_LRS); do \
+	  mkdir -p $(SWEEP_SAVED)/lr=$$lr && \
+	  cp runs/sweep/lr=$$lr/config.json runs/sweep/lr=$$lr/run.json \
+	    runs/sweep/lr=$$lr/metrics.jsonl $(SWEEP_SAVED)/lr=$$lr/ || exit 1; \
+	done
 	cat docs/sweep.txt
 
 clean:

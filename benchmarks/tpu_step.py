@@ -79,7 +79,7 @@ def measure(overrides: dict) -> dict:
   packed = setting["data.mean_doc_len"] > 0
   if not declared:
     del setting["data.mean_doc_len"]
-  meshes.apply_rules(cfg, entry.name, set(setting))
+  meshes.apply_rules(cfg, entry, set(setting))
   for path, value in setting.items():
     node = cfg
     *parents, leaf = path.split(".")

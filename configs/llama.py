@@ -27,11 +27,18 @@ class Recipe:
   warmup_steps: int  # optimizer steps
   remat: str = "none"  # model.remat: what the backward pass recomputes
   state_dtype: str = "float32"  # optimizer.state_dtype
-  # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md)
+  # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md),
+  # matched by entry name or by hardware facts (_GPU_HOST: any such host, a new one too)
   mesh_rules: tuple = ()
 
 
 _FULL = "full"  # recompute each layer
+
+
+def _gpu_hosts(hosts: int) -> dict:
+  """A rule's match: `hosts` hosts of 8 GPUs with at least 80 GB each (A100-80GB, H100, H200,
+  B200, or any later entry of that shape)."""
+  return {"platform": "gpu", "devices_per_host": 8, "num_hosts": hosts, "min_hbm_gb": 80}
 
 
 def _fit(chunk: int, **changes) -> dict:
@@ -47,7 +54,7 @@ RECIPES: dict[str, Recipe] = {
     "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000, mesh_rules=(
         (r"tpu-v5e-16", _fit(256, **{"trainer.grad_accum_steps": 4})),
         (r"tpu-v5p-128", _fit(256)),
-        (r"gpu-(h100|h200|b200)-8", _fit(256, **{"trainer.grad_accum_steps": 8})),
+        (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
         (r"neuron-trn1-32", _fit(256, **{"trainer.grad_accum_steps": 4})),
     )),
     "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,
@@ -55,9 +62,12 @@ RECIPES: dict[str, Recipe] = {
     "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable", mesh_rules=(
         (r"tpu-v5p-128|tpu-v6e-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
-        # FSDP within a host, data parallel across the two (the entry's axes): the gradient
-        # all-reduce is the only traffic over the network.
-        (r"gpu-h100-8x2", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        # Two H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
+        # (docs/plan.md): data parallel across the hosts, FSDP over 4 and tensor parallel over
+        # 2 inside each; matmul outputs kept (little recompute), 8 microbatches.
+        (_gpu_hosts(2), {"mesh.data": 2, "mesh.fsdp": 4, "mesh.model": 2,
+                         "model.remat": "dots_with_no_batch_dims_saveable",
+                         "trainer.grad_accum_steps": 8, "trainer.loss_chunk_size": 1024}),
         (r"neuron-trn2-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
     )),
     "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
@@ -70,8 +80,14 @@ RECIPES: dict[str, Recipe] = {
                           "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
         (r"tpu-v5p-1024", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                            "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
-        (r"gpu-h100-8x16", {"mesh.data": 1, "mesh.fsdp": 16, "mesh.model": 8,
-                            "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
+        # 16 H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
+        # (docs/plan.md): tensor parallel over 4 GPUs of a host, FSDP over 32 across the
+        # hosts, 16 microbatches of 2 sequences per fsdp group; q/k/v and attention outputs
+        # kept. HSDP (FSDP inside a host) does not fit: a host's share of the float32
+        # parameters and bfloat16 Adam state is 70.6 GB per GPU before any gradient.
+        (_gpu_hosts(16), {"mesh.data": 1, "mesh.fsdp": 32, "mesh.model": 4,
+                          "model.remat": "save_attn_out", "trainer.grad_accum_steps": 16,
+                          "trainer.loss_chunk_size": 512}),
         (r"neuron-trn2-64x8", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
                                "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
     )),

@@ -11,7 +11,7 @@ from configs.base import lm_config
 from core.config_args import parse_arg
 from modules import llama
 from trainer.config import switch_kind
-from trainer.data.config import component
+from trainer.data.mixture import component
 
 
 def get_config(arg=None):

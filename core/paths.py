@@ -65,8 +65,9 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
 
   `schema` is the dataclass of `cfg` (e.g. trainer.config.RunConfig); the registry of
   each node on the way comes from its parent's `child()` field, so this works for every
-  registry without knowing any of them. `dropped`, if given, receives {path.field: value}
-  of the old node's non-default fields that `kind` does not have (Registry.dropped).
+  registry without knowing any of them. `dropped`, if given, receives {path.field:
+  NotCarried} for the old node's changed fields that the switch does not carry
+  (Registry.not_carried).
   """
   parts = path.split(".")
   node: Any = cfg
@@ -81,13 +82,34 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
         raise ConfigError(f"{where}.kind: {where} is not a component with a kind")
       reg.entry(kind, path=where)  # an unknown kind is reported with its path
       if dropped is not None:
-        dropped.update({f"{where}.{k}": v for k, v in reg.dropped(node[part], kind).items()})
+        dropped.update({f"{where}.{d.name}": d for d in reg.not_carried(node[part], kind)})
       new = reg.switched(node[part], kind, **values)
       node[part] = new
       return new
     node = node[part]
     schema = _schema(reg, typing.get_type_hints(schema)[part], node, where)
   raise ConfigError("empty config path")
+
+
+def field_at(cfg: ml_collections.ConfigDict, path: str, *,
+             schema: type) -> dataclasses.Field | None:
+  """The dataclass field that `path` names in `cfg` (whose dataclass is `schema`), or None when
+  a part of the path is not a field of a known node (an unknown key, a value's member)."""
+  parts = path.split(".")
+  node: Any = cfg
+  for i, part in enumerate(parts):
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    if part not in fields or part not in _keys(node):
+      return None
+    if i == len(parts) - 1:
+      return fields[part]
+    node = node[part]
+    try:
+      schema = _schema(child_registry(fields[part]), typing.get_type_hints(schema)[part], node,
+                       ".".join(parts[:i + 1]))
+    except ConfigError:
+      return None
+  return None
 
 
 def _schema(reg: Registry | None, hint: Any, node: Any, where: str) -> type:

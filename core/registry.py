@@ -17,13 +17,20 @@ optax transform, a data source...). Each kind of component has its own
 
 `Registry.node(kind)` gives a ConfigDict with every field of `kind` (config
 files start from it), `Registry.switched(node, kind)` replaces a node by another
-kind's, carrying over the fields both kinds have (core/paths.py:switch_kind does
-it at a dotted path, which is what `--config.<path>.kind=K` runs).
+kind's, carrying over the fields that both kinds declare shared (core/paths.py:switch_kind
+does it at a dotted path, which is what `--config.<path>.kind=K` runs).
 `Registry.parse` turns a ConfigDict node into the frozen dataclass (unknown,
 missing or mistyped fields raise `ConfigError` naming the path), and
 `Registry.build(cfg, **inputs)` constructs the component after its config's
 optional `check(**inputs)` has validated cross-field constraints. `inputs`
 are what the parent hands the child (e.g. the model width), never more.
+
+A config class says which of its fields mean the same thing in its registry's other kinds
+with `SHARED: ClassVar = ("name", ...)` (inherited like any class attribute); a kind switch
+carries a field only when both kinds list it, or both hold it as a `child()` of the same
+registry (a switch to the node's own kind keeps every field). `learning_rate` is shared by
+every optimizer; `b2` is not (its default and role differ between kinds), so a switch gives
+the new kind's own default.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ import ml_collections
 REQUIRED: Any = dataclasses.MISSING
 _REGISTRY_KEY = "axtrain_registry"
 _DEFAULT_KIND_KEY = "axtrain_default_kind"
+_LIST_KEY = "axtrain_list_of"
+_OMIT_KEY = "axtrain_list_omits"
+_HOW_KEY = "axtrain_how_to_set"
 
 
 class ConfigError(ValueError):
@@ -56,11 +66,22 @@ def child(registry: str, default: Any = REQUIRED, *, kind: str | None = None) ->
   """Declares a config field that holds a child node of `registry`.
 
   `kind`: the child's default kind; `node()` then fills the field with that kind's node.
+  `default=None`: an optional child, off unless a config turns it on (`--config.<path>.kind=K`)
+  and switched off again with `--config.<path>=None`.
   """
   kwargs: dict[str, Any] = {"metadata": {_REGISTRY_KEY: registry, _DEFAULT_KIND_KEY: kind}}
   if default is not REQUIRED:
     kwargs["default"] = default
   return dataclasses.field(**kwargs)
+
+
+def child_list(registry: str, *, omit: tuple[str, ...] = (), how: str = "") -> Any:
+  """Declares a required field holding a tuple of `registry` nodes, each without the fields
+  in `omit` (the owner supplies them) and with any extra keys the owner reads (a mixture's
+  components: data nodes without seq_len and batch_size, each with a weight). `how`: how
+  to set it, for the message when it is missing (a tuple of nodes is no command-line value)."""
+  return dataclasses.field(metadata={_LIST_KEY: registry, _OMIT_KEY: tuple(omit),
+                                     _HOW_KEY: how})
 
 
 def child_registry(f: dataclasses.Field) -> Registry | None:
@@ -69,12 +90,51 @@ def child_registry(f: dataclasses.Field) -> Registry | None:
   return None if name is None else _ALL[name]
 
 
+def list_registry(f: dataclasses.Field) -> tuple[Registry, tuple[str, ...]] | None:
+  """(registry, omitted fields) of a `child_list()` field, else None."""
+  name = f.metadata.get(_LIST_KEY)
+  return None if name is None else (_ALL[name], f.metadata[_OMIT_KEY])
+
+
+def optional_child(f: dataclasses.Field) -> bool:
+  """Whether `f` is a child field that may be None (off)."""
+  return child_registry(f) is not None and f.default is None
+
+
+def child_default_kind(f: dataclasses.Field) -> str | None:
+  """The default kind of a `child()` field (None: the field names none)."""
+  return f.metadata.get(_DEFAULT_KIND_KEY)
+
+
+def shared_fields(cls: type) -> frozenset[str]:
+  """The fields of config class `cls` that mean the same in the other kinds that share them:
+  its `SHARED` names, and its `child()` fields."""
+  fields = _fields(cls)
+  declared = {n for n in getattr(cls, "SHARED", ()) if n in fields}
+  return frozenset(declared | {n for n, f in fields.items() if child_registry(f) is not None})
+
+
 _ALL: dict[str, Registry] = {}
 
 
 def registry(name: str) -> Registry:
   """The registry called `name` (they register themselves on creation)."""
   return _ALL[name]
+
+
+_ABSENT: Any = dataclasses.MISSING
+
+
+@dataclasses.dataclass(frozen=True)
+class NotCarried:
+  """A field that a kind switch leaves behind although the config had changed it."""
+  name: str
+  value: Any
+  new_default: Any = _ABSENT  # the new kind's own default for a same-named field, else _ABSENT
+
+  @property
+  def has_field(self) -> bool:
+    return self.new_default is not _ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,38 +189,49 @@ class Registry:
     return self._node(self.entry(kind), values, partial=False)
 
   def switched(self, old: Any, kind: str, **values) -> ml_collections.ConfigDict:
-    """`kind`'s node in place of `old`: each field of `old` that `kind` also has (same
-    name, value valid for `kind`) is carried over, `values` are set, the rest of
-    `kind`'s fields take their defaults and `old`'s other fields are dropped.
+    """`kind`'s node in place of `old`: each field of `old` that both kinds share
+    (`shared_fields`: same name, same meaning, value valid for `kind`) is carried over,
+    `values` are set, the rest of `kind`'s fields take their defaults and `old`'s other
+    fields are dropped (`not_carried` lists those that the config had changed).
 
     A required field that nothing sets becomes a typed placeholder (None), which
     `parse` reports as missing unless an override sets it. `old` may be None.
     """
     component = self.entry(kind)
+    return self._node(component, {**self._carried(old, component), **values}, partial=True)
+
+  def _carried(self, old: Any, component: Component) -> dict[str, Any]:
+    old_cls = self._config_cls_of(old)
+    if old_cls is None:
+      return {}
     fields = _fields(component.config_cls)
     hints = typing.get_type_hints(component.config_cls)
-    carried = {}
-    items = old.items() if isinstance(old, (Mapping, ml_collections.ConfigDict)) else ()
-    for name, value in items:
-      if name in fields and name != "kind" and _valid(fields[name], hints[name], value):
-        carried[name] = value
-    return self._node(component, {**carried, **values}, partial=True)
+    both = (set(fields) - {"kind"} if old.get("kind") == component.kind
+            else shared_fields(old_cls) & shared_fields(component.config_cls))
+    return {name: value for name, value in old.items()
+            if name in both and _valid(fields[name], hints[name], value)}
 
-  def dropped(self, old: Any, kind: str) -> dict[str, Any]:
-    """The fields of `old` that `switched(old, kind)` drops although they differ from the
-    old kind's defaults ({} when `old` is not a node of this registry)."""
-    if not isinstance(old, (Mapping, ml_collections.ConfigDict)) or old.get("kind") not in (
-        self.kinds()):
-      return {}
+  def _config_cls_of(self, node: Any) -> type | None:
+    if not isinstance(node, (Mapping, ml_collections.ConfigDict)):
+      return None
+    kind = node.get("kind")
+    return self._entries[kind].config_cls if kind in self._entries else None
+
+  def not_carried(self, old: Any, kind: str) -> list[NotCarried]:
+    """The fields of `old` that `switched(old, kind)` does not carry although the config
+    changed them from the old kind's defaults ([] when `old` is not a node of this registry)."""
+    old_cls = self._config_cls_of(old)
+    if old_cls is None:
+      return []
+    component = self.entry(kind)
     default = self._node(self.entry(old["kind"]), {}, partial=True).to_dict()
-    new_fields = _fields(self.entry(kind).config_cls)
-    hints = typing.get_type_hints(self.entry(kind).config_cls)
-    out = {}
+    new_default = self._node(component, {}, partial=True).to_dict()
+    carried = self._carried(old, component)
+    out = []
     for name, value in old.items():
       plain = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-      kept = name in new_fields and _valid(new_fields[name], hints[name], value)
-      if name != "kind" and not kept and plain != default.get(name):
-        out[name] = plain
+      if name != "kind" and name not in carried and plain != default.get(name):
+        out.append(NotCarried(name, plain, new_default.get(name, _ABSENT)))
     return out
 
   def _node(self, component: Component, values: dict, *, partial: bool):
@@ -260,7 +331,8 @@ def parse_dataclass(cls: type, node: Mapping, path: str, *, what: str) -> Any:
     if name not in node or (node[name] is None and f.default is REQUIRED
                             and f.default_factory is dataclasses.MISSING):
       if f.default is REQUIRED and f.default_factory is dataclasses.MISSING:
-        raise ConfigError(f"{sub}: required field of {what} is missing (set --config.{sub}=...)")
+        how = f.metadata.get(_HOW_KEY) or f"set --config.{sub}=..."
+        raise ConfigError(f"{sub}: required field of {what} is missing ({how})")
       continue
     value = node[name]
     reg = child_registry(f)

@@ -12,9 +12,12 @@ module turns each into a UserError that says what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import logging
+import os
 import pathlib
 import re
 import sys
+import traceback
 
 import ml_collections
 from absl import flags
@@ -22,8 +25,9 @@ from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from core import paths
+from core.registry import child_registry, optional_child
 from launcher.errors import ConfigError, UserError, suggest
-from trainer.config import switch_kind
+from trainer.config import field_at, switch_kind
 
 
 class _FloatOrNone(flags.FloatParser):
@@ -36,10 +40,25 @@ class _IntOrNone(flags.IntegerParser):
     return None if argument == "None" else super().parse(argument)
 
 
+class _OffOnly(flags.ArgumentParser):
+  """`--config.<path>=None` on a component node: only an optional child gets here
+  (bad_override refuses the others), and None switches it off."""
+
+  def parse(self, argument):
+    if not isinstance(argument, str):  # the node itself, as the override flag's default
+      return argument
+    if argument != "None":
+      raise ValueError("a component node takes only None (off); set its fields or its kind")
+    return None
+
+
 # `--config.x=None` for a number field: the typed check of the config then accepts it where
 # the field allows None ("None = off", e.g. optimizer.clip_norm) and names the field elsewhere.
 config_flags.register_flag_parser_for_type(float, _FloatOrNone())
 config_flags.register_flag_parser_for_type(int, _IntOrNone())
+# An optional child (child(..., default=None)), on or already off.
+config_flags.register_flag_parser_for_type(ml_collections.ConfigDict, _OffOnly())
+config_flags.register_flag_parser_for_type(type(None), _OffOnly())
 
 
 def define(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -67,14 +86,54 @@ class _SwitchingParser(ConfigFileFlagParser):
     self._argv = argv
 
   def parse(self, path):
-    cfg = super().parse(path)
-    if isinstance(cfg, ml_collections.ConfigDict):
-      try:
-        prepare(cfg, overrides(self._argv))
-      except ConfigError as e:
-        raise Refused(str(e)) from None
-      cfg.lock()
+    returned_none = logging.Filter()  # config_flags warns of it; the refusal below says it
+    returned_none.filter = lambda record: "get_config() returned None" not in str(record.msg)
+    logging.getLogger("absl").addFilter(returned_none)
+    try:
+      cfg = super().parse(path)
+    except Exception as e:  # pylint: disable=broad-except  (whatever the file raises: one line)
+      raise Refused(file_error(path, e)) from None
+    finally:
+      logging.getLogger("absl").removeFilter(returned_none)
+    error = vars(cfg).get("_error") if type(cfg).__name__ == "_ErrorConfig" else None
+    if isinstance(error, BaseException):  # config_flags defers an OSError of the file to here
+      raise Refused(file_error(path, error))
+    if not isinstance(cfg, ml_collections.ConfigDict):
+      got = "None" if cfg is None else f"a {type(cfg).__name__}"
+      raise Refused(f"config file '{path.split(':')[0]}'{_get_config_line()}: get_config() "
+                    f"returned {got}, not an ml_collections.ConfigDict; end it with `return cfg`")
+    try:
+      prepare(cfg, overrides(self._argv))
+    except ConfigError as e:
+      raise Refused(str(e)) from None
+    cfg.lock()
     return cfg
+
+
+def _get_config_line() -> str:
+  """' line N' of the loaded config file's get_config (config_flags loads it as config_config)."""
+  code = getattr(getattr(sys.modules.get("config_config"), "get_config", None), "__code__", None)
+  return f" line {code.co_firstlineno}" if code is not None else ""
+
+
+def file_error(value: str, error: BaseException) -> str:
+  """One line for an exception raised while loading config file `value` (FILE[:arg]): the file
+  and the line in it where it was raised, and the error."""
+  path = value.split(":", 1)[0]
+  if str(error).startswith("Error whilst parsing config file") and error.__context__:
+    error = error.__context__  # config_flags re-raises TypeError/ValueError with a traceback text
+  if isinstance(error, ConfigError):  # a config's own message (e.g. core.config_args.parse_arg)
+    return f"config file '{value}': {' '.join(str(error).split())}"
+  if isinstance(error, SyntaxError):
+    return f"config file '{error.filename}' line {error.lineno}: {error.msg}"
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return f"config file '{path}' defines no get_config(arg=None)"
+  line = None
+  for frame, lineno in traceback.walk_tb(error.__traceback__):
+    if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path):
+      line = lineno  # the innermost frame in the file
+  where = f" line {line}" if line is not None else ""
+  return f"config file '{path}'{where}: {type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> None:
@@ -89,13 +148,29 @@ def prepare(cfg: ml_collections.ConfigDict, items: list[tuple[str, str]]) -> Non
     if node is None or (isinstance(node, ml_collections.ConfigDict) and "kind" in node):
       dropped: dict = {}
       switch_kind(cfg, path, switches[path], dropped=dropped)  # an empty slot gets K's node too
-      if dropped:  # set by the config file (not defaults): say so rather than drop silently
-        print(f"axtrain: note: --config.{path}.kind={switches[path]} drops "
-              f"{', '.join(f'{k}={v!r}' for k, v in dropped.items())} (kind "
-              f"'{switches[path]}' has no such field)", file=sys.stderr)
+      overridden = {p for p, _ in items}
+      note = _not_carried_note(f"--config.{path}.kind={switches[path]}", switches[path], {
+          k: d for k, d in dropped.items() if k not in overridden})
+      if note:  # changed by the config file (not defaults): say so rather than drop silently
+        print(note, file=sys.stderr)
   message = bad_override(cfg, items)
   if message:
     raise ConfigError(message)
+
+
+def _not_carried_note(switch: str, kind: str, dropped: dict) -> str | None:
+  """One `axtrain: note:` line for the changed fields that a kind switch leaves behind."""
+  if not dropped:
+    return None
+  gone = [f"{k}={d.value!r}" for k, d in dropped.items() if not d.has_field]
+  reset = [f"{k}={d.value!r} to {d.new_default!r}" for k, d in dropped.items() if d.has_field]
+  parts = []
+  if gone:
+    parts.append(f"drops {', '.join(gone)} (kind '{kind}' has no such field)")
+  if reset:
+    parts.append(f"resets {', '.join(reset)} (kind '{kind}''s own default: the kinds do not "
+                 f"share the field; set it with --config.<path>=VALUE to keep a value)")
+  return f"axtrain: note: {switch} {'; '.join(parts)}"
 
 
 def overrides(argv: list[str]) -> list[tuple[str, str]]:
@@ -147,12 +222,35 @@ def bad_override(config: ml_collections.ConfigDict, items: list[tuple[str, str]]
     try:
       target = paths.get_path(config, path)
     except ConfigError as e:
-      return f"--config.{path}: {e}"
+      return f"--config.{path}: {_off_parent(config, path) or e}"
+    field = field_at(config, path)
+    if value == "None" and field is not None and optional_child(field):
+      continue  # switches an optional child off
     if isinstance(target, ml_collections.ConfigDict):
       fields = ", ".join(sorted(target.keys()))
       return (f"--config.{path}={value}: '{path}' is a section, not a value; set its fields "
               f"(--config.{path}.FIELD=VALUE{', or its kind' if 'kind' in target else ''}):"
               f" {fields}")
+    if target is None and field is not None and optional_child(field):
+      return (f"--config.{path}={value}: '{path}' is an optional component, off; turn it on "
+              f"with --config.{path}.kind=KIND ({', '.join(child_registry(field).kinds())})")
+  return None
+
+
+def _off_parent(config: ml_collections.ConfigDict, path: str) -> str | None:
+  """For a path below an optional child that is off: how to turn it on."""
+  parts = path.split(".")
+  for i in range(1, len(parts)):
+    prefix = ".".join(parts[:i])
+    try:
+      node = paths.get_path(config, prefix)
+    except ConfigError:
+      return None
+    field = field_at(config, prefix)
+    if node is None and field is not None and optional_child(field):
+      kinds = ", ".join(child_registry(field).kinds())
+      return (f"'{prefix}' is off (None); turn it on first with --config.{prefix}.kind=KIND "
+              f"({kinds}), then set its fields")
   return None
 
 

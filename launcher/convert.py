@@ -4,7 +4,7 @@
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
-index) of a LlamaForCausalLM or GPT2LMHeadModel and writes a run directory:
+index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a run directory:
 config.json (the resolved run config), config.py (whose get_config() returns
 that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
@@ -26,6 +26,7 @@ import tempfile
 import numpy as np
 
 from launcher.errors import UserError, suggest
+from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR | "
          "axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--no_scan_layers]")
@@ -35,8 +36,15 @@ CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
     axtrain --config={run_dir}/config.py --output_dir={run_dir}
 
-The config is held here, not read from config.json (which records the run's
-current config), so that training with other settings never changes it.
+trains the converted model on synthetic data: {max_steps} steps of {batch_size} x {seq_len}
+uniformly random tokens (data.kind=synthetic), which shows that it trains, not what it learns.
+On your corpus, with the model's own tokenizer (docs/data.md), the same command becomes:
+
+    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl --config.data.tokenizer.kind=huggingface --config.data.tokenizer.path={source}/tokenizer.json
+
+Add --config.trainer.max_steps=20 for a short try. The config is held here, not read from
+config.json (which records the run's current config), so that training with other settings
+never changes it.
 """
 
 import json
@@ -58,7 +66,10 @@ def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path) -
   text = json.dumps(resolved, indent=2, sort_keys=True)
   quote = "'" * 3
   literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
-  return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal)
+  return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal,
+                          max_steps=resolved["trainer"]["max_steps"],
+                          batch_size=resolved["data"]["batch_size"],
+                          seq_len=resolved["data"]["seq_len"])
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -75,7 +86,7 @@ def parse_args(argv: list[str]) -> dict:
     elif not sep or not value:
       raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
     else:
-      out[name] = value
+      out[name] = os.path.expanduser(value)  # `--output_dir=~/x`: the shell leaves ~ alone
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
   return out
@@ -145,9 +156,14 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
 
 def _family(hf_cfg: dict, hf_dir: pathlib.Path):
   from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
-  by_type = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+  by_type = {f.name: arch for arch, f in FAMILIES.items()}
   archs = hf_cfg.get("architectures") or [by_type.get(hf_cfg.get("model_type"), "")]
   arch = archs[0]
+  if not arch and "model_type" not in hf_cfg:
+    what = (" (it is an axtrain run directory: export it with --to_hf)"
+            if (hf_dir / "run.json").is_file() else "")
+    raise UserError(f"--from_hf {hf_dir} is not a Hugging Face model folder: its config.json "
+                    f"names no architectures or model_type{what}")
   if arch not in FAMILIES:
     raise UserError(f"{hf_dir}: model '{arch or hf_cfg.get('model_type')}' is not supported; "
                     f"supported: {', '.join(FAMILIES)}")
@@ -239,6 +255,16 @@ def split_layers(params: dict, num_layers: int) -> dict:
   return out
 
 
+def layer_tree(abstract, num_layers: int) -> dict:
+  """The model's parameter names as {'layers': [layer, ...], ...} (either layout), leaves 0."""
+  import jax  # pylint: disable=import-outside-toplevel
+  zeros = jax.tree.map(lambda _: 0, abstract)
+  out = {k: v for k, v in zeros.items() if k != "layers" and not k.startswith("layers_")}
+  out["layers"] = ([zeros["layers"]] * num_layers if "layers" in zeros
+                   else [zeros[f"layers_{i}"] for i in range(num_layers)])
+  return out
+
+
 def _check_tree(params, abstract) -> None:
   """Our converted tree against the model's own init shapes (a bug guard, not user input)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -313,7 +339,9 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   exp = experiment_of(resolved)
   abstract = abstract_params(exp)
 
-  params = stack_layers(family.from_hf(st.get, hf_cfg), scan=scan_layers)
+  from modules.hf_maps import import_params  # pylint: disable=import-outside-toplevel
+  params = import_params(family, st.get, hf_cfg, layer_tree(abstract, node.num_layers))
+  params = stack_layers(params, scan=scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -324,6 +352,8 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
     (tmp / "config.py").write_text(_config_py(resolved, source=hf_dir, run_dir=output))
+    Manifest(tmp).add(*(tmp / n for n in ("config.json", "hf_config.json", "config.py",
+                                          "run.json")))
     run_dir_lib.write_json(tmp / "run.json", {
         "status": "converted", "converted_from": str(hf_dir.resolve()),
         "architecture": family.architecture, "hf_dtype": dtypes[0] if len(dtypes) == 1 else "F32",
@@ -357,8 +387,14 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
 
   import jax  # pylint: disable=import-outside-toplevel
+  from modules.hf_maps import export  # pylint: disable=import-outside-toplevel
+  # Every parameter must map to a tensor: checked on zero-size stand-ins (broadcast views of
+  # one zero) before the checkpoint is read, and again on the real parameters.
+  stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape),
+                           abstract)
+  export(family, split_layers(stand_ins, run.model.num_layers), run.model)
   params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
-  tensors = family.to_hf(split_layers(params, run.model.num_layers), run.model)
+  tensors = export(family, split_layers(params, run.model.num_layers), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
   with _Staging(output) as tmp:
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")

@@ -15,6 +15,7 @@ own settings it reproduces the run's eval_loss at that step exactly.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -58,7 +59,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
       raise UserError(f"eval: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
   if out["run_dir"] is None:
     raise UserError(f"eval: --run_dir is required; {USAGE}")
-  out["run_dir"] = pathlib.Path(out["run_dir"])
+  out["run_dir"] = pathlib.Path(os.path.expanduser(out["run_dir"]))
   if out["step"] is not None:
     try:
       out["step"] = int(out["step"])
@@ -143,23 +144,30 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=import-outside-toplevel
 
   # pylint: disable-next=import-outside-toplevel
-  from trainer import checkpoint, config as config_lib, experiment, loop, meshes
+  from trainer import checkpoint, config as config_lib, experiment, loop, meshes, step_memory
   exp = experiment.build(config_lib.parse(cfg), meshes.select("auto"))
+  process = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  batches = exp.source.eval_batches(batch_size=exp.run.eval.batch_size,
+                                    num_batches=exp.run.eval.num_batches, **process)
+  try:  # the eval step's one compile: refused before a checkpoint is read
+    step_memory.check_eval(exp, batches[0])
+  except ConfigError as e:
+    raise UserError(f"eval: {e}") from None
   try:
     step, params = _restore_params(exp, run_dir, args["step"])
   except checkpoint.CheckpointError as e:
     print(f"axtrain: error: {e}", file=sys.stderr)
     return EXIT_FAILED
-  process = dict(process_index=jax.process_index(), process_count=jax.process_count())
-  batches = exp.source.eval_batches(batch_size=exp.run.eval.batch_size,
-                                    num_batches=exp.run.eval.num_batches, **process)
   result = loop.evaluate(exp, params, batches)
   record = {"step": step, **result, "source": SOURCE}
   if config_args:
     record["overrides"] = " ".join(config_args)
   if jax.process_index() == 0:
+    from trainer.run_files import Manifest, no_record  # pylint: disable=import-outside-toplevel
     from trainer.writers import JsonlWriter  # pylint: disable=import-outside-toplevel
-    writer = JsonlWriter(run_dir / "metrics.jsonl")  # one line, one write: safe beside training
+    manifest = Manifest(run_dir)  # a run older than manifests: its layout shows metrics.jsonl
+    writer = JsonlWriter(run_dir / "metrics.jsonl",  # one line, one write: safe beside training
+                         record=manifest.record if manifest.files() is not None else no_record)
     writer.on_record(record)
     writer.on_train_end(None)
   print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "

@@ -35,6 +35,13 @@ def flat_text(cfg) -> str:
   return "".join(f"{k}: {_show(v)}\n" for k, v in sorted(flatten(cfg).items()))
 
 
+def chosen_text(cfg) -> str:
+  """The flat text of what a run config chooses (its kinds, required fields and values
+  other than the defaults): a golden file."""
+  from trainer.config import chosen  # pylint: disable=import-outside-toplevel
+  return flat_text(chosen(cfg))
+
+
 def human(n: int) -> str:
   """1234567 -> '1.23M'."""
   for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

@@ -15,6 +15,7 @@ per prompt instead. Sampling: --temperature=0 is greedy; --top_k=0 and
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -62,7 +63,7 @@ def read_prompts(args: dict) -> list[str]:
     if not args["prompt"]:
       raise UserError("generate: --prompt is empty; give some text to continue")
     return [args["prompt"]]
-  path = pathlib.Path(args["prompt_file"])
+  path = pathlib.Path(os.path.expanduser(args["prompt_file"]))
   if not path.is_file():
     raise UserError(f"generate: --prompt_file {path} does not exist")
   lines = path.read_text(encoding="utf-8").splitlines()
@@ -93,12 +94,12 @@ def run_tokenizer(cfg: dict):
   The data node's tokenizer (a mixture's: its first component's), the one an `axtrain
   tokenize` directory recorded, or bytes where the run names none (synthetic data, a
   converted Hugging Face model)."""
-  from trainer.data import corpus, tokenizers  # pylint: disable=import-outside-toplevel
+  from trainer.data import tokenizers, tokens  # pylint: disable=import-outside-toplevel
   data = cfg["data"]
   node = data.get("tokenizer") or next(
       (src.get("tokenizer") for src in data.get("sources") or () if src.get("tokenizer")), None)
   if node is None and data.get("kind") == "tokens":
-    node = corpus.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
+    node = tokens.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
   node = dict(node or {"kind": "bytes"})
   fields = {k: v for k, v in node.items() if k not in ("kind", "vocab_size", "add_eos")}
   return tokenizers.build(node["kind"], **fields, add_eos=False)
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
   if args["step"] is not None and args["step"] < 0:
     raise UserError(f"generate: --step must be >= 0, got {args['step']}")
   prompts = read_prompts(args)
-  run_dir = pathlib.Path(args["run_dir"])
+  run_dir = pathlib.Path(os.path.expanduser(args["run_dir"]))
   cfg = read_run_config(run_dir)
   for result in sample_run(run_dir, cfg, prompts, options, step=args["step"], seed=args["seed"]):
     if args["json"]:

@@ -9,6 +9,8 @@ usage:
   axtrain generate --run_dir=DIR --prompt=TEXT [--max_new_tokens=N --temperature=T ...] (docs/generate.md)
   axtrain runs PATH... [--json] [--plot=FILE.png]   (a table of runs; docs/runs.md)
   axtrain eval --run_dir=DIR [--step=N] [--config.eval.*=...] [--config.data.*=...]
+  axtrain launch --backend=local|slurm|k8s|tpu-vm [launch flags] -- ARGS   (docs/launch.md)
+  axtrain --version
 
 examples:
   axtrain --config=configs/tiny.py
@@ -17,11 +19,14 @@ examples:
   for lr in 1e-3 3e-4; do axtrain --config=configs/tiny.py --config.optimizer.learning_rate=$lr; done
 
 Each run writes its own directory (or --output_dir): runs/<config>/base/ without
-overrides, runs/<config>/<key=value,...>/ with them (sorted by key, so flag order
-does not matter): config.json, run.json, metrics.jsonl, checkpoints/. Re-running
-a completed run does nothing; a different config in an existing run directory is
-refused unless --overwrite, which deletes only that run's own files (a directory
-holding other files is refused; `axtrain convert`'s files are kept).
+overrides, runs/<config>/<key=value,...>/ with the overrides that change a value
+(sorted by key, values as Python writes them: 2e-3 and 0.002 are one run):
+config.json, run.json, metrics.jsonl, checkpoints/, manifest.json (the files axtrain
+wrote there). Re-running a completed run does nothing; raising
+--config.trainer.max_steps extends it from its last checkpoint; any other change
+in an existing run directory is refused unless --overwrite, which deletes only
+the files axtrain wrote (it refuses, naming any other file; `axtrain convert`'s
+files are kept). A run shorter than its warm-up shrinks the warm-up (a note says so).
 Mistakes print one line `axtrain: error: ...` and exit with code 2.
 
 Re-running the command of an unfinished run resumes it from its last committed
@@ -37,7 +42,7 @@ import sys
 
 from absl import flags
 
-from launcher import config_loading, platforms
+from launcher import config_loading, distributed, platforms
 from launcher.errors import EXIT_USAGE, ConfigError, UserError
 
 
@@ -47,8 +52,9 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_string("output_dir", None, "Run directory; default runs/<config stem>/base or "
                       "runs/<config stem>/<sorted overrides>.",
                       flag_values=fv)
-  flags.DEFINE_boolean("overwrite", False, "Start the run over: delete the run directory's "
-                       "own files (never other files, never another run's).", flag_values=fv)
+  flags.DEFINE_boolean("overwrite", False, "Start the run over: delete the files axtrain wrote "
+                       "in the run directory (refused, naming them, if it holds any other).",
+                       flag_values=fv)
   flags.DEFINE_boolean("print_config", False, "Print the resolved config as sorted `a.b.c: value`"
                        " lines and the parameter count, then exit.", flag_values=fv)
   flags.DEFINE_string("mesh", "auto", "Device mesh from the registry (docs/meshes.md), or `auto` "
@@ -59,6 +65,15 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run.",
                        flag_values=fv)
+  flags.DEFINE_enum("distributed", "auto", distributed.MODES, "How a multi-process run starts: "
+                    "`auto` from the three flags above, JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/"
+                    "JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
+                    "(every worker of a multi-host slice).", flag_values=fv)
+  flags.DEFINE_integer("distributed_timeout", distributed.DEFAULT_TIMEOUT_S, "Seconds a "
+                       "multi-process run waits for all its processes to join before it gives "
+                       "up with one line naming the coordinator address.", flag_values=fv)
+  flags.DEFINE_boolean("version", False, "Print the versions of axtrain, jax and jaxlib, then "
+                       "exit.", flag_values=fv)
   config_loading.register_flag_names(fv)
   return fv
 
@@ -73,13 +88,21 @@ def options_text(fv: flags.FlagValues) -> str:
   return "\n".join(lines) + "\n"
 
 
+def version_text() -> str:
+  """`axtrain 0.1.0 (jax 0.10.2, jaxlib 0.10.2, python 3.11.7)`: what --version prints."""
+  from launcher.run_dir import versions  # pylint: disable=import-outside-toplevel
+  found = versions()
+  others = ", ".join(f"{k} {found[k]}" for k in ("jax", "jaxlib", "python") if k in found)
+  return f"axtrain {found.get('axtrain', 'unknown')} ({others})\n"
+
+
 def help_text(fv: flags.FlagValues) -> str:
   return __doc__.strip() + "\n\n" + options_text(fv)
 
 
 # `axtrain COMMAND ...` -> the launcher module whose main(argv) runs it (imported on use).
 COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "generate": "generate",
-            "runs": "runs", "eval": "eval_run"}
+            "runs": "runs", "eval": "eval_run", "launch": "launch"}
 # Commands that run on this machine's devices: like training, they take the CPU backend
 # outright on a machine without accelerators (launcher/platforms.py). `plan` compiles for
 # other machines' devices and must keep libtpu's TPU topologies reachable.
@@ -98,6 +121,7 @@ def main(argv: list[str], *, callbacks=()) -> int:
     if command in COMMANDS:
       if command in ON_LOCAL_DEVICES:
         platforms.cpu_when_no_accelerator()
+        platforms.check_backend()
       module = importlib.import_module(f"launcher.{COMMANDS[command]}")
       return module.main(argv[:1] + argv[2:])
     return train_main(argv, callbacks=callbacks)
@@ -111,6 +135,9 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   fv = _define_flags(argv)
   if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
     sys.stdout.write(help_text(fv))
+    raise SystemExit(0)
+  if "--version" in argv[1:]:
+    sys.stdout.write(version_text())
     raise SystemExit(0)
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:

@@ -10,7 +10,8 @@ examples:
   axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-8 --ops --noeval --nowindowed_einsum
 
 Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
-TPU entries with the real TPU compiler (libtpu), others for as many CPU devices plus an
+TPU entries with the real TPU compiler (libtpu), GPU entries with XLA's GPU compiler (the
+jax-cuda12 plugin's compile-only GPUs), Trainium entries for as many CPU devices plus an
 analytic memory model. A plan that does not fit is a report like any other (exit 0).
 --ops adds where the train step's time goes: its ops' bytes, FLOPs and roofline time by
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
@@ -20,8 +21,11 @@ matmuls and their collectives apart, so that every op is counted once.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -49,7 +53,8 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
                        "--nowindowed_einsum turns that off, for --ops and the TPU cost model.",
                        flag_values=fv)
   flags.DEFINE_boolean("eval", True, "Also compile the eval step.", flag_values=fv)
-  flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free.", flag_values=fv)
+  flags.DEFINE_float("margin", 0.05, "Fraction of device memory to keep free, in [0, 1).",
+                     flag_values=fv)
   flags.DEFINE_float("sweep_budget_s", 1800.0, "Seconds of compiling a sweep may spend.",
                      flag_values=fv)
   flags.DEFINE_integer("sweep_limit", 12, "Most candidates a sweep compiles.", flag_values=fv)
@@ -70,6 +75,41 @@ def _cpu_devices_flag(n: int) -> str:
   return f"--xla_force_host_platform_device_count={n}"
 
 
+# `make install` puts the jax-cuda12 plugin (XLA's GPU compiler) here, outside site-packages:
+# importable, it makes every JAX process look for CUDA and log that it found none. Only a plan
+# of a GPU entry puts it on the path.
+GPU_PLUGIN_DIR = pathlib.Path(sys.prefix) / "gpu-compiler"
+# What the plugin logs in a process without CUDA (every time; nothing is wrong).
+_NO_CUDA_LOG = re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called"
+                          r"|^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers")
+
+
+def _gpu_plan_env() -> dict | None:
+  """The environment a GPU entry's plan needs (the plugin importable, JAX on its CPU backend
+  so that the plugin skips its CUDA check); None when this process has it."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  path = os.environ.get("PYTHONPATH", "")
+  if (importlib.util.find_spec("jax_cuda12_plugin") is None and GPU_PLUGIN_DIR.is_dir()
+      and str(GPU_PLUGIN_DIR) not in path.split(os.pathsep)):
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GPU_PLUGIN_DIR), path) if p)
+  # Nothing to change: plan here (without the plugin the planner says how to install it).
+  return None if env == dict(os.environ) else env
+
+
+def _restart(argv: list[str], env: dict, *, quiet_cuda: bool = False) -> int:
+  """`axtrain plan` again in a fresh process with `env`; `quiet_cuda` leaves out the plugin's
+  two lines about a machine without CUDA from its stderr."""
+  cmd = [sys.executable, "-m", "launcher", "plan", *argv[1:]]
+  if not quiet_cuda:
+    return subprocess.run(cmd, env=env, check=False).returncode
+  with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as child:
+    for line in child.stderr:
+      if not _NO_CUDA_LOG.match(line):
+        sys.stderr.write(line)
+        sys.stderr.flush()
+  return child.returncode
+
+
 def main(argv: list[str]) -> int:
   """argv without the `plan` word: [prog, flags...]."""
   if any(a in ("-h", "--help", "-help") for a in argv[1:]):
@@ -85,13 +125,15 @@ def main(argv: list[str]) -> int:
                     f"tpu-v5e-16 or gpu-h100-8")
   # Planning never runs on an accelerator: the CPU backend only (no TPU/GPU initialisation).
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  if entry.hardware.platform != "tpu":
+  if entry.hardware.platform == "gpu":
+    if (env := _gpu_plan_env()) is not None:
+      return _restart(argv, env, quiet_cuda=True)
+  elif entry.hardware.platform != "tpu":
     want = _cpu_devices_flag(entry.num_devices)
     if want not in os.environ.get("XLA_FLAGS", ""):
       # The CPU device count is fixed when jax initialises: run ourselves again with it.
-      env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {want}".strip())
-      return subprocess.run([sys.executable, "-m", "launcher", "plan", *argv[1:]],
-                            env=env, check=False).returncode
+      return _restart(argv, dict(
+          os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {want}".strip()))
   config_loading.check_file(config_loading.config_file_arg(argv))
   fv = _define_flags(argv)
   try:
@@ -100,6 +142,9 @@ def main(argv: list[str]) -> int:
     raise config_loading.translate(e, argv) from None
   if fv.ops_top < 1:
     raise UserError(f"plan: --ops_top must be at least 1, got {fv.ops_top}")
+  if not 0 <= fv.margin < 1:
+    raise UserError(f"plan: --margin={fv.margin:g}: give the fraction of device memory to keep "
+                    f"free, from 0 up to (not including) 1, e.g. 0.05 for 5%")
   return _plan(fv, argv, entry)
 
 
@@ -107,7 +152,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   # pylint: disable-next=import-outside-toplevel
   from trainer import config as config_lib, plan as plan_lib, plan_report, plan_sweep
   cfg = fv["config"].value
-  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in config_loading.overrides(argv)})
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
   name = config_loading.config_file_arg(argv)
   if fv.sweep:

@@ -29,9 +29,16 @@ _STOP = 0  # written by installed() on exit to end the reader thread; no signal 
 
 
 class Preemption:
-  def __init__(self, *, on_second: Callable[[], None] = lambda: None):
+  """`signals`: the signals this handles (a multi-process run leaves SIGTERM to JAX's preemption
+  service, launcher/distributed.py); `on_first(signum)` runs after the first one's message."""
+
+  def __init__(self, *, on_second: Callable[[], None] = lambda: None,
+               signals: tuple[int, ...] = _SIGNALS,
+               on_first: Callable[[int], None] = lambda signum: None):
     self.signum: int | None = None
     self._on_second = on_second
+    self._signals = tuple(signals)
+    self._on_first = on_first
 
   def requested(self) -> bool:
     return self.signum is not None
@@ -43,6 +50,7 @@ class Preemption:
       self.signum = signum
       print(f"axtrain: {name}: finishing the current step and saving a checkpoint "
             f"(send it again to exit at once)", file=sys.stderr, flush=True)
+      self._on_first(signum)
       return
     print(f"axtrain: second {name}: exiting now; the last committed checkpoint is kept",
           file=sys.stderr, flush=True)
@@ -60,7 +68,7 @@ class Preemption:
       for signum in data:
         if signum == _STOP:
           return
-        if signum in _SIGNALS:
+        if signum in self._signals:
           self.received(signum)
 
   @contextlib.contextmanager
@@ -69,7 +77,7 @@ class Preemption:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     # The Python-level handler only keeps the default action (KeyboardInterrupt, exit) away.
-    previous = {s: signal.signal(s, lambda *_: None) for s in _SIGNALS}
+    previous = {s: signal.signal(s, lambda *_: None) for s in self._signals}
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     reader = threading.Thread(target=self._read, args=(read_fd,), name="axtrain-signals",
                               daemon=True)

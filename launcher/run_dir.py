@@ -1,59 +1,49 @@
 """The run directory: one run's files, in a directory that holds no other run.
 
-    runs/<config stem>[_<arg>]/base/                       no overrides
-    runs/<config stem>[_<arg>]/<key=value,...>/            overrides, sorted by key
+Its default name comes from the command (launcher/run_names.py). Two runs never share or nest
+directories, so `--overwrite` of one cannot touch another. `--overwrite` deletes only files
+that axtrain can show it wrote (trainer/run_files.py: the run's manifest, Orbax's step
+folders); a directory holding anything else is refused, naming what is in the way. A directory
+written by `axtrain convert` keeps what convert wrote (CONVERT_FILES and checkpoints/0).
 
-Two runs never share or nest directories, so `--overwrite` of one cannot touch
-another. `--overwrite` deletes only the entries in RUN_FILES (what training
-writes); a directory holding anything else is refused. A directory written by
-`axtrain convert` keeps what convert wrote (CONVERT_FILES and checkpoints/0).
+A stored config.json that lacks a field the config now has (axtrain gained it since) is the
+same run when the config holds that field's default. Raising trainer.max_steps alone extends a
+run: it continues from its last checkpoint (`prepare` returns 'extend').
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import importlib.metadata
 import json
 import os
 import pathlib
 import platform
-import re
-import shutil
+from typing import Literal
 
-from launcher.errors import UserError
+from launcher import folders
+from launcher.errors import ConfigError, UserError
 from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
+from trainer import config as config_lib, run_files
 
-BASE = "base"  # the directory of a run without overrides (an override name always holds '=')
+# What `axtrain launch` writes before the run starts (its script, the scheduler's log): like
+# the lock it is the run's, and --overwrite keeps it.
+LAUNCH_DIR = "launch"
+KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       LOCK_NAME})
+                       run_files.MANIFEST, *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,
 # and config.json records their defaults (a converted run's config.py must not inherit them).
 TRANSIENT = {"checkpoint": {"restore_step": 0}}
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
+EXTENDS = "trainer.max_steps"  # the one field whose raise extends a run rather than changing it
 _PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
                         "devpts", "configfs", "pstore", "bpf", "fusectl", "mqueue"})
-
-
-def default_dir(config_path: str, overrides: list[tuple[str, str]]) -> pathlib.Path:
-  """`runs/tiny/base` or `runs/tiny/data.seq_len=32,trainer.max_steps=200`.
-
-  The name lists the overrides sorted by key (the last value of a repeated key
-  wins, as in the config), so flag order does not make another run.
-  """
-  path, _, arg = config_path.partition(":")
-  out = pathlib.Path("runs") / _UNSAFE.sub("_", pathlib.Path(path).stem + (f"_{arg}" if arg else ""))
-  if not overrides:
-    return out / BASE
-  slug = _UNSAFE.sub("_", ",".join(f"{k}={v}" for k, v in sorted(dict(overrides).items())))
-  if len(slug) > 150:
-    slug = slug[:120] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:10]
-  return out / slug
+State = Literal["new", "overwrite", "completed", "incomplete", "extend"]
 
 
 def identity(resolved: dict) -> dict:
@@ -110,7 +100,7 @@ def versions() -> dict:
   return out
 
 
-def _now() -> str:
+def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -128,13 +118,50 @@ def _read_json(path: pathlib.Path):
     return None
 
 
-def _differ(a: dict, b: dict) -> list[str]:
-  flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (a, b))
-  return sorted(k for k in set(flat_a) | set(flat_b) if flat_a.get(k) != flat_b.get(k))
+def differences(stored: dict, resolved: dict) -> list[str]:
+  """Flat keys whose values differ. A key that `stored` lacks is no difference where `resolved`
+  holds that field's default: the field was added to axtrain after the run was written."""
+  try:  # flatten: defaults() may give the nested tree as well as flat keys
+    defaults = {k: json.dumps(v) for k, v in flatten(config_lib.defaults(resolved)).items()}
+  except ConfigError:  # a kind this axtrain does not know: every key counts
+    defaults = {}
+  flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (stored, resolved))
+  return sorted(k for k in set(flat_a) | set(flat_b)
+                if flat_a.get(k) != flat_b.get(k)
+                and not (k not in flat_a and defaults.get(k, object()) == flat_b[k]))
+
+
+# Schedule lengths that may rise together with trainer.max_steps when a run is extended.
+_FOLLOWS = ("optimizer.schedule.decay_steps",)
+
+
+def extension(stored: dict, resolved: dict, differ: list[str]) -> str | None:
+  """'' when `differ` is an extension (trainer.max_steps raised; with it, maybe _FOLLOWS),
+  else None; a lowered max_steps gives the reason it cannot be one."""
+  if EXTENDS not in differ or not set(differ) <= {EXTENDS, *_FOLLOWS}:
+    return None
+  old, new = (flatten(d) for d in (stored, resolved))
+  if not (isinstance(old.get(EXTENDS), int) and isinstance(new.get(EXTENDS), int)):
+    return None
+  if new[EXTENDS] < old[EXTENDS]:
+    return (f"{EXTENDS} {new[EXTENDS]} is below the run's {old[EXTENDS]}: a run can be "
+            f"extended (raise it), not shortened")
+  for key in differ:
+    if key != EXTENDS:
+      before = old.get(key) if old.get(key) is not None else old[EXTENDS]
+      after = new.get(key) if new.get(key) is not None else new[EXTENDS]
+      if not isinstance(before, int) or not isinstance(after, int) or after < before:
+        return None
+  return ""
 
 
 def _keys(keys: list[str]) -> str:
   return ", ".join(keys[:4]) + (" ..." if len(keys) > 4 else "")
+
+
+def _tmp(name: str) -> bool:
+  """write_json's temporary file of one of our files (left by a crash between two lines)."""
+  return name.endswith(".tmp") and name[:-len(".tmp")] in RUN_FILES
 
 
 class RunDir:
@@ -144,6 +171,7 @@ class RunDir:
   config_json = property(lambda self: self.path / "config.json")
   run_json = property(lambda self: self.path / "run.json")
   metrics_jsonl = property(lambda self: self.path / "metrics.jsonl")
+  manifest = property(lambda self: run_files.Manifest(self.path))
 
   def info(self) -> dict:
     info = _read_json(self.run_json)
@@ -152,36 +180,58 @@ class RunDir:
   def status(self) -> str | None:
     return self.info().get("status")
 
+  def stored_config(self) -> dict | None:
+    config = _read_json(self.config_json)
+    return config if isinstance(config, dict) else None
+
   def converted(self) -> bool:
     """Written by `axtrain convert --from_hf` (then trained on, or not)."""
     return "converted_from" in self.info()
 
   def foreign(self) -> list[str]:
-    """Entries that no axtrain run or convert wrote (temporary `*.tmp` files are ours)."""
+    """Top-level entries that no axtrain run or convert writes."""
     ours = RUN_FILES | (CONVERT_FILES if self.converted() else frozenset())
-    return sorted(p.name for p in self.path.iterdir()
-                  if p.name not in ours and not p.name.endswith(".tmp"))
+    return sorted(p.name for p in self.path.iterdir() if p.name not in ours and not _tmp(p.name))
 
-  def prepare(self, resolved: dict, *, overwrite: bool) -> str:
-    """Checks what is on disk; returns 'new', 'overwrite', 'completed' or 'incomplete'.
+  def _deletable(self) -> list[str]:
+    """Top-level entries that --overwrite may delete from (never the lock or launch/)."""
+    return [p.name for p in self.path.iterdir()
+            if p.name not in KEPT and (p.name in RUN_FILES or _tmp(p.name))]
 
-    Refuses (UserError) a directory that holds a different config, unless
-    `overwrite`, and one that holds files that are not a run's; writes nothing.
+  def contents(self) -> run_files.Contents:
+    return run_files.contents(self.path, self._deletable())
+
+  def unproven(self) -> list[str]:
+    """Files among the run's entries that axtrain cannot show it wrote (--overwrite refuses)."""
+    return self.contents().unproven if self.path.is_dir() else []
+
+  def _names(self, unproven: list[str]) -> str:
+    return ", ".join(unproven[:3]) + (" ..." if len(unproven) > 3 else "")
+
+  def prepare(self, resolved: dict, *, overwrite: bool) -> State:
+    """Checks what is on disk; returns 'new', 'overwrite', 'completed', 'incomplete' or 'extend'.
+
+    Refuses (UserError) a directory that holds a different config, unless `overwrite`, and
+    one that holds files that are not a run's; `overwrite` only when every file it would
+    delete is axtrain's (run_files.py). A message suggests --overwrite only then. Writes nothing.
     """
-    if not self.path.exists() or not any(p.name != LOCK_NAME for p in self.path.iterdir()):
+    if not self.path.exists() or all(p.name in KEPT for p in self.path.iterdir()):
       return "new"
     foreign = self.foreign()
     if foreign:
-      raise UserError(f"{self.path} holds files that axtrain did not write ({', '.join(foreign[:3])}"
-                      f"{' ...' if len(foreign) > 3 else ''}); it is not a run directory, "
-                      f"choose another --output_dir")
-    existing = _read_json(self.config_json)
-    if not isinstance(existing, dict):
+      raise UserError(folders.describe(self.path, foreign))
+    unproven = self.unproven()
+    existing = self.stored_config()
+    if unproven and (existing is None or {"config.json", "run.json"} & set(unproven)):
+      raise UserError(f"{self.path} holds files that axtrain did not write "
+                      f"({self._names(unproven)}); it is not an axtrain run directory, choose "
+                      f"another --output_dir")
+    if existing is None:
       if overwrite:
         return "overwrite"
       raise UserError(f"{self.config_json} is missing or not valid JSON; pass --overwrite to "
                       f"start this run over")
-    differ = _differ(identity(existing), identity(resolved))
+    differ = differences(identity(existing), identity(resolved))
     if differ and self.converted():
       changed = [k for k in differ if k.startswith(("model.", "optimizer.kind",
                                                      "optimizer.state_dtype"))]
@@ -193,44 +243,61 @@ class RunDir:
       raise UserError(f"{self.path}: the converted weights (checkpoints/0) were rotated out by "
                       f"checkpoint.keep, so --overwrite would start from random weights; convert "
                       f"again into a new --output_dir")
-    if differ and not overwrite:
-      raise UserError(f"{self.path} holds a run with a different config ({_keys(differ)} differ); "
-                      f"choose another --output_dir or pass --overwrite")
     if overwrite:
+      if unproven:
+        raise UserError(f"--overwrite deletes only the files axtrain wrote, and {self.path} also "
+                        f"holds others ({self._names(unproven)}); move them out of it or choose "
+                        f"another --output_dir")
       return "overwrite"
-    return "completed" if self.status() == "completed" else "incomplete"
+    if not differ:
+      return "completed" if self.status() == "completed" else "incomplete"
+    if self.status() == "converted":
+      return "incomplete"  # never trained: its first run may set anything but the model
+    reason = extension(identity(existing), identity(resolved), differ)
+    if reason == "":
+      return "extend"
+    hint = (f"choose another --output_dir (it also holds files that axtrain did not write: "
+            f"{self._names(unproven)})" if unproven
+            else "choose another --output_dir or pass --overwrite")
+    what = reason or f"{_keys(differ)} differ"
+    raise UserError(f"{self.path} holds a run with a different config ({what}); {hint}")
 
   def clear(self) -> None:
-    """Deletes this run's training outputs (only RUN_FILES); keeps what convert wrote."""
+    """Deletes this run's training outputs, only files axtrain wrote (prepare() refused a
+    directory holding others); keeps what convert wrote and the lock."""
     if not self.path.exists():
       return
     converted = self.converted()
-    for child in self.path.iterdir():
-      if child.name == LOCK_NAME or child.name not in RUN_FILES:
-        continue  # the lock stays held; anything else was refused in prepare()
-      if converted and child.name == "checkpoints":
-        for step in child.iterdir():  # checkpoints/0 holds the converted weights
-          if step.name != "0":
-            shutil.rmtree(step) if step.is_dir() and not step.is_symlink() else step.unlink()
-      elif converted and child.name == "run.json":
-        continue  # rewritten by start(), keeping what convert recorded
-      else:
-        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    kept = {self.manifest.path, self.path / "checkpoints" / "0"} if converted else {
+        self.manifest.path}
+    if converted:
+      kept.add(self.run_json)  # rewritten by start(), keeping what convert recorded
+    found = self.contents()
+    run_files.delete(self.path, found, keep=lambda p: p in kept)
+    for name in self._deletable():  # folders of ours left empty (or empty already)
+      folder = self.path / name
+      if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+        folder.rmdir()
+    self.manifest.prune()
 
   def start(self, resolved: dict, *, argv: list[str], fresh: bool, extra: dict) -> None:
     if fresh:
       self.clear()
+    else:
+      run_files.adopt(self.path, self._deletable())  # a run written before manifests existed
     self.path.mkdir(parents=True, exist_ok=True)
+    self.manifest.add(self.config_json, self.run_json)
     write_json(self.config_json, identity(resolved))
     previous = self.info()
-    kept = {k: v for k, v in previous.items() if k in _CONVERT_INFO}
+    kept = {k: v for k, v in previous.items()
+            if k in _CONVERT_INFO or (k in _RUN_INFO and not fresh)}
     info = {
         **kept,
         "argv": argv,
         "status": "running",
-        "start_time": _now(),
-        "first_start_time": _now() if fresh else previous.get("first_start_time",
-                                                              previous.get("start_time", _now())),
+        "start_time": now(),
+        "first_start_time": now() if fresh else previous.get("first_start_time",
+                                                              previous.get("start_time", now())),
         "restarts": 0 if fresh or "restarts" not in previous else previous["restarts"] + 1,
         "versions": versions(),
         "command": " ".join(["axtrain"] + argv[1:]),
@@ -240,9 +307,11 @@ class RunDir:
 
   def finish(self, status: str, **fields) -> None:
     info = self.info()
-    info.update(status=status, end_time=_now(), **fields)
+    info.update(status=status, end_time=now(), **fields)
     write_json(self.run_json, info)
 
 
 # run.json fields of `axtrain convert` that training keeps (convert --to_hf reads hf_dtype).
 _CONVERT_INFO = ("converted_from", "architecture", "hf_dtype")
+# ... and of training, while it is not started over: the run's extensions (max_steps raised).
+_RUN_INFO = ("extensions",)

@@ -1,7 +1,8 @@
 """One live process per run directory: `<run_dir>/.lock` holds its pid under an fcntl lock.
 
 The kernel drops the lock when the process dies however it dies, so a lock file
-left by a killed run is stale and simply taken over.
+left by a killed run is stale and simply taken over. A command refused while it holds the
+lock (a ConfigError) puts back what it found: the file's bytes and times, or no file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class RunLock:
     self.path = pathlib.Path(run_dir) / LOCK_NAME
     self._fd: int | None = None
     self._created: list[pathlib.Path] = []  # what acquire() made, newest last
+    self._found: tuple[bytes, os.stat_result] | None = None  # the lock file as acquire() found it
 
   def acquire(self) -> "RunLock":
     """Takes the lock or raises UserError naming the live process that holds it."""
@@ -38,10 +40,20 @@ class RunLock:
       os.close(fd)
       raise UserError(f"{self.path.parent} is in use by another axtrain (pid {holder}); wait for "
                       f"it to finish or stop it, or choose another --output_dir") from None
+    if existed:
+      self._found = (os.pread(fd, 1 << 16, 0), os.fstat(fd))
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     self._fd = fd
     return self
+
+  def _put_back(self) -> None:
+    """The lock file's bytes and times as acquire() found them (the lock still held)."""
+    if self._fd is not None and self._found is not None:
+      content, stat = self._found
+      os.ftruncate(self._fd, 0)
+      os.pwrite(self._fd, content, 0)
+      os.utime(self.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
   def release(self) -> None:
     if self._fd is not None:
@@ -62,6 +74,9 @@ class RunLock:
     self._created = []
 
   def __exit__(self, exc_type, *exc):
+    refused = exc_type is not None and issubclass(exc_type, ConfigError)
+    if refused:
+      self._put_back()
     self.release()
-    if exc_type is not None and issubclass(exc_type, ConfigError):
+    if refused:
       self.undo()  # a ConfigError: the run was refused before it wrote anything

@@ -28,7 +28,7 @@ import sys
 from launcher.errors import UserError, suggest
 from launcher.flat import flatten
 
-USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png]"
+USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png|.svg|.pdf]"
 _FLAGS = ("json", "plot")
 # Directories of a run that never hold other runs (not searched).
 _NOT_RUNS = {"checkpoints", "corrupt_checkpoints", "superseded_checkpoints", "tensorboard",
@@ -275,8 +275,26 @@ def plot(runs: list[Run], keys: list[str], path: pathlib.Path, *, title: str = "
   ax.grid(alpha=0.3)
   ax.legend(fontsize="small")
   fig.tight_layout()
-  fig.savefig(path, format="png")
+  fig.savefig(path, format=PLOT_FORMATS[pathlib.Path(path).suffix.lower()])
   plt.close(fig)
+
+
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}  # --plot's suffix: the format
+
+
+def check_plot_path(target: pathlib.Path) -> None:
+  """UserError unless --plot names a .png/.svg/.pdf file in an existing directory."""
+  if target.suffix.lower() not in PLOT_FORMATS:
+    raise UserError(f"runs: --plot={target}: name a {', '.join(PLOT_FORMATS)} file (the suffix "
+                    f"chooses the format)")
+  parent = target.absolute().parent
+  existing = next(p for p in (parent, *parent.parents) if p.exists())
+  if not existing.is_dir():
+    raise UserError(f"runs: --plot={target}: {existing} is a file, not a directory")
+  if not parent.is_dir():
+    raise UserError(f"runs: --plot={target}: directory {target.parent} does not exist")
+  if target.is_dir():
+    raise UserError(f"runs: --plot={target} is a directory; name a file in it")
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], dict]:
@@ -296,7 +314,7 @@ def parse_args(argv: list[str]) -> tuple[list[str], dict]:
     elif not value:
       raise UserError(f"runs: --plot needs a file name (--plot=FILE.png); {USAGE}")
     else:
-      opts["plot"] = pathlib.Path(value)
+      opts["plot"] = pathlib.Path(os.path.expanduser(value))
   if not paths:
     raise UserError(f"runs: give at least one run directory or glob; {USAGE}")
   return paths, opts
@@ -307,8 +325,7 @@ def main(argv: list[str]) -> int:
   target = opts["plot"]
   if target is not None:
     _pyplot()  # a missing matplotlib is a usage error before any work
-    if not target.absolute().parent.is_dir():
-      raise UserError(f"runs: --plot={target}: directory {target.parent} does not exist")
+    check_plot_path(target)
   runs, keys = collect(paths)
   if opts["json"]:
     sys.stdout.write(json.dumps([as_dict(r, keys) for r in runs], indent=2) + "\n")

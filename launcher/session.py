@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import signal
 import sys
 import traceback
 
@@ -17,9 +19,11 @@ import jax
 import ml_collections
 from absl import flags
 
-from launcher import config_loading, distributed, flat, preemption, run_dir as run_dir_lib, run_lock
+from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
+                      run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import UserError
-from trainer import checkpoint, config as config_lib, experiment as experiment_lib, loop, meshes
+from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
+from trainer import loop, meshes, schedules, step_memory
 from trainer.progress import Progress
 
 
@@ -35,22 +39,31 @@ class Run:
   resolved: dict  # the resolved config as JSON (config.json)
   exp: experiment_lib.Experiment
   mesh: meshes.Entry
-  rule: str | None  # the mesh rule regex that applied, if any
+  rule: str | None  # the mesh rule that applied (its match in words), if any
   overwrite: bool
   progress: bool
   main_process: bool
+  multi_process: bool  # joined jax.distributed: stops are agreed between the processes
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   """`callbacks`: trainer.callbacks.Callback objects for the training loop (tests inject them)."""
-  distributed.maybe_initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
+  multi_process = distributed.maybe_initialize(
+      fv.coordinator_address, fv.num_processes, fv.process_id, mode=fv.distributed,
+      timeout_s=fv.distributed_timeout)
+  platforms.check_backend()
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
   entry = meshes.select(fv.mesh)
-  rule = meshes.apply_rules(cfg, entry.name, {k for k, _ in items})
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
+  if not fv.print_config:  # --print_config may show another machine's resolved config
+    meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
+  note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
+  if note and jax.process_index() == 0:
+    print(f"axtrain: note: {note}", file=sys.stderr)
 
   if fv.print_config:
     sys.stdout.write(flat.print_config_text(cfg, num_params=exp.num_params, mesh=entry.name,
@@ -58,19 +71,33 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
     return 0
 
   config_value = config_loading.config_file_arg(argv)
-  rd = run_dir_lib.RunDir(fv.output_dir or run_dir_lib.default_dir(config_value, items))
+  rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
   run_dir_lib.check_writable(rd.path)
+  nested = folders.enclosing_run(rd.path)
+  if nested is not None:
+    raise UserError(folders.nested_message(rd.path, nested))
   check_init_from(run_cfg.init.from_run, exp.abstract_state.params)
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
-             callbacks=tuple(callbacks))
+             multi_process=multi_process, callbacks=tuple(callbacks))
   if not main_process:
     return _train(this)
   with run_lock.RunLock(rd.path):
     return _train(this)
+
+
+def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, str]], *,
+                cfg: ml_collections.ConfigDict, mesh: str) -> pathlib.Path:
+  """--output_dir (with ~ expanded), or the default directory named from the overrides' values."""
+  if fv["output_dir"].present:
+    if not fv.output_dir.strip():
+      raise UserError("--output_dir is empty; give a directory, or leave the flag out for the "
+                      "default runs/<config>/<overrides>")
+    return pathlib.Path(os.path.expanduser(fv.output_dir))
+  return run_names.directory(config_value, items, resolved=cfg, mesh=mesh)
 
 
 def check_init_from(run_dir: str, abstract_params) -> None:
@@ -81,33 +108,66 @@ def check_init_from(run_dir: str, abstract_params) -> None:
     checkpoint.check_params_compatible(run_dir, abstract_params)
 
 
+def _stop_handling(this: Run, finish, progress):
+  """The signal handling, the loop's stop request and its callbacks.
+
+  One process: SIGTERM/SIGINT stop it after the step in flight (preemption.py). Several: every
+  process must stop after the same step, which JAX's preemption service agrees on; SIGTERM
+  goes to it, and a first SIGINT (Ctrl-C in one process's terminal) is passed on to it as a
+  SIGTERM of this process (launcher/distributed.py:AgreedStop).
+  """
+  second = lambda: finish("preempted", signal="second")  # pylint: disable=unnecessary-lambda-assignment
+  if not this.multi_process:
+    stop = preemption.Preemption(on_second=second)
+    return stop, stop.requested, this.callbacks
+  agreed = distributed.AgreedStop(say=progress.message)
+  stop = preemption.Preemption(on_second=second, signals=(signal.SIGINT,),
+                               on_first=lambda _: os.kill(os.getpid(), signal.SIGTERM))
+  return stop, agreed.requested, (agreed, *this.callbacks)
+
+
 def _train(this: Run) -> int:
-  """Trains in a locked run directory: fresh, or resumed from its last committed checkpoint."""
+  """Trains in a locked run directory: fresh, resumed from its last committed checkpoint, or
+  extended (trainer.max_steps raised)."""
   rd, exp = this.run_dir, this.exp
   state = rd.prepare(this.resolved, overwrite=this.overwrite)
   if state == "completed":
-    print(f"axtrain: {rd.path} already completed; nothing to do (pass --overwrite to train again)",
-          file=sys.stderr)
+    hint = "raise --config.trainer.max_steps to extend it" + (
+        "" if rd.unproven() else ", or pass --overwrite to train again")
+    print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
+  extension = _extension(rd, exp) if state == "extend" else None
+  compiled = _check_memory(exp)  # the step's one compile; refused here, nothing is written
+  if extension is not None and this.main_process:
+    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
   if this.main_process:
+    extensions = rd.info().get("extensions", []) + (
+        [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
     rd.start(this.resolved, argv=this.argv, fresh=state in ("new", "overwrite"),
              extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
                              "rule": this.rule},
                     "num_params": exp.num_params, "process_count": jax.process_count(),
-                    "restore_step": exp.run.checkpoint.restore_step})
+                    "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
+                    **({"extensions": extensions} if extensions else {})})
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
-  stop = preemption.Preemption(on_second=lambda: finish("preempted", signal="second"))
+  stop, stop_requested, callbacks = _stop_handling(this, finish, progress)
   try:
     with stop.installed():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
-                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop.requested,
-                          callbacks=this.callbacks,
+                          checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
+                          callbacks=callbacks,
                           hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
-    finish("failed", error=str(e))
-    print(f"axtrain: error: {e}", file=sys.stderr)
+    message = str(e)
+    if isinstance(e, checkpoint.NoUsableCheckpoint):
+      unproven = rd.unproven()
+      message += ("; pass --overwrite to start the run over" if not unproven else
+                  f"; choose another --output_dir to start it over ({rd.path} also holds files "
+                  f"that axtrain did not write: {', '.join(unproven[:3])})")
+    finish("failed", error=message)
+    print(f"axtrain: error: {message}", file=sys.stderr)
     return EXIT_FAILED
   except KeyboardInterrupt:
     finish("interrupted")
@@ -129,3 +189,28 @@ def _train(this: Run) -> int:
   progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
                    f"run directory {rd.path}")
   return 0
+
+
+def _check_memory(exp: experiment_lib.Experiment) -> dict:
+  """Compiles the train and eval steps for batches shaped like the data's; refuses (ConfigError)
+  a step that needs more memory than a device has. Returns the train step's compiled_stats."""
+  process = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  train_batch = next(exp.source.train_iterator(**process))
+  eval_batch = exp.source.eval_batches(batch_size=exp.run.eval.batch_size, num_batches=1,
+                                       **process)[0]
+  return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch)
+
+
+def _extension(rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment) -> dict:
+  """What run.json records of an extension (trainer.max_steps raised), with the note to print."""
+  stored = config_lib.parse(rd.stored_config())
+  old, new = stored.trainer.max_steps, exp.run.trainer.max_steps
+  steps = checkpoint_files.committed_steps(rd.path / "checkpoints")
+  at = steps[-1] if steps else 0
+  change = schedules.extension_note(stored.optimizer.schedule, exp.run.optimizer.schedule,
+                                    peak=exp.run.optimizer.learning_rate, old_total=old,
+                                    new_total=new, at_step=at)
+  return {"from_max_steps": old, "to_max_steps": new, "at_step": at,
+          "time": run_dir_lib.now(),
+          "note": f"extending {rd.path} from trainer.max_steps {old} to {new}, continuing "
+                  f"from step {at}; {change}"}

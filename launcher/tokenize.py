@@ -16,22 +16,48 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import sys
+import typing
 
 import numpy as np
 from absl import flags
 
+from core.registry import ConfigError
 from launcher.errors import UserError
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
+from trainer.data.config import DocumentFilesConfig
+from trainer.data.tokens import META
+
+_FLAG_TYPES = {str: flags.DEFINE_string, int: flags.DEFINE_integer, bool: flags.DEFINE_boolean,
+               float: flags.DEFINE_float}
+
+
+def reader_fields() -> dict[str, dict[str, dataclasses.Field]]:
+  """{field name: {kind: field}} of the fields a document kind adds for its reader (jsonl's
+  `field`, csv's `column`): each is a flag of `axtrain tokenize`, found in the registry."""
+  common = {f.name for f in dataclasses.fields(DocumentFilesConfig)}
+  out: dict[str, dict[str, dataclasses.Field]] = {}
+  for kind in corpus_lib.document_kinds():
+    for f in dataclasses.fields(DATA.entry(kind).config_cls):
+      if f.name not in common:
+        out.setdefault(f.name, {})[kind] = f
+  return out
 
 
 def _flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus file, glob or directory.", flag_values=fv)
-  flags.DEFINE_enum("kind", "text", documents.FILE_KINDS, "Format of the input files.", flag_values=fv)
-  flags.DEFINE_string("field", "text", "jsonl key / parquet column with the text.", flag_values=fv)
+  flags.DEFINE_enum("kind", "text", corpus_lib.document_kinds(), "Format of the input files.",
+                    flag_values=fv)
+  for name, by_kind in reader_fields().items():
+    kind, f = next(iter(by_kind.items()))
+    hint = typing.get_type_hints(DATA.entry(kind).config_cls)[name]
+    define = _FLAG_TYPES.get(hint, flags.DEFINE_string)
+    define(name, None, f"data.{name} of --kind={', '.join(by_kind)} (default "
+           f"{', '.join(sorted({repr(g.default) for g in by_kind.values()}))}).", flag_values=fv)
   flags.DEFINE_string("tokenizer", "bytes", "bytes | sentencepiece | huggingface.", flag_values=fv)
   flags.DEFINE_string("tokenizer_path", None, "SentencePiece .model or tokenizer.json.",
                       flag_values=fv)
@@ -59,10 +85,13 @@ def main(argv: list[str]) -> int:
     raise UserError("tokenize needs --input=FILE|GLOB|DIR and --output_dir=DIR")
   if fv.shard_tokens <= 0:
     raise UserError(f"--shard_tokens must be positive, got {fv.shard_tokens}")
-  out = pathlib.Path(fv.output_dir)
+  out = pathlib.Path(os.path.expanduser(fv.output_dir))
+  from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
+  check_writable(out)  # a parent that is a file, or not writable: one line, nothing written
   if out.exists():
     raise UserError(f"--output_dir '{out}' exists; choose a new directory")
   tokenizer = _tokenizer(fv)
+  cfg, reader = _reader(fv)
   files = documents.expand(fv.input, what="--input")
   errors = documents.Errors(fv.on_error)
   partial = out.with_name(out.name + ".partial")
@@ -71,7 +100,7 @@ def main(argv: list[str]) -> int:
   partial.mkdir(parents=True)
   writer = _ShardWriter(partial, fv.format, tokenizer.dtype, fv.shard_tokens)
   batch = []
-  for _, _, doc in documents.READERS[fv.kind](files, errors=errors, field=fv.field):
+  for _, _, doc in reader.documents(cfg, files, errors=errors):
     batch.append(doc)
     if len(batch) == corpus_lib.ENCODE_CHUNK:
       writer.add(tokenizer.encode(batch))
@@ -84,8 +113,9 @@ def main(argv: list[str]) -> int:
   meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name, "shards": writer.names,
           "tokenizer": tokenizer.describe(), "num_docs": writer.num_docs,
           "num_tokens": writer.num_tokens, "skipped_documents": errors.skipped,
-          "source": {"kind": fv.kind, "input": fv.input, "field": fv.field}}
-  (partial / corpus_lib.META).write_text(json.dumps(meta, indent=1) + "\n")
+          "source": {"kind": fv.kind, "input": fv.input,
+                     **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
+  (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
   partial.rename(out)
   print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
         f"{len(writer.names)} shard(s) -> {out}"
@@ -94,10 +124,23 @@ def main(argv: list[str]) -> int:
   return 0
 
 
+def _reader(fv: flags.FlagValues):
+  """(the --kind's parsed data config, its source class) from the reader flags given."""
+  own = {}
+  for name, by_kind in reader_fields().items():
+    if fv[name].present:
+      if fv.kind not in by_kind:
+        raise UserError(f"--{name} is not read by --kind={fv.kind} (only by "
+                        f"{' and '.join(by_kind)})")
+      own[name] = fv[name].value
+  try:
+    node = DATA.node(fv.kind, path=fv.input, on_error=fv.on_error, **own)
+    return DATA.parse(node, "data"), DATA.entry(fv.kind).target
+  except ConfigError as e:
+    raise UserError(f"tokenize: {e}") from None
+
+
 def _tokenizer(fv: flags.FlagValues) -> tokenizers.Tokenizer:
-  reads = {f.name for f in dataclasses.fields(DATA.entry(fv.kind).config_cls)}
-  if fv["field"].present and "field" not in reads:
-    raise UserError(f"--field is not read by --kind={fv.kind} (only by jsonl and parquet)")
   fields = {"add_bos": fv.add_bos, "add_eos": fv.add_eos}
   if fv.tokenizer == "bytes":
     if fv.tokenizer_path is not None:

@@ -10,6 +10,8 @@ rest of the model only passes the flag through. See trainer/generate.py.
 """
 
 import dataclasses
+import functools
+import math
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -17,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from modules import splash
+from modules import context, splash
+from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
 
@@ -32,11 +35,11 @@ class AttentionConfig:
   head_dim: int | None = None  # per-head width; None = dim // num_heads
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
-  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention
-  # (cuDNN flash attention on GPU where it applies, XLA elsewhere); `chunked`: the `xla` math
-  # over blocks of query_chunk_size queries, one block's [queries, keys] logits at a time;
-  # `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over batch and
-  # heads, in Pallas interpret mode off TPU (slow: for tests).
+  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention (its XLA
+  # path on every platform in jax 0.10.2; cuDNN's needs cuDNN, docs/plan.md); `chunked`: the
+  # `xla` math over blocks of query_chunk_size queries, one block's [queries, keys] logits at a
+  # time; `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over
+  # batch and heads, in Pallas interpret mode off TPU (slow: for tests).
   implementation: Literal["xla", "dot_product", "chunked", "splash"] = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`
@@ -46,12 +49,18 @@ class AttentionConfig:
   splash_block_size: int = 512  # queries and keys per block of `splash` (a multiple of 128)
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
+  # QK-norm (OLMo-2, Qwen3): a norm node applied to each head's queries and keys (over
+  # head_dim, one scale per head_dim shared by the heads) before the position encoding;
+  # None = off. On: --config.model.block.attention.norm.kind=rmsnorm
+  norm: Any = child("norm", None)
 
   def heads(self, dim: int) -> tuple[int, int, int]:
     kv = self.num_kv_heads or self.num_heads
     return self.num_heads, kv, self.head_dim or dim // self.num_heads
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"attention.init_std must be a finite number >= 0, got {self.init_std}")
     if self.num_heads <= 0 or (self.num_kv_heads is not None and self.num_kv_heads <= 0):
       raise ConfigError(f"attention: num_heads ({self.num_heads}) and num_kv_heads "
                         f"({self.num_kv_heads}) must be positive")
@@ -151,6 +160,17 @@ def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: i
   return out_NxBxCxHxK.swapaxes(0, 1).reshape(b, length, h, k)
 
 
+def masked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, implementation: str,
+                     chunk: int, logits_dtype=None):
+  """Attention under an explicit mask by `implementation` (any but `splash`)."""
+  if implementation == "chunked":
+    return chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, chunk=chunk,
+                             logits_dtype=logits_dtype)
+  if implementation == "dot_product":
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask=mask_Bx1xLxS)
+  return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, logits_dtype=logits_dtype)
+
+
 @ATTENTION.register("attention", AttentionConfig)
 class Attention(nn.Module):
   cfg: AttentionConfig
@@ -174,6 +194,9 @@ class Attention(nn.Module):
       return checkpoint_name(y, "qkv_proj")
 
     q, kk, v = proj("q", h, "heads"), proj("k", g, "kv_heads"), proj("v", g, "kv_heads")
+    if cfg.norm is not None:  # QK-norm, before RoPE
+      q = NORMS.build(cfg.norm, dim=k, name="q_norm")(q)
+      kk = NORMS.build(cfg.norm, dim=k, name="k_norm")(kk)
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
     length = x_BxLxD.shape[1]
@@ -181,6 +204,10 @@ class Attention(nn.Module):
     if decode:
       kk, v = self._cached(kk, v, positions_BxL)
       out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
+    elif cfg.implementation != "splash" and context.shards()[1] > 1:
+      out = context.attention(q, kk, v, segment_ids_BxL, attend=functools.partial(
+          masked_attention, implementation=cfg.implementation, chunk=cfg.query_chunk_size,
+          logits_dtype=logits_dtype))
     elif cfg.implementation == "xla":
       out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
                           logits_dtype=logits_dtype)

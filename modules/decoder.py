@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from modules import context, pipeline
 from modules.block import BLOCKS
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
@@ -42,6 +43,10 @@ class DecoderLMConfig:
   dim: int = REQUIRED  # model width (residual stream)
   num_layers: int = REQUIRED  # decoder blocks
   scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
+  # Microbatches per (accumulation) batch through the pipeline stages when the mesh splits the
+  # layer stack (mesh.stage > 1; modules/pipeline.py); the idle fraction of a step is
+  # (stages - 1) / (microbatches + stages - 1). 0 = as many as stages.
+  pipeline_microbatches: int = 0
   remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | tagged names, e.g. "qkv_proj,attn_out"
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
   embedding: Any = child("embedding")
@@ -53,6 +58,9 @@ class DecoderLMConfig:
     for name in ("vocab_size", "dim", "num_layers"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+    if self.pipeline_microbatches < 0:
+      raise ConfigError(f"model.pipeline_microbatches must be >= 0 (0 = as many as stages), got "
+                        f"{self.pipeline_microbatches}")
     if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
       raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
@@ -88,6 +96,13 @@ class DecoderLM(nn.Module):
     cfg = self.cfg
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
+    # Context parallelism: the sequence in the load-balanced layout until the final hidden
+    # states, which go back to the natural order (modules/context.py).
+    shards = 1 if decode else context.shards()[1]
+    if shards > 1:
+      tokens_BxL, positions_BxL = (context.zigzag(a, shards) for a in (tokens_BxL, positions_BxL))
+      if segment_ids_BxL is not None:
+        segment_ids_BxL = context.zigzag(segment_ids_BxL, shards)
     embed = EMBEDDINGS.build(cfg.embedding, vocab_size=cfg.vocab_size, dim=cfg.dim,
                              name="embedding")
     x = embed(tokens_BxL)
@@ -100,7 +115,10 @@ class DecoderLM(nn.Module):
     layer = _Layer
     if cfg.remat != "none" and not decode:
       layer = nn.remat(layer, policy=remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
+    stage_axes, stages = pipeline.stages()
+    if stages > 1 and not decode and not self.is_initializing():
+      x = self._pipelined(x, positions_BxL, segment_ids_BxL, axes=stage_axes, stages=stages)
+    elif cfg.scan_layers:
       stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
@@ -111,6 +129,9 @@ class DecoderLM(nn.Module):
         x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
 
+    if shards > 1:
+      x = nn.with_logical_constraint(context.unzigzag(x, shards),
+                                     ("act_batch", "act_length", "act_embed"))
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
     if cfg.tie_embeddings:
       if not head:
@@ -126,3 +147,28 @@ class DecoderLM(nn.Module):
       with jax.named_scope("head"):
         logits = jnp.einsum("bld,dv->blv", x, w.astype(x.dtype))
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
+
+  def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):
+    """The scanned stack's layers as pipeline stages (modules/pipeline.py), on the parameters
+    that `nn.scan` made for it ("layers", [num_layers, ...])."""
+    cfg = self.cfg
+    microbatches = cfg.pipeline_microbatches or stages
+    pipeline.check(num_layers=cfg.num_layers, scan_layers=cfg.scan_layers, stage_count=stages,
+                   batch=x_BxLxD.shape[0], microbatches=microbatches)
+    block = _Layer(cfg=cfg.block, dim=cfg.dim, parent=None)
+    sows = []
+
+    def layer_fn(params, x, extras):
+      (y, _), state = block.apply({"params": params}, x, *extras, mutable=["losses"])
+      losses = jax.tree.leaves(state.get("losses", {}))
+      sows.append(bool(losses))
+      return y, sum((jnp.sum(v) for v in losses), jnp.float32(0))
+
+    if cfg.remat != "none":
+      layer_fn = jax.checkpoint(layer_fn, policy=remat_policy(cfg.remat), prevent_cse=False)
+    x, aux = pipeline.gpipe(layer_fn, self.variables["params"]["layers"], x_BxLxD,
+                            (positions_BxL, segment_ids_BxL), axes=axes, stage_count=stages,
+                            microbatches=microbatches)
+    if any(sows):  # the layers' own losses (MoE load balancing), summed over layers
+      self.sow("losses", "pipeline_layers", aux)
+    return x

@@ -1,6 +1,7 @@
 """Token and absolute-position embeddings."""
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -15,6 +16,11 @@ POSITION_EMBEDDINGS = Registry("position_embedding")
 class TokenEmbeddingConfig:
   kind: str = "token"
   init_std: float = 0.02  # stddev of the normal initialiser
+
+  def check(self, *, vocab_size: int, dim: int):
+    del vocab_size, dim
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"embedding.init_std must be a finite number >= 0, got {self.init_std}")
 
 
 @EMBEDDINGS.register("token", TokenEmbeddingConfig)
@@ -59,6 +65,9 @@ class LearnedPositionEmbeddingConfig:
   init_std: float = 0.01  # stddev of the normal initialiser
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"position_embedding.init_std must be a finite number >= 0, got "
+                        f"{self.init_std}")
     if self.max_length <= 0:
       raise ConfigError(f"position_embedding.max_length must be positive, got {self.max_length}")
 

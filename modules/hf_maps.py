@@ -1,10 +1,17 @@
-"""Hugging Face <-> axtrain tensor maps for LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel).
+"""Hugging Face <-> axtrain tensor maps for LLaMA (LlamaForCausalLM), Qwen3 (Qwen3ForCausalLM:
+LLaMA with QK-norm) and GPT-2 (GPT2LMHeadModel).
 
 Pure numpy, no torch: each family says which HF config it accepts (`size_from_hf`),
 the config node it becomes, the HF tensor names and shapes its config implies,
 and how each tensor maps to our parameters (one layer at a time; the caller
 stacks layers for a scanned model). Every map is a reshape or a transpose, so
 a round trip reproduces each tensor bit for bit.
+
+Completeness is checked generically, whatever the family (`export`, `import_params`): every
+parameter of the model must be read by the map to Hugging Face, and every tensor that the
+HF config implies must be read by the map from it; otherwise the conversion refuses and
+names what is unmapped. So a layer that adds a parameter cannot be dropped silently by a
+conversion written before it existed.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from modules import gpt2, llama
-from core.registry import ConfigError
+from core.registry import ConfigError, registry
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -184,6 +191,62 @@ def _llama_hf_config(m) -> dict:
   return out
 
 
+# -- Qwen3: LLaMA with QK-norm (attention.norm, RMSNorm over each head before RoPE) ----------
+
+_QK = ("q_norm", "k_norm")
+
+
+def _qwen3_node(c: dict):
+  if c.get("use_sliding_window") or set(c.get("layer_types") or ()) - {"full_attention"}:
+    raise ConfigError("config.json: sliding-window attention is not supported (full_attention "
+                      "layers only)")
+  node = _llama_node(c)
+  node.block.attention.norm = registry("norm").node("rmsnorm",
+                                                    eps=float(c.get("rms_norm_eps", 1e-6)))
+  return node
+
+
+def _qwen3_hf_shapes(c: dict) -> dict:
+  out = _llama_hf_shapes(c)
+  k = _llama_dims(c)[3]
+  for i in range(c["num_hidden_layers"]):
+    out.update({f"model.layers.{i}.self_attn.{n}.weight": (k,) for n in _QK})
+  return out
+
+
+def _qwen3_from_hf(get, c: dict) -> dict:
+  params = _llama_from_hf(get, c)
+  for i, layer in enumerate(params["layers"]):
+    layer["block"]["attention"].update(
+        {n: {"scale": get(f"model.layers.{i}.self_attn.{n}.weight")} for n in _QK})
+  return params
+
+
+def _qwen3_to_hf(params: dict, m) -> dict:
+  out = _llama_to_hf(params, m)
+  for i, layer in enumerate(params["layers"]):
+    a = layer["block"]["attention"]
+    out.update({f"model.layers.{i}.self_attn.{n}.weight": a[n]["scale"] for n in _QK})
+  return out
+
+
+def _qwen3_hf_config(m) -> dict:
+  b = m.block
+  norm = b.attention.norm
+  problems = [what for bad, what in (
+      (norm is None or norm.kind != "rmsnorm", "QK-norm other than rmsnorm"),
+      (norm is not None and norm.eps != b.norm.eps, "different eps in QK-norm and block norm"),
+      (b.ffn.kind == "mlp" and b.ffn.use_bias, "MLP biases"),
+  ) if bad]
+  if problems:
+    raise ConfigError(f"the model cannot be written as Qwen3ForCausalLM: {'; '.join(problems)}")
+  out = _llama_hf_config(m)
+  del out["mlp_bias"]
+  return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+          "use_sliding_window": False, "sliding_window": None,
+          "layer_types": ["full_attention"] * m.num_layers, "max_window_layers": m.num_layers}
+
+
 # -- GPT-2 --------------------------------------------------------------------------------
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
@@ -312,10 +375,99 @@ def _gpt2_hf_config(m) -> dict:
           "tie_word_embeddings": m.tie_embeddings}
 
 
+# -- completeness ----------------------------------------------------------------------------
+
+class _Reads(dict):
+  """A parameter tree (dicts and lists of arrays) that records which leaves are read."""
+
+  def __init__(self, tree: Mapping, path: tuple, reads: set):
+    super().__init__({k: _track(v, (*path, k), reads) for k, v in tree.items()})
+    self._path, self._reads = path, reads
+
+  def _leaf(self, key, value):
+    if not isinstance(value, (dict, list)):
+      self._reads.add((*self._path, key))
+    return value
+
+  def __getitem__(self, key):
+    return self._leaf(key, super().__getitem__(key))
+
+  def get(self, key, default=None):
+    return self[key] if key in self else default
+
+  def items(self):
+    return [(k, self[k]) for k in self]
+
+  def values(self):
+    return [self[k] for k in self]
+
+
+def _track(tree: Any, path: tuple, reads: set) -> Any:
+  if isinstance(tree, Mapping):
+    return _Reads(tree, path, reads)
+  if isinstance(tree, (list, tuple)):
+    return [_track(v, (*path, i), reads) for i, v in enumerate(tree)]
+  return tree
+
+
+def _leaf_paths(tree: Any, path: tuple = ()) -> list[tuple]:
+  if isinstance(tree, Mapping):
+    return [p for k, v in tree.items() for p in _leaf_paths(v, (*path, k))]
+  if isinstance(tree, (list, tuple)):
+    return [p for i, v in enumerate(tree) for p in _leaf_paths(v, (*path, i))]
+  return [path]
+
+
+def _names(paths) -> str:
+  """Parameter paths, one name per parameter of every layer: layers.*.block.attention.x."""
+  names = sorted({".".join("*" if isinstance(part, int) else str(part) for part in p)
+                  for p in paths})
+  return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def export(family: Family, params: dict, m) -> dict:
+  """`family.to_hf(params, m)` after checking that it reads every parameter of `params`
+  ({'layers': [layer, ...], ...}); ConfigError naming those it leaves unread."""
+  reads: set = set()
+  tensors = family.to_hf(_track(params, (), reads), m)
+  unread = [p for p in _leaf_paths(params) if p not in reads]
+  if unread:
+    raise ConfigError(f"the model cannot be written as {family.architecture}: its parameters "
+                      f"{_names(unread)} map to no Hugging Face tensor; nothing was written")
+  return tensors
+
+
+def import_params(family: Family, get: Callable[[str], np.ndarray], hf_cfg: dict,
+                  expected: Mapping) -> dict:
+  """`family.from_hf(get, hf_cfg)` after checking that it reads every tensor the HF config
+  implies and fills every parameter of the model (`expected`, the model's own tree of
+  shapes, layers as a list); ConfigError naming what is unmapped."""
+  read: set = set()
+
+  def tracked(name: str) -> np.ndarray:
+    read.add(name)
+    return get(name)
+
+  params = family.from_hf(tracked, hf_cfg)
+  unread = sorted(set(family.hf_shapes(hf_cfg)) - read)
+  if unread:
+    raise ConfigError(f"the {family.architecture} map reads no parameter from the tensors "
+                      f"{', '.join(unread[:8])}{' ...' if len(unread) > 8 else ''}; nothing was "
+                      f"written")
+  missing = sorted(set(_leaf_paths(expected)) - set(_leaf_paths(params)), key=str)
+  if missing:
+    raise ConfigError(f"the model's parameters {_names(missing)} get no tensor from the "
+                      f"{family.architecture} checkpoint; nothing was written")
+  return params
+
+
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
                                (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
                                _llama_hf_config),
+    "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", _qwen3_node, _qwen3_hf_shapes,
+                               (".rotary_emb.inv_freq",), _qwen3_from_hf, _qwen3_to_hf,
+                               _qwen3_hf_config),
     "GPT2LMHeadModel": Family("gpt2", "GPT2LMHeadModel", _gpt2_node, _gpt2_hf_shapes,
                               (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
                               _gpt2_hf_config),
@@ -323,6 +475,9 @@ FAMILIES = {
 
 
 def family_of_model(m) -> Family:
-  """The family a parsed model config can be written as (GPT-2 if learned positions)."""
-  return FAMILIES["GPT2LMHeadModel" if m.position_embedding.kind == "learned"
+  """The family a parsed model config can be written as: GPT-2 with learned positions,
+  Qwen3 with QK-norm, else LLaMA."""
+  if m.position_embedding.kind == "learned":
+    return FAMILIES["GPT2LMHeadModel"]
+  return FAMILIES["Qwen3ForCausalLM" if m.block.attention.norm is not None
                   else "LlamaForCausalLM"]

@@ -1,7 +1,8 @@
 """Position-wise feed-forward layers (the `ffn` registry): dense MLP with SwiGLU or GELU."""
 
 import dataclasses
-from typing import Literal
+import math
+from typing import ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -27,8 +28,12 @@ class MlpConfig:
   gated: bool = True  # act(x W_gate) * (x W_up), i.e. SwiGLU with silu (LLaMA)
   use_bias: bool = False  # biases on both projections (GPT-2: True)
   init_std: float = 0.02  # stddev of the normal initialiser
+  # kept by a switch to another ffn kind (moe: each expert's width and activation)
+  SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"mlp.init_std must be a finite number >= 0, got {self.init_std}")
     if self.hidden_dim <= 0:
       raise ConfigError(f"mlp.hidden_dim must be positive, got {self.hidden_dim}")
 

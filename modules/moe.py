@@ -21,7 +21,7 @@ Dispatch, per sequence (a group of L tokens):
 
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -43,8 +43,11 @@ class MoeConfig:
   renormalize: bool = True  # top-k router weights rescaled to sum to 1 (Mixtral)
   aux_loss_coef: float = 0.01  # weight of the load-balancing loss in the training loss
   init_std: float = 0.02  # stddev of the normal initialiser
+  SHARED: ClassVar = ("hidden_dim", "activation", "gated", "init_std")  # as mlp's
 
   def check(self, *, dim: int):
+    if not self.init_std >= 0 or math.isinf(self.init_std):
+      raise ConfigError(f"moe.init_std must be a finite number >= 0, got {self.init_std}")
     if self.num_experts <= 0 or self.hidden_dim <= 0:
       raise ConfigError(f"moe: num_experts ({self.num_experts}) and hidden_dim "
                         f"({self.hidden_dim}) must be positive")

@@ -1,11 +1,13 @@
 """Normalisation layers: RMSNorm and LayerNorm, computed in float32."""
 
 import dataclasses
+import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from core.registry import Registry
+from core.registry import ConfigError, Registry
 
 NORMS = Registry("norm")
 
@@ -14,6 +16,16 @@ NORMS = Registry("norm")
 class RMSNormConfig:
   kind: str = "rmsnorm"
   eps: float = 1e-5  # added to the mean square before the rsqrt
+  SHARED: ClassVar = ("eps",)  # kept by a switch to another norm kind (core/registry.py)
+
+  def check(self, *, dim: int):
+    _check_eps(self, dim=dim)
+
+
+def _check_eps(cfg, *, dim: int) -> None:
+  del dim
+  if not 0 <= cfg.eps < math.inf:
+    raise ConfigError(f"{cfg.kind}.eps must be a finite number >= 0, got {cfg.eps}")
 
 
 @NORMS.register("rmsnorm", RMSNormConfig)
@@ -36,6 +48,10 @@ class LayerNormConfig:
   kind: str = "layernorm"
   eps: float = 1e-5  # added to the variance before the rsqrt
   use_bias: bool = True  # learned additive bias after the scale
+  SHARED: ClassVar = ("eps",)
+
+  def check(self, *, dim: int):
+    _check_eps(self, dim=dim)
 
 
 @NORMS.register("layernorm", LayerNormConfig)

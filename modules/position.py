@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -30,8 +31,11 @@ class NoPosition(nn.Module):
 class RopeConfig:
   kind: str = "rope"
   theta: float = 10_000.0  # base wavelength of the rotary frequencies
+  SHARED: ClassVar = ("theta",)  # kept by a switch to another RoPE kind (core/registry.py)
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope needs an even head_dim, got {head_dim}")
 
@@ -70,8 +74,11 @@ class RopeLlama3Config:
   low_freq_factor: float = 1.0  # wavelengths above original_max_position / this are fully scaled
   high_freq_factor: float = 4.0  # wavelengths below original_max_position / this are kept
   original_max_position: int = 8192  # context length (tokens) of pre-training before scaling
+  SHARED: ClassVar = ("theta",)
 
   def check(self, *, head_dim: int):
+    if not 0 < self.theta < math.inf:
+      raise ConfigError(f"rope_llama3.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope_llama3 needs an even head_dim, got {head_dim}")
     if self.factor <= 0 or self.original_max_position <= 0:

@@ -9,53 +9,97 @@ mapped to mesh axes by flax's logical rules and the mesh set with `jax.set_mesh`
 over its rows with vmap. Off TPU the kernel runs in Pallas interpret mode (slow: for tests).
 """
 
-import flax.linen as nn
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from core.registry import ConfigError
+from modules import context
 
 LANES = 128  # the kernel's key blocks are multiples of the TPU's 128 lanes
 
 
-def block_sizes(length: int, block: int) -> sa.BlockSizes:
-  """`block` (clipped to the length) for queries and keys, forward and backward."""
-  b = min(block, length)
-  if length % b or b % LANES:
+def block_sizes(length: int, block: int, *, kv_length: int | None = None) -> sa.BlockSizes:
+  """`block` (clipped to the lengths) for queries and keys, forward and backward."""
+  kv_length = length if kv_length is None else kv_length
+  bq, bkv = min(block, length), min(block, kv_length)
+  if length % bq or bq % LANES or kv_length % bkv or bkv % LANES:
     raise ConfigError(f"attention.implementation=splash: the length {length} must be a multiple"
-                      f" of the block {b} (splash_block_size, clipped to the length), and the "
+                      f" of the block {bq} (splash_block_size, clipped to the length), and the "
                       f"block of {LANES}")
-  return sa.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
-                       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+  return sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
+                       block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
+                       block_kv_dq=bkv)
 
 
-def _kernel(q_BxHxLxK, k_BxGxLxK, v_BxGxLxK, segment_ids_BxL, *, block: int, interpret: bool):
-  """The kernel on local arrays: one causal mask per local head, vmapped over the rows."""
-  _, h, length, _ = q_BxHxLxK.shape
-  mask = sa.MultiHeadMask([sa.CausalMask((length, length))] * h)
-  kernel = sa.make_splash_mha(mask, block_sizes=block_sizes(length, block), head_shards=1,
-                              q_seq_shards=1, interpret=interpret)
-  if segment_ids_BxL is None:
-    return jax.vmap(kernel)(q_BxHxLxK, k_BxGxLxK, v_BxGxLxK)
-  return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sa.SegmentIds(s, s)))(
-      q_BxHxLxK, k_BxGxLxK, v_BxGxLxK, segment_ids_BxL)
+def check_context(length: int, block: int, count: int) -> None:
+  """Under context parallelism over `count` shards each kernel call takes one chunk of
+  length / (2 x count) queries (modules/context.py's layout): it must hold whole blocks."""
+  context.check_length(length, count)
+  chunk = length // (2 * count)
+  b = min(block, chunk)
+  if chunk % LANES or chunk % b:
+    need = (f"a multiple of {LANES} (the kernel's lanes)" if chunk % LANES else
+            f"a multiple of attention.splash_block_size={block}")
+    raise ConfigError(f"attention.implementation=splash with context parallelism over {count} "
+                      f"shards: each shard attends in chunks of length / (2 x {count}) = {chunk} "
+                      f"positions, which must be {need}; lengthen the sequence, use fewer "
+                      f"context shards or change attention.splash_block_size")
 
 
-def _mesh_axes(logical: str, size: int, mesh) -> str | tuple | None:
-  """The mesh axes that `logical` maps to, or None (replicated) if they do not divide `size`."""
-  axes = nn.logical_to_mesh_axes((logical,))[0]
-  names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-  names = tuple(a for a in names if a in mesh.shape)
-  shards = 1
-  for a in names:
-    shards *= mesh.shape[a]
-  return names if names and size % shards == 0 else None
+def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, *, block: int,
+            interpret: bool, offset: int = 0):
+  """The kernel on local arrays: one causal mask per local head (query i sees keys up to
+  i + offset), vmapped over the rows."""
+  _, h, q_length, _ = q_BxHxQxK.shape
+  kv_length = k_BxGxSxK.shape[2]
+  mask = sa.MultiHeadMask([sa.CausalMask((q_length, kv_length), offset=offset)] * h)
+  kernel = sa.make_splash_mha(mask, block_sizes=block_sizes(q_length, block, kv_length=kv_length),
+                              head_shards=1, q_seq_shards=1, interpret=interpret)
+  if segment_ids_BxQ is None:
+    return jax.vmap(kernel)(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK)
+  return jax.vmap(lambda q, k, v, s, t: kernel(q, k, v, segment_ids=sa.SegmentIds(s, t)))(
+      q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS)
+
+
+def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, *, axes, count: int,
+                    block: int, interpret: bool):
+  """One context shard: its two chunks of queries (zig-zag layout) against the gathered keys.
+
+  Keys, values and their segment ids are all-gathered and put back in the natural order; each
+  chunk of queries then sees the keys up to its own original index (a causal mask offset by
+  the chunk's start). The offsets are static per shard, so every shard's pair of kernels is
+  built and the shard's own chosen by its index (lax.switch).
+  """
+  gather = lambda x, axis: jax.lax.all_gather(x, axes, axis=axis, tiled=True)
+  length = q_BxHxQxK.shape[2] * count
+  natural = np.argsort(context.zigzag_order(length, count))
+  k, v = gather(k_BxGxQxK, 2)[:, :, natural], gather(v_BxGxQxK, 2)[:, :, natural]
+  kv_segments = None if segment_ids_BxQ is None else gather(segment_ids_BxQ, 1)[:, natural]
+  c = length // (2 * count)
+
+  def branch(i):
+    def run(q, k, v, segments, kv_segments):
+      outs = []
+      for half, chunk in enumerate((i, 2 * count - 1 - i)):
+        part = slice(half * c, (half + 1) * c)
+        outs.append(_kernel(q[:, :, part], k, v,
+                            None if segments is None else segments[:, part], kv_segments,
+                            block=block, interpret=interpret, offset=chunk * c))
+      return jnp.concatenate(outs, axis=2)
+    return run
+
+  return jax.lax.switch(jax.lax.axis_index(axes), [branch(i) for i in range(count)],
+                        q_BxHxQxK, k, v, segment_ids_BxQ, kv_segments)
 
 
 def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, block: int):
   """Causal attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads, packed
-  documents kept apart by `segment_ids_BxL` ([B, L] ints, or None); returns [B, L, H, K]."""
+  documents kept apart by `segment_ids_BxL` ([B, L] ints, or None); returns [B, L, H, K].
+  Under context parallelism (modules/context.py) the inputs are in its layout."""
   b, _, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   mesh = jax.sharding.get_abstract_mesh()
@@ -63,16 +107,26 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, block:
   platform = device.platform if device is not None else jax.default_backend()
   q = (q_BxLxHxK * k ** -0.5).astype(q_BxLxHxK.dtype).transpose(0, 2, 1, 3)
   kk, v = k_BxLxGxK.transpose(0, 2, 1, 3), v_BxLxGxK.transpose(0, 2, 1, 3)
-  attend = lambda q, kk, v, s: _kernel(q, kk, v, s, block=block, interpret=platform != "tpu")
+  interpret = platform != "tpu"
   if mesh.empty:
-    return attend(q, kk, v, segment_ids_BxL).transpose(0, 2, 1, 3)
-  batch = _mesh_axes("act_batch", b, mesh)
-  heads = _mesh_axes("act_heads", h, mesh)
-  if heads is not None and _mesh_axes("act_heads", g, mesh) is None:
+    return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, block=block,
+                   interpret=interpret).transpose(0, 2, 1, 3)
+  batch = context.mesh_axes("act_batch", b, mesh)
+  heads = context.mesh_axes("act_heads", h, mesh)
+  if heads is not None and context.mesh_axes("act_heads", g, mesh) is None:
     # Fewer kv heads than head shards: every query head gets its own copy of its kv head.
     kk, v = jnp.repeat(kk, h // g, axis=1), jnp.repeat(v, h // g, axis=1)
-  spec = jax.P(batch, heads, None, None)
-  seg_spec = jax.P(batch, None) if segment_ids_BxL is not None else None
+  axes, count = context.shards()
+  if count > 1:
+    check_context(q.shape[2], block, count)
+    attend = functools.partial(_context_kernel, axes=axes, count=count, block=block,
+                               interpret=interpret)
+  else:
+    axes = None
+    attend = lambda q, kk, v, s: _kernel(q, kk, v, s, s, block=block, interpret=interpret)
+  spec = jax.P(batch, heads, axes, None)
+  seg_spec = jax.P(batch, axes) if segment_ids_BxL is not None else None
   out = jax.shard_map(attend, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                      check_vma=False)(q, kk, v, segment_ids_BxL)
+                      axis_names=context.free_axes(mesh), check_vma=False)(
+                          q, kk, v, segment_ids_BxL)
   return out.transpose(0, 2, 1, 3)

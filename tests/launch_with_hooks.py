@@ -1,6 +1,7 @@
 """axtrain with test callbacks, for tests that need a real process (signals, exit codes).
 
     python tests/launch_with_hooks.py [--pause_after_step=N --paused_file=PATH] [--nan_at_step=N] \\
+        [--hold_after_step=N --held_file=PATH --release_file=PATH [--then_sleep_s=S]] \\
         -- --config=... (axtrain's own arguments)
 
 The callbacks are also used in-process (`launcher.main.main(argv, callbacks=[...])`).
@@ -29,6 +30,31 @@ class PauseAfter(Callback):
       self.paused_file.write_text(str(step))
       while not loop.stop_requested():
         time.sleep(0.01)
+
+
+class HoldAfter(Callback):
+  """Holds the loop after step `step` until `release_file` exists (`held_file`.<process index>
+  is written when the hold begins), then sleeps `then_sleep_s` after each later step.
+
+  For multi-process runs, where a SIGTERM's stop is agreed between the processes at a later
+  step (launcher/distributed.py), so PauseAfter's wait for a stop request would never end: the
+  test signals the held processes, waits until they heard it, releases them, and the slow steps
+  after the hold leave time for the agreement. Also holds processes for a SIGKILL.
+  """
+
+  def __init__(self, step: int, held_file: pathlib.Path, release_file: pathlib.Path,
+               then_sleep_s: float = 0.0):
+    self.step, self.then_sleep_s = step, then_sleep_s
+    self.held_file, self.release_file = pathlib.Path(held_file), pathlib.Path(release_file)
+
+  def on_step_end(self, step: int, loop) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    if step == self.step:
+      pathlib.Path(f"{self.held_file}.{jax.process_index()}").write_text(str(step))
+      while not self.release_file.exists():
+        time.sleep(0.05)
+    elif step > self.step:
+      time.sleep(self.then_sleep_s)
 
 
 class StopAfter(Callback):
@@ -63,6 +89,11 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
   if "pause_after_step" in options:
     callbacks.append(PauseAfter(int(options.pop("pause_after_step")),
                                 pathlib.Path(options.pop("paused_file"))))
+  if "hold_after_step" in options:
+    callbacks.append(HoldAfter(int(options.pop("hold_after_step")),
+                               pathlib.Path(options.pop("held_file")),
+                               pathlib.Path(options.pop("release_file")),
+                               float(options.pop("then_sleep_s", 0))))
   if "nan_at_step" in options:
     callbacks.append(NanAt(int(options.pop("nan_at_step"))))
   if options:

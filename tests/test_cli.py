@@ -68,6 +68,35 @@ BAD_INPUTS = [
     (["--config=configs/gpt2.py", "--config.data.seq_len=2048"],
      "exceeds the 1024 learned positions; set --config.model.position_embedding.max_length=2048"),
     (["--config=configs/llama.py:size=9b"], "config argument size=9b: unknown"),
+    (["--config=configs/tiny.py", "--config.trainer.seed=-1"],
+     "trainer.seed must be a whole number in [0, 2**63), got -1"),
+    (["--config=configs/tiny.py", "--config.trainer.max_steps=100000000000000000000000"],
+     "trainer.max_steps must be at most 2,147,483,647 (steps are counted in int32)"),
+    (["--config=configs/tiny.py", "--config.trainer.max_steps=100000000000000000000000",
+      "--print_config"], "trainer.max_steps must be at most 2,147,483,647"),
+    (["--config=configs/tiny.py", "--mesh=tpu-v5e-1"],
+     "--mesh=tpu-v5e-1 is a tpu mesh but JAX sees 1 cpu device(s) here; train here with "
+     "--mesh=cpu (or --mesh=auto), or plan for that hardware with `axtrain plan --mesh=tpu-v5e-1`"),
+    (["--config=configs/tiny.py", "--mesh=tpu"], "--mesh=tpu is a tpu mesh but JAX sees"),
+    (["--config=configs/tiny.py", "--mesh=gpu"], "--mesh=gpu is a gpu mesh but JAX sees"),
+    (["--config=configs/tiny.py", "--config.model.block.attention.init_std=-0.02"],
+     "attention.init_std must be a finite number >= 0, got -0.02"),
+    (["--config=configs/tiny.py", "--config.model.block.ffn.init_std=nan"],
+     "mlp.init_std must be a finite number >= 0, got nan"),
+    (["--config=configs/tiny.py", "--config.model.embedding.init_std=-1"],
+     "embedding.init_std must be a finite number >= 0"),
+    (["--config=configs/gpt2.py:size=small", "--config.model.position_embedding.init_std=-1"],
+     "position_embedding.init_std must be a finite number >= 0"),
+    (["--config=configs/moe_tiny.py", "--config.model.block.ffn.init_std=-1"],
+     "moe.init_std must be a finite number >= 0"),
+    (["--config=configs/tiny.py", "--config.model.block.attention.position.theta=-1"],
+     "rope.theta must be a finite number > 0, got -1.0"),
+    (["--config=configs/llm_1b.py", "--config.model.block.attention.position.theta=0"],
+     "rope_llama3.theta must be a finite number > 0, got 0.0"),
+    (["--config=configs/tiny.py", "--config.model.block.norm.eps=-1"],
+     "rmsnorm.eps must be a finite number >= 0, got -1.0"),
+    (["--config=configs/gpt2.py:size=small", "--config.model.final_norm.eps=inf"],
+     "layernorm.eps must be a finite number >= 0, got inf"),
 ]
 
 
@@ -78,6 +107,102 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
   assert err.count("\n") == 1 and err.startswith("axtrain: error: "), err
   assert message in err
   assert not (tmp_path / "run").exists()
+
+
+CONFIG_FILES = {
+    "raises.py": ("def get_config(arg=None):\n  raise RuntimeError('broken on purpose')\n",
+                  "config file '{}' line 2: RuntimeError: broken on purpose"),
+    "none.py": ("\n\ndef get_config(arg=None):\n  cfg = 1\n",
+                "config file '{}' line 3: get_config() returned None, not an "
+                "ml_collections.ConfigDict; end it with `return cfg`"),
+    "missing.py": ("import no_such_module\n\n\ndef get_config(arg=None):\n  pass\n",
+                   "config file '{}' line 1: ModuleNotFoundError: No module named "
+                   "'no_such_module'"),
+    "reads.py": ("def get_config(arg=None):\n  return open('/nonexistent/axtrain.txt')\n",
+                 "config file '{}' line 2: FileNotFoundError: [Errno 2] No such file or "
+                 "directory: '/nonexistent/axtrain.txt'"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+@pytest.mark.parametrize("command", [[], ["plan", "--mesh=tpu-v5e-4"]], ids=["train", "plan"])
+def test_a_config_file_that_fails_is_one_line_naming_file_and_line(capsys, tmp_path, name,
+                                                                   command):
+  text, message = CONFIG_FILES[name]
+  path = tmp_path / name
+  path.write_text(text)
+  code, out, err = run_main(capsys, *command, f"--config={path}", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and err == f"axtrain: error: {message.format(path)}\n", err
+  assert not (tmp_path / "run").exists()
+
+
+def test_version(capsys):
+  from launcher.run_dir import versions  # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as e:
+    main_lib.main(["axtrain", "--version"])
+  out = capsys.readouterr().out
+  assert e.value.code == 0
+  assert out == (f"axtrain {versions()['axtrain']} (jax {versions()['jax']}, jaxlib "
+                 f"{versions()['jaxlib']}, python {versions()['python']})\n")
+  assert "--version" in main_lib.help_text(main_lib._define_flags(["axtrain"]))  # pylint: disable=protected-access
+
+
+def test_a_backend_this_machine_cannot_start_is_one_line(tmp_path):
+  result = cli("--config=configs/tiny.py", f"--output_dir={tmp_path / 'run'}",
+               env={"JAX_PLATFORMS": "cuda"})
+  assert result.returncode == 2 and result.stderr == (
+      "axtrain: error: JAX_PLATFORMS=cuda: JAX cannot start that backend on this machine (none "
+      "of its devices is visible); unset JAX_PLATFORMS to use what it has, or set it to cpu\n"), (
+          result.stderr[-2000:])
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("config,args,note", [
+    ("configs/tiny.py", ["--config.trainer.max_steps=5"],
+     "optimizer.schedule.warmup_steps 20 does not fit in trainer.max_steps 5: the warm-up shrinks "
+     "to 0 steps (10% of the run)"),
+    ("configs/moe_tiny.py", ["--config.trainer.max_steps=5"],
+     "optimizer.schedule.warmup_steps 50 does not fit in trainer.max_steps 5: the warm-up shrinks "
+     "to 0 steps (10% of the run)"),
+    ("configs/tiny.py", ["--config.optimizer.schedule.kind=wsd", "--config.trainer.max_steps=20"],
+     "optimizer.schedule.warmup_steps 20 does not fit in trainer.max_steps 20 (16 steps before "
+     "wsd's decay): the warm-up shrinks to 2 steps (10% of the run)"),
+])
+def test_a_run_shorter_than_its_warmup_is_accepted_with_a_note(capsys, config, args, note):
+  code, out, err = run_main(capsys, f"--config={config}", *args, "--print_config")
+  assert code == 0 and err == f"axtrain: note: {note}\n", err
+  assert "trainer.max_steps:" in out
+
+
+def test_a_mixture_run_shorter_than_its_warmup_is_accepted_with_a_note(capsys, tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"text": f"def f(x):\n  return x * {i}\n"}) + "\n"
+                            for i in range(300)))
+  code, _, err = run_main(capsys, f"--config=configs/tiny_mixture.py:path={corpus}",
+                          "--config.trainer.max_steps=5", "--print_config")
+  assert code == 0 and err == ("axtrain: note: optimizer.schedule.warmup_steps 50 does not fit in "
+                               "trainer.max_steps 5: the warm-up shrinks to 0 steps (10% of the "
+                               "run)\n"), err
+
+
+def test_a_run_shorter_than_its_warmup_trains(capsys, tmp_path):
+  code, _, err = run_main(capsys, "--config=configs/llama.py:size=test", "--noprogress",
+                          "--config.trainer.max_steps=3", "--config.eval.batch_size=8",
+                          "--config.eval.num_batches=1", "--config.data.seq_len=32",
+                          "--config.trainer.hang_timeout_s=0",  # its watchdog needs a real stderr
+                          f"--output_dir={tmp_path / 'run'}")
+  assert code == 0, err
+  assert err.startswith("axtrain: note: optimizer.schedule.warmup_steps ")
+  import json  # pylint: disable=import-outside-toplevel
+  import math  # pylint: disable=import-outside-toplevel
+  records = map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+  last = [r for r in records if "loss" in r][-1]
+  cfg = json.loads((tmp_path / "run" / "config.json").read_text())["optimizer"]
+  peak, end = cfg["learning_rate"], cfg["learning_rate"] * cfg["schedule"]["end_ratio"]
+  # No warm-up (a tenth of 3 steps); the cosine over the 3 steps, at step 3's update (2 taken).
+  assert last["step"] == 3 and last["learning_rate"] == pytest.approx(
+      end + (peak - end) * 0.5 * (1 + math.cos(math.pi * 2 / 3)), rel=1e-6)
 
 
 def test_broken_config_file(capsys, tmp_path):
@@ -149,6 +274,16 @@ def test_process_flags_need_a_cluster(capsys, monkeypatch, tmp_path, args, messa
   err = _refused_in_process(capsys, *args, f"--output_dir={tmp_path / 'run'}")
   assert message in err
   assert not (tmp_path / "run").exists()
+
+
+def test_tokenize_into_a_folder_under_a_file(capsys, tmp_path):
+  (tmp_path / "afile").write_text("x")
+  code = main_lib.main(["axtrain", "tokenize", "--input=configs/tiny.py",
+                        f"--output_dir={tmp_path / 'afile' / 'tok'}"])
+  err = capsys.readouterr().err
+  assert code == 2 and err == (f"axtrain: error: --output_dir {tmp_path / 'afile' / 'tok'}: "
+                               f"{tmp_path / 'afile'} is a file, not a directory\n"), err
+  assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_tokenize_help_lists_every_flag(capsys):

@@ -182,6 +182,61 @@ def _files(root: pathlib.Path, names) -> dict:
           for p in sorted([root / name, *(root / name).rglob("*")]) if p.is_file()}
 
 
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+
+
+def _word_tokenizer(path: pathlib.Path) -> None:
+  """A Hugging Face tokenizer.json whose ids fit the tiny model's vocabulary of V."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
+  vocab = {"[UNK]": 0, "</s>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+  assert len(vocab) <= V
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(str(path))
+
+
+def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
+    tmp_path, capsys, tensors, monkeypatch):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  _word_tokenizer(hf / "tokenizer.json")
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  doc = (run / "config.py").read_text().split('"""')[1]
+  assert "trains the converted model on synthetic data: 1000 steps of 8 x 8\nuniformly random " \
+         "tokens (data.kind=synthetic)" in doc, doc
+  line = next(l.strip() for l in doc.splitlines() if "--config.data.kind=jsonl" in l)
+  assert line == (f"axtrain --config={run}/config.py --output_dir={run} --config.data.kind=jsonl "
+                  f"--config.data.path=corpus.jsonl --config.data.tokenizer.kind=huggingface "
+                  f"--config.data.tokenizer.path={hf}/tokenizer.json")
+  # The line as written works: the corpus, read with the model's tokenizer.
+  rng = np.random.default_rng(0)
+  (tmp_path / "corpus.jsonl").write_text("".join(
+      json.dumps({"text": " ".join(rng.choice(WORDS, 30))}) + "\n" for _ in range(200)))
+  monkeypatch.chdir(tmp_path)
+  code = main_lib.main([*line.split(), "--print_config"])
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  assert "data.kind: jsonl\n" in out and "data.tokenizer.kind: huggingface\n" in out
+  # And a short try of the converted config: its warm-up of 100 steps shrinks to fit.
+  code = main_lib.main(["axtrain", f"--config={run}/config.py", f"--output_dir={run}",
+                        "--config.trainer.max_steps=10", "--print_config"])
+  out, err = capsys.readouterr()
+  assert code == 0 and err == ("axtrain: note: optimizer.schedule.warmup_steps 100 does not fit "
+                               "in trainer.max_steps 10: the warm-up shrinks to 1 steps (10% of "
+                               "the run)\n"), err
+
+
+def test_from_hf_of_an_axtrain_run_says_it_is_not_a_hugging_face_folder(tmp_path, capsys):
+  run = tmp_path / "demo"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"model": {}, "trainer": {}}))
+  (run / "run.json").write_text(json.dumps({"status": "completed"}))
+  err = _refused(tmp_path, capsys, run)
+  assert err == (f"axtrain: error: --from_hf {run} is not a Hugging Face model folder: its "
+                 f"config.json names no architectures or model_type (it is an axtrain run "
+                 f"directory: export it with --to_hf)\n")
+
+
 def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, capfd, tensors):
   """convert, then the README's command as written, then a 2-step run with --overwrite whose
   first loss is the converted model's loss on that batch, computed by transformers."""
@@ -259,3 +314,57 @@ def test_output_dir_that_cannot_be_written(tmp_path, capsys, tensors):
     code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
     assert code == 2 and err.count("\n") == 1 and message in err, err
   assert regular.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))
+
+
+def _attention_with_extra_parameter(monkeypatch):
+  """Attention as a later layer might be: one more parameter, which no family map knows."""
+  import flax.linen as nn
+
+  from core.registry import Component, registry
+  attention = registry("attention")
+  entry = attention.entry("attention")
+
+  class WithExtra(entry.target):
+    @nn.compact
+    def __call__(self, x, *args, **kwargs):
+      gain = self.param("gain", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                        (3,))
+      return super().__call__(x, *args, **kwargs) * gain[0]
+
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", entry.config_cls, WithExtra))
+
+
+def test_a_parameter_no_map_knows_refuses_export_and_import(tmp_path, capsys, tensors,
+                                                            monkeypatch):
+  hf = _write_hf(tmp_path / "hf", tensors)
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")[0] == 0
+  _attention_with_extra_parameter(monkeypatch)
+  code, err = _convert(capsys, f"--to_hf={tmp_path / 'run'}", f"--output_dir={tmp_path / 'back'}")
+  assert code == 2 and err.count("\n") == 1, err
+  assert ("axtrain: error: the model cannot be written as GPT2LMHeadModel: its parameters "
+          "layers.*.block.attention.gain map to no Hugging Face tensor") in err
+  assert not (tmp_path / "back").exists()
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run2'}")
+  assert code == 2 and err.count("\n") == 1, err
+  assert ("the model's parameters layers.*.block.attention.gain get no tensor from the "
+          "GPT2LMHeadModel checkpoint") in err
+  assert not (tmp_path / "run2").exists()
+
+
+def test_a_map_that_leaves_a_tensor_unread_refuses(tmp_path, capsys, tensors, monkeypatch):
+  import dataclasses
+
+  from modules import hf_maps
+  family = hf_maps.FAMILIES["GPT2LMHeadModel"]
+
+  def forgetful(get, c):  # a map that never reads the final norm's bias
+    return family.from_hf(lambda name: np.zeros(D, np.float32) if name ==
+                          "transformer.ln_f.bias" else get(name), c)
+
+  monkeypatch.setitem(hf_maps.FAMILIES, "GPT2LMHeadModel",
+                      dataclasses.replace(family, from_hf=forgetful))
+  hf = _write_hf(tmp_path / "hf", tensors)
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and "reads no parameter from the tensors transformer.ln_f.bias" in err, err
+  assert not (tmp_path / "run").exists()

@@ -17,7 +17,7 @@ from core.registry import ConfigError, registry
 from tests.conftest import ROOT
 from trainer.data import tokenizers
 from trainer.data.base import DATA
-from trainer.data.config import component
+from trainer.data.mixture import component
 from trainer.data.mixture import allocate
 
 ETX = 3  # the bytes tokenizer's EOS

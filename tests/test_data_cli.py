@@ -84,6 +84,25 @@ def test_bad_input_at_start_up(capsys, tmp_path):
       f"tokenizer file '{bad_model}' is not a SentencePiece model")
 
 
+def test_an_empty_file_and_a_mixture_without_sources(capsys, tmp_path):
+  """Issue 24: say that the file is empty (not 'has 1 document(s)'), and point a mixture
+  switch on the command line to a config file (its sources are no flag value)."""
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  assert train_error(capsys, tmp_path, "--config.data.kind=text",
+                     f"--config.data.path={empty}") == f"data.path '{empty}': the file is empty"
+  (tmp_path / "blank").mkdir()
+  for name in ("a.txt", "b.txt"):
+    (tmp_path / "blank" / name).write_text("")
+  assert train_error(capsys, tmp_path, "--config.data.kind=text",
+                     f"--config.data.path={tmp_path / 'blank'}") == (
+      f"data.path '{tmp_path / 'blank'}': all 2 documents are empty")
+  assert train_error(capsys, tmp_path, "--config.data.kind=mixture") == (
+      "data.sources: required field of data 'mixture' is missing (a tuple of weighted data "
+      "nodes, which a config file sets: see configs/tiny_mixture.py)")
+  assert not (tmp_path / "run").exists()
+
+
 def test_bad_input_via_tokenize(capsys, tmp_path):
   good = write_jsonl(tmp_path / "good.jsonl")
   binary = tmp_path / "data.bin"

@@ -3,6 +3,7 @@ compiled for the batch the data pipeline yields."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import flax.linen as nn
@@ -59,7 +60,7 @@ def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
   import configs.llama  # pylint: disable=import-outside-toplevel
   from launcher import tokenize  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib, experiment, meshes, plan  # pylint: disable=import-outside-toplevel
-  from trainer.data.config import component  # pylint: disable=import-outside-toplevel
+  from trainer.data.mixture import component  # pylint: disable=import-outside-toplevel
 
   texts = [f"document {i}: " + "abc " * (i % 17) for i in range(200)]
   (tmp_path / "txt").mkdir()
@@ -67,6 +68,8 @@ def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
     (tmp_path / "txt" / f"{i}.txt").write_text(t)
   (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
   pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+  with open(tmp_path / "c.csv", "w", newline="", encoding="utf-8") as out:
+    csv.writer(out).writerows([("text",), *((t,) for t in texts)])
   writer = array_record_module.ArrayRecordWriter(str(tmp_path / "c.array_record"),
                                                  "group_size:1")
   for t in texts:
@@ -81,6 +84,7 @@ def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
       "text": [{"path": str(tmp_path / "txt")}],
       "jsonl": [jsonl],
       "parquet": [{"path": str(tmp_path / "c.parquet")}],
+      "csv": [{"path": str(tmp_path / "c.csv")}],
       "arrayrecord": [{"path": str(tmp_path / "c.array_record")}],
       "tokens": [{"path": str(tmp_path / "tok")}],
       "mixture": [{"sources": (component("jsonl", weight=1, **jsonl),

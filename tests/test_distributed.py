@@ -1,19 +1,27 @@
 """Two real JAX processes (jax.distributed on 127.0.0.1, gloo collectives) train as one.
 
-Each process sees 2 fake CPU devices, so the run has 4 devices over 2 hosts; a
-single process with 4 devices is the reference. The data is sliced per process,
-the batch assembled from process-local rows, the checkpoint written by both
-processes together, and then resumed by one process on a 2-device mesh.
+The processes are started by `axtrain launch --backend=local`, each with 2 fake CPU devices,
+so the run has 4 devices over 2 processes; a single process with 4 devices is the reference.
+The data is sliced per process, the batch assembled from process-local rows, the checkpoint
+written by both processes together. A SIGKILL of one process stops the other within launch's
+bound and launch exits with the killed one's code; launching again resumes from the two
+processes' checkpoint, and that checkpoint also resumes in one process on a 2-device mesh.
 """
 
 from __future__ import annotations
 
-import socket
+import json
+import re
+import shlex
+import signal
 import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
+from launcher.launch_local import FAILURE_GRACE_S
 from tests import ckpt_util as cu
 from tests.conftest import ROOT
 
@@ -21,29 +29,10 @@ STEPS = ("--config.trainer.max_steps=6", "--config.checkpoint.every_steps=3",
          "--config.optimizer.schedule.warmup_steps=0")
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def run_two_processes(run_dir, cache, *extra) -> list[tuple[int, str]]:
-  port = free_port()
-  procs = [subprocess.Popen(
-      cu.args(run_dir, *STEPS, *extra, f"--coordinator_address=127.0.0.1:{port}",
-              "--num_processes=2", f"--process_id={i}"),
-      env=cu.env(cache, devices=2), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True) for i in (0, 1)]
-  out = []
-  try:
-    for proc in procs:
-      _, err = proc.communicate(timeout=600)
-      out.append((proc.returncode, err))
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-  return out
+def launch_argv(run_dir, *launch_flags: str) -> list[str]:
+  return [sys.executable, "-m", "launcher", "launch", "--backend=local", "--num_processes=2",
+          "--devices_per_process=2", *launch_flags, "--", f"--config={cu.CONFIG}",
+          f"--output_dir={run_dir}", *STEPS]
 
 
 @pytest.fixture(scope="module")
@@ -51,27 +40,64 @@ def cache(tmp_path_factory):
   return tmp_path_factory.mktemp("jax_cache")
 
 
-def test_two_processes_train_like_one_and_resume_on_one(tmp_path, cache):
+def wait_for(predicate, what: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+  deadline = time.monotonic() + timeout_s
+  while not predicate():
+    assert proc.poll() is None, f"launch exited {proc.returncode} before {what}"
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.05)
+
+
+def test_two_processes_train_like_one_survive_a_kill_and_resume(tmp_path, cache):
   one = tmp_path / "one"
   result = cu.run(one, cache, *STEPS, devices=4)
   assert result.returncode == 0, result.stderr[-3000:]
+  want = cu.losses(one)
 
+  # Both processes hold after step 3 (checkpointed); then process 1 is killed.
   two = tmp_path / "two"
-  results = run_two_processes(two, cache)
-  for rc, err in results:
-    assert rc == 0, err[-3000:]
+  held, release, err = tmp_path / "held", tmp_path / "release", tmp_path / "launch.err"
+  hooks = shlex.join([sys.executable, cu.HOOKS, "--hold_after_step=3", f"--held_file={held}",
+                      f"--release_file={release}", "--"])
+  with open(err, "w") as stderr:
+    launch = subprocess.Popen(launch_argv(two, f"--axtrain={hooks}"), env=cu.env(cache),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+  try:
+    wait_for(lambda: all((tmp_path / f"held.{i}").exists() for i in (0, 1)), "the hold", launch)
+    wait_for(lambda: (two / "checkpoints" / "3").is_dir(), "checkpoint 3", launch)
+    pids = re.search(r"started 2 processes \(pids (\d+), (\d+)\)", err.read_text())
+    killed_at = time.monotonic()
+    subprocess.run(["kill", "-KILL", pids[2]], check=True)
+    code = launch.wait(timeout=60)
+    stopped_in = time.monotonic() - killed_at
+  finally:
+    if launch.poll() is None:
+      launch.kill()
+  log = err.read_text()
+  assert code == 128 + signal.SIGKILL, log[-3000:]
+  assert "p1 exited with 137 (SIGKILL); stopping p0" in log
+  assert stopped_in < FAILURE_GRACE_S + 20, stopped_in  # the bound: within 30 s
+  assert cu.steps(two) == [3]
+
+  # The same launch again resumes from the two processes' checkpoint and completes.
+  done = subprocess.run(launch_argv(two), env=cu.env(cache), cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "[p0] resumed from checkpoint step 3" in done.stderr
   assert cu.status(two) == "completed"
   assert cu.steps(two) == [3, 6]
-  want, got = cu.losses(one), cu.losses(two)
+  got = cu.losses(two)
   assert sorted(got) == list(range(1, 7))
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=1e-5)
   theirs = cu.params(two, 6)
   for key, value in cu.params(one, 6).items():
     np.testing.assert_allclose(theirs[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
-  # Only process 0 writes the run's files: one record per step, not one per process.
-  assert len((two / "metrics.jsonl").read_text().splitlines()) == len(
-      (one / "metrics.jsonl").read_text().splitlines())
+  # Only process 0 writes the run's files: one record per step, not one per process (the
+  # killed attempt wrote steps 1-3, the save at 3 flushing its record; the relaunch 4-6).
+  logged = [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line]
+  assert logged == list(range(1, 7))
 
   # The checkpoint the two processes wrote together resumes in one process on 2 devices.
   resumed = tmp_path / "resumed"

@@ -145,6 +145,7 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
   assert len(errors) == 1 and "no usable checkpoint" in errors[0], result.stderr[-3000:]
+  assert errors[0].endswith("; pass --overwrite to start the run over"), errors[0]
   warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
   assert len(warnings) == 2 and all("is missing); moved it to" in w for w in warnings), warnings
   # Reads abandoned by the failed restores must not print tracebacks (CI saw them garble the error).
@@ -197,6 +198,11 @@ def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache, capfd):
                        f"--config.init.from_run={ref}", callbacks=[NanAt(4)])
   assert result.returncode == 0, result.stderr[-3000:]
   assert cu.status(run_dir) == "completed"
+  # Said once, when the step is counted (at its log: log_every 1).
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert warnings == ["axtrain: warning: skipped step 4 with a non-finite loss or gradient, "
+                      "parameters unchanged; 1 of 4 steps skipped so far (lower "
+                      "optimizer.learning_rate if this goes on)"], result.stderr[-3000:]
   records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   skipped = {r["step"]: r["nonfinite_skipped"] for r in records if "loss" in r}
   assert skipped == {s: int(s >= 4) for s in range(1, 31)}

@@ -29,6 +29,20 @@ def _llama():
   return transformers.LlamaForCausalLM(cfg)
 
 
+def _qwen3():
+  """LLaMA's shape with QK-norm (attention.norm) and a head_dim other than dim / heads."""
+  cfg = transformers.Qwen3Config(
+      vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6,
+      max_position_embeddings=64, tie_word_embeddings=False)
+  model = transformers.Qwen3ForCausalLM(cfg)
+  with torch.no_grad():  # random norm scales, so that a swapped q_norm/k_norm shows
+    for name, p in model.named_parameters():
+      if name.endswith(("q_norm.weight", "k_norm.weight")):
+        p.uniform_(0.5, 1.5)
+  return model
+
+
 def _gpt2():
   cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32,
                                 bos_token_id=0, eos_token_id=0)
@@ -44,10 +58,10 @@ def _logits_ours(run_dir: pathlib.Path):
   return np.asarray(jax.jit(exp.model.apply)({"params": params}, TOKENS))
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gpt2"])
 def converted(request, tmp_path_factory):
   torch.manual_seed(0)
-  hf = {"llama": _llama, "gpt2": _gpt2}[request.param]().eval()
+  hf = {"llama": _llama, "qwen3": _qwen3, "gpt2": _gpt2}[request.param]().eval()
   root = tmp_path_factory.mktemp(request.param)
   hf.save_pretrained(root / "hf")
   with torch.no_grad():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from absl import flags
@@ -21,7 +21,7 @@ from launcher import config_loading, main as main_lib
 from tests.conftest import ROOT
 from tests.test_golden_configs import SWITCHES
 from trainer import config as config_lib, experiment, loop, meshes
-from trainer.data.config import component
+from trainer.data.mixture import component
 
 TINY = str(ROOT / "configs" / "tiny.py")
 SMALL = ["--config.trainer.max_steps=3", "--config.optimizer.schedule.warmup_steps=0",
@@ -172,7 +172,9 @@ class _First:
   kind: str = "first"
   x: int = 1
   y: str = "a"
+  z: int = 5
   only_first: float = 0.5
+  SHARED: ClassVar = ("x", "y")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,7 +182,9 @@ class _Second:
   kind: str = "second"
   x: Literal["p", "q"] = "p"
   y: str = "b"
+  z: int = 6
   needed: int = REQUIRED
+  SHARED: ClassVar = ("x", "y", "needed")
 
 
 _TOY = Registry("test_kind_switch_toy")
@@ -188,17 +192,47 @@ _TOY.register("first", _First)(object)
 _TOY.register("second", _Second)(object)
 
 
-def test_switched_carries_only_fields_valid_for_the_new_kind():
-  old = _TOY.node("first", x=3, y="kept")
+def test_switched_carries_only_shared_fields_valid_for_the_new_kind():
+  old = _TOY.node("first", x=3, y="kept", z=7)
   new = _TOY.switched(old, "second")
-  assert new.to_dict() == {"kind": "second", "x": "p", "y": "kept", "needed": None}
+  # x is shared but 3 is not valid for "second"; z is in both kinds but not shared
+  assert new.to_dict() == {"kind": "second", "x": "p", "y": "kept", "z": 6, "needed": None}
+  assert [(d.name, d.value, d.new_default) for d in _TOY.not_carried(old, "second")] == [
+      ("x", 3, "p"), ("z", 7, 6)]
   new.needed = 7  # the placeholder is typed: an int override type-checks
   with pytest.raises(TypeError):
     new.needed = "seven"
   with pytest.raises(ConfigError, match="required field of test_kind_switch_toy 'second'"):
     _TOY.parse(_TOY.switched(old, "second"), "toy")
   assert _TOY.switched(new, "first", only_first=2.0).to_dict() == {
-      "kind": "first", "x": 1, "y": "kept", "only_first": 2.0}
+      "kind": "first", "x": 1, "y": "kept", "z": 5, "only_first": 2.0}
+  assert _TOY.switched(old, "first").to_dict() == old.to_dict()  # its own kind: all kept
+
+
+def test_every_shared_name_is_a_field_of_its_registry():
+  """A SHARED name that no kind of the registry has is a typo, which would carry nothing."""
+  import configs.base  # noqa: F401  (every registry)
+  from core import registry as registry_lib
+  for reg in list(registry_lib._ALL.values()):  # pylint: disable=protected-access
+    classes = [reg.entry(k).config_cls for k in reg.kinds()]
+    names = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    declared = {n for cls in classes for n in getattr(cls, "SHARED", ())}
+    assert declared <= names, (reg.name, declared - names)
+
+
+def test_adamw_to_lion_takes_lions_own_betas_and_keeps_the_shared_fields(capsys):
+  cfg = load("--config.optimizer.b2=0.9", "--config.optimizer.kind=lion")
+  assert (cfg.optimizer.b1, cfg.optimizer.b2) == (0.9, 0.9)  # the command line sets b2 anyway
+  cfg = load("--config.optimizer.kind=lion")
+  assert cfg.optimizer.b2 == 0.99 and cfg.optimizer.learning_rate == 3e-3  # lion's b2; shared lr
+  assert cfg.optimizer.schedule.warmup_steps == 20
+  capsys.readouterr()
+
+
+def test_schedule_switch_gives_the_new_kinds_end_ratio():
+  """end_ratio is a final value in warmup_cosine and a floor in rsqrt: not carried."""
+  cfg = load("--config.optimizer.schedule.kind=rsqrt")
+  assert cfg.optimizer.schedule.end_ratio == 0.0 and cfg.optimizer.schedule.warmup_steps == 20
 
 
 def test_a_switch_that_drops_a_value_the_config_file_set_says_so(capsys):
@@ -210,3 +244,48 @@ def test_a_switch_that_drops_a_value_the_config_file_set_says_so(capsys):
                  "model.block.attention.position.factor=32.0 (kind 'rope' has no such field)\n")
   load("--config.model.block.ffn.kind=moe", "--config.model.block.ffn.num_experts=4")
   assert capsys.readouterr().err == ""  # mlp's fields that moe lacks are at their defaults
+
+
+@pytest.fixture
+def optional_child(monkeypatch):
+  """Attention with an optional child (a norm node, None = off), as a later feature adds."""
+  from core.registry import Component, child
+  attention = registry("attention")
+  entry = attention.entry("attention")
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class WithOptional(entry.config_cls):
+    extra: Any = child("norm", None)
+
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", WithOptional, entry.target))
+  return "model.block.attention.extra"
+
+
+def test_an_optional_child_turns_on_with_its_kind_and_off_with_none(optional_child, capsys,
+                                                                     tmp_path):
+  path = optional_child
+  assert load()[path.split(".")[0]].block.attention.extra is None
+  cfg = load(f"--config.{path}.kind=layernorm", f"--config.{path}.eps=1e-3")
+  assert dict(cfg.model.block.attention.extra) == {"kind": "layernorm", "eps": 1e-3,
+                                                   "use_bias": True}
+  on = tmp_path / "with_extra.py"  # a config file that turns it on
+  on.write_text("from configs import tiny\nfrom core.registry import registry\n\n\n"
+                "def get_config(arg=None):\n  cfg = tiny.get_config()\n"
+                "  cfg.model.block.attention.extra = registry('norm').node('rmsnorm')\n"
+                "  return cfg\n")
+  assert config_loading.load(str(on)).model.block.attention.extra.kind == "rmsnorm"
+  for cfg in (load(f"--config.{path}=None"),  # already off
+              config_loading.load(str(on), f"--config.{path}=None")):
+    assert cfg.model.block.attention.extra is None
+    assert config_lib.parse(cfg).model.block.attention.extra is None
+  code, _, err = run(capsys, f"--config.{path}.eps=1e-3", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and err == (
+      f"axtrain: error: --config.{path}.eps: '{path}' is off (None); turn it on first with "
+      f"--config.{path}.kind=KIND (layernorm, rmsnorm), then set its fields\n")
+  code, _, err = run(capsys, f"--config.{path}=rmsnorm", f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and f"turn it on with --config.{path}.kind=KIND (layernorm, rmsnorm)" in err
+  code, _, err = run(capsys, "--config.model.block.attention=None",
+                     f"--output_dir={tmp_path / 'run'}")
+  assert code == 2 and "'model.block.attention' is a section, not a value" in err, err
+  assert not (tmp_path / "run").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import types
@@ -43,7 +44,8 @@ def test_host_suffix_puts_data_across_hosts():
   assert entry.name == "gpu-h100-8x4"
   assert (entry.num_devices, entry.num_hosts) == (32, 4)
   assert dict(entry.axes) == {"data": 4, "fsdp": -1, "model": 1}
-  assert sharding.resolve_axes(entry, MeshConfig(), 32) == {"data": 4, "fsdp": 8, "model": 1}
+  assert sharding.resolve_axes(entry, MeshConfig(), 32) == {
+      "data": 4, "stage": 1, "fsdp": 8, "context": 1, "model": 1}
 
 
 @pytest.mark.parametrize("name,message", [
@@ -105,14 +107,19 @@ def test_docs_table_is_generated_from_the_registry():
 
 def test_resolve_axes_fill_and_overrides():
   cpu = meshes.lookup("cpu")
-  assert sharding.resolve_axes(cpu, MeshConfig(), 8) == {"data": 8, "fsdp": 1, "model": 1}
-  assert sharding.resolve_axes(cpu, MeshConfig(model=2), 8) == {"data": 4, "fsdp": 1, "model": 2}
+  assert sharding.resolve_axes(cpu, MeshConfig(), 8) == {
+      "data": 8, "stage": 1, "fsdp": 1, "context": 1, "model": 1}
+  assert sharding.resolve_axes(cpu, MeshConfig(model=2), 8) == {
+      "data": 4, "stage": 1, "fsdp": 1, "context": 1, "model": 2}
   assert sharding.resolve_axes(cpu, MeshConfig(data=2, fsdp=-1, model=2), 8) == {
-      "data": 2, "fsdp": 2, "model": 2}
+      "data": 2, "stage": 1, "fsdp": 2, "context": 1, "model": 2}
+  assert sharding.resolve_axes(cpu, MeshConfig(stage=2, context=2), 8) == {
+      "data": 2, "stage": 2, "fsdp": 1, "context": 2, "model": 1}
 
 
 @pytest.mark.parametrize("cfg,message", [
-    (MeshConfig(data=3), "data=3,fsdp=1,model=1 needs 3 devices but 8 are available"),
+    (MeshConfig(data=3), "data=3,stage=1,fsdp=1,context=1,model=1 needs 3 devices but 8"
+                                      " are available"),
     (MeshConfig(data=-1, fsdp=-1), "at most one -1"),
     (MeshConfig(model=0), "must be positive"),
     (MeshConfig(model=3), "8 is not divisible by 3"),
@@ -133,22 +140,30 @@ def hosts_of(grid):
   return [[d.process_index for d in row] for row in grid.reshape(grid.shape[0], -1)]
 
 
+# Shapes in AXES order: data, stage, fsdp, context, model.
+
 def test_device_grid_puts_hosts_on_the_data_axis():
-  grid = sharding.device_grid((2, 4, 1), fake_devices(2, 4, shuffle=True))
+  grid = sharding.device_grid((2, 1, 4, 1, 1), fake_devices(2, 4, shuffle=True))
   assert hosts_of(grid) == [[0, 0, 0, 0], [1, 1, 1, 1]]
 
 
 def test_device_grid_fsdp_across_hosts_keeps_model_inside_one():
-  grid = sharding.device_grid((1, 4, 2), fake_devices(2, 4))
-  assert [[d.process_index for d in row] for row in grid[0]] == [[0, 0], [0, 0], [1, 1], [1, 1]]
+  grid = sharding.device_grid((1, 1, 4, 1, 2), fake_devices(2, 4))
+  assert [[d.process_index for d in row] for row in grid.reshape(4, 2)] == [
+      [0, 0], [0, 0], [1, 1], [1, 1]]
   with pytest.raises(ConfigError, match="cannot be laid over 2 hosts of 4 devices"):
-    sharding.device_grid((1, 1, 8), fake_devices(2, 4))
+    sharding.device_grid((1, 1, 1, 1, 8), fake_devices(2, 4))
+
+
+def test_device_grid_puts_pipeline_stages_across_hosts_before_fsdp():
+  grid = sharding.device_grid((1, 2, 2, 1, 2), fake_devices(2, 4, shuffle=True))
+  assert [sorted({d.process_index for d in grid[0, s].flat}) for s in range(2)] == [[0], [1]]
 
 
 def test_make_mesh_single_process():
   import jax  # pylint: disable=import-outside-toplevel
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "model": 1}
+  assert dict(mesh.shape) == {"data": 1, "stage": 1, "fsdp": 1, "context": 1, "model": 1}
   assert all(str(t) == "AxisType.Auto" for t in mesh.axis_types)
 
 
@@ -186,6 +201,47 @@ def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
   assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
 
 
+def _b300(monkeypatch) -> meshes.Entry:
+  """A GPU entry added after the configs were written (a B300 host: 288 GB per GPU)."""
+  hw = dataclasses.replace(meshes.MESHES["gpu-b200-8"].hardware, device_kind=r"\bB300",
+                           hbm_bytes=288 * meshes.GB)
+  entry = meshes.Entry(name="gpu-b300-8", hardware=hw)
+  monkeypatch.setitem(meshes.MESHES, entry.name, entry)
+  return entry
+
+
+def test_a_new_gpu_entry_takes_the_rule_of_its_hardware(monkeypatch):
+  """Rules match what the hardware is: a new 8-GPU entry with 80 GB or more takes llm_1b's
+  recipe (and two such hosts llm_7b's) with no edit to the recipes."""
+  from configs import llm_1b, llm_7b
+  entry = _b300(monkeypatch)
+  cfg = llm_1b.get_config()
+  assert meshes.apply_rules(cfg, entry, set()) == (
+      "platform=gpu, devices_per_host=8, num_hosts=1, min_hbm_gb=80")
+  assert (cfg.model.remat, cfg.trainer.grad_accum_steps, cfg.trainer.loss_chunk_size) == (
+      "full", 8, 256)
+  cfg = llm_7b.get_config()
+  assert meshes.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
+  assert cfg.trainer.grad_accum_steps == 8
+  small = dataclasses.replace(entry, name="gpu-l4-8", hardware=dataclasses.replace(
+      entry.hardware, hbm_bytes=24 * meshes.GB))
+  assert meshes.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
+  generic = meshes.auto("gpu", "NVIDIA B300", 4, 1)  # half a host: the generic entry
+  assert meshes.apply_rules(llm_1b.get_config(), generic, set()) is None
+
+
+def test_rules_by_facts_bounds_and_names():
+  cfg = tiny.get_config()
+  cfg.mesh.rules = (({"platform": "tpu", "max_hbm_gb": 20}, {"mesh.model": 2}),
+                    ({"name": "gpu-h.*", "min_num_devices": 16}, {"mesh.data": 2}),
+                    ({"platform": "gpu"}, {"mesh.fsdp": 4}))
+  assert meshes.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
+  cfg.mesh.model = None
+  assert meshes.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
+  assert meshes.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
+  assert meshes.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
+
+
 def test_bad_rule():
   cfg = tiny.get_config()
   cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
@@ -193,6 +249,15 @@ def test_bad_rule():
     meshes.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
   with pytest.raises(ConfigError, match="did you mean 'mesh.data'|did you mean 'data'"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({"platfrom": "gpu"}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="unknown fact 'platfrom' \\(did you mean 'platform'"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({"min_hbm_gb": "80"}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="min_hbm_gb='80' must be a number"):
+    meshes.apply_rules(cfg, "cpu", set())
+  cfg.mesh.rules = (({}, {"mesh.data": 2}),)
+  with pytest.raises(ConfigError, match="must be \\(regex or"):
     meshes.apply_rules(cfg, "cpu", set())
 
 
@@ -206,10 +271,11 @@ def test_select_mesh_in_process():
 # --- through the CLI (8 fake devices) ----------------------------------------------------
 
 MESH_ERRORS = [
-    (["--config.mesh.data=3"], "data=3,fsdp=1,model=1 needs 3 devices but 8 are available"),
+    (["--config.mesh.data=3"], "data=3,stage=1,fsdp=1,context=1,model=1 needs 3 devices but 8"
+                                      " are available"),
     (["--config.data.batch_size=12"], "data.batch_size 12 must split into"
                                       " trainer.grad_accum_steps=1 microbatches, each divisible"
-                                      " by the 8 batch shards of the mesh (data=8 x fsdp=1)"),
+                                      " by the 8 batch shards of the mesh (data=8 x stage=1 x fsdp=1)"),
     (["--config.mesh.model=8", "--config.mesh.data=1"],
      "dimension 6 is not divisible by mesh axes model=8"),
     (["--mesh=gpu-h100"], "unknown mesh (did you mean 'gpu-h100-8'?)"),
@@ -237,11 +303,12 @@ def cli8(tmp_path_factory) -> dict:
 def test_cli_auto_and_rules_with_explicit_override(cli8):
   result = cli8["auto"]
   assert result.returncode == 0, result.stderr
-  assert "# mesh: cpu {'data': 8, 'fsdp': 1, 'model': 1}\n" in result.stdout
+  assert "# mesh: cpu {'data': 8, 'stage': 1, 'fsdp': 1, 'context': 1, 'model': 1}\n" in result.stdout
 
   result = cli8["ruled"]
   assert result.returncode == 0, result.stderr
-  assert ("# mesh: gpu-h100-8 {'data': 4, 'fsdp': 2, 'model': 1} (rule 'gpu-h100-.*')\n"
+  assert ("# mesh: gpu-h100-8 {'data': 4, 'stage': 1, 'fsdp': 2, 'context': 1, 'model': 1} "
+          "(rule 'gpu-h100-.*')\n"
           in result.stdout)
   assert "trainer.grad_accum_steps: 2\n" in result.stdout
 
@@ -272,17 +339,19 @@ def test_rules_give_megatron_tensor_parallel_and_fsdp():
       (1, 8), jax.numpy.int32)), jax.random.key(0))["params"]
   specs = nn.logical_to_mesh(nn.get_partition_spec(abstract), meshes.DEFAULT_RULES)
   layer = specs["layers"]["block"]
-  # Scanned layers lead with the (replicated) layer axis.
+  # Scanned layers lead with the layer axis (pipeline stages); the `embed` side is split like
+  # FSDP over fsdp and context.
+  embed = ("fsdp", "context")
   for name in ("q", "k", "v"):  # [layers, embed, heads, head_dim]: split by output (column)
-    assert tuple(layer["attention"][name]) == (None, "fsdp", "model", None)
-  assert tuple(layer["attention"]["o"]) == (None, "model", None, "fsdp")  # by input (row)
+    assert tuple(layer["attention"][name]) == ("stage", embed, "model", None)
+  assert tuple(layer["attention"]["o"]) == ("stage", "model", None, embed)  # by input (row)
   for name in ("wi", "wu"):
-    assert tuple(layer["ffn"][name]) == (None, "fsdp", "model")
-  assert tuple(layer["ffn"]["wo"]) == (None, "model", "fsdp")
-  assert tuple(specs["embedding"]["embedding"]) == ("model", "fsdp")
-  assert tuple(specs["head"]) == ("fsdp", "model")
+    assert tuple(layer["ffn"][name]) == ("stage", embed, "model")
+  assert tuple(layer["ffn"]["wo"]) == ("stage", "model", embed)
+  assert tuple(specs["embedding"]["embedding"]) == ("model", embed)
+  assert tuple(specs["head"]) == (embed, "model")
   assert tuple(nn.logical_to_mesh_axes(("batch", None), meshes.DEFAULT_RULES)) == (
-      ("data", "fsdp"), None)
+      ("data", "stage", "fsdp"), None)
 
 
 # --- the table's derived facts -----------------------------------------------------------

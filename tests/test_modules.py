@@ -280,7 +280,7 @@ def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
   want, want_grads = loss(lambda q, k, v: attention.xla_attention(q, k, v, mask))(q, k, v)
   run = loss(lambda q, k, v: splash.splash_attention(q, k, v, seg, block=128))
   if mesh:
-    devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
+    devices = np.array(jax.devices()[:1]).reshape((1,) * len(meshes.AXES))
     with (jax.set_mesh(jax.sharding.Mesh(devices, meshes.AXES)),
           nn.logical_axis_rules(meshes.DEFAULT_RULES)):
       got, got_grads = run(q, k, v)

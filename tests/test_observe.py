@@ -158,6 +158,10 @@ def test_an_injected_nan_stops_the_loop_at_its_step():
     loop.train(exp, callbacks=[NanAt(3), Records()])
   assert e.value.step == 3
   assert [r["step"] for r in seen] == [1, 2, 3] and np.isnan(seen[-1]["loss"])
+  # The usual cause first: a learning rate too high; skipping only for rare bad steps.
+  message = str(e.value)
+  assert message.index("lower optimizer.learning_rate (now 0.001)") < message.index(
+      "trainer.skip_nonfinite=True skips them"), message
 
 
 def test_docs_observe_names_real_files_and_symbols():

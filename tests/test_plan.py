@@ -35,7 +35,7 @@ def tiny_plan():
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
   assert tiny_plan.compiler == "TPU compiler (libtpu)"
-  assert tiny_plan.axes == {"data": 1, "fsdp": 8, "model": 1}
+  assert tiny_plan.axes == {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "model": 1}
   exp = experiment.build(_run(configs.tiny.get_config()), meshes.lookup("cpu"), jax.devices()[:1])
   leaves = jax.tree.leaves(exp.abstract_state.params,
                            is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
@@ -129,7 +129,8 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
   cfg = configs.tiny.get_config()
   cfg.data.batch_size = 16  # one sequence per chip
   p = plan.plan(_run(cfg), entry, config_name="configs/tiny.py", with_eval=False)
-  assert p.devices == 16 and p.axes == {"data": 2, "fsdp": 8, "model": 1}
+  assert p.devices == 16 and p.axes == {"data": 2, "stage": 1, "fsdp": 8, "context": 1,
+                                                 "model": 1}
   assert p.train.collectives.cross_host_bytes > 0
   assert "between hosts (or TPU slices)" in plan_report.text(p)
   hw = entry.hardware
@@ -150,7 +151,8 @@ def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypat
   cfg.model.block.attention.implementation = "splash"
   p = plan.plan(_run(cfg), meshes.lookup("tpu-v5e-4"), config_name="configs/tiny.py",
                 with_eval=False)
-  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {"data": 1, "fsdp": 4, "model": 1}
+  assert p.compiler == "TPU compiler (libtpu)" and p.axes == {
+      "data": 1, "stage": 1, "fsdp": 4, "context": 1, "model": 1}
   assert len(texts) == 1 and "tpu_custom_call" in texts[0]
 
 
@@ -177,6 +179,14 @@ def test_ops_top_below_one_is_refused_before_compiling(capsys):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-4", "--ops",
                     "--ops_top=0")
   assert code == 2 and out.err == "axtrain: error: plan: --ops_top must be at least 1, got 0\n"
+
+
+@pytest.mark.parametrize("margin", ["150", "-5", "1", "nan"])
+def test_margin_outside_zero_to_one_is_refused_before_compiling(capsys, margin):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-4", f"--margin={margin}")
+  assert code == 2 and out.err.startswith(f"axtrain: error: plan: --margin={float(margin):g}: "
+                                          f"give the fraction of device memory to keep free, "
+                                          f"from 0 up to (not including) 1"), out.err
 
 
 def test_batch_that_cannot_split_over_the_devices(capsys):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 
 import pytest
 
-from launcher import main as main_lib, run_dir
+from launcher import config_loading, main as main_lib, run_dir, run_names
+from trainer import run_files
 
 QUICK = '''
 from configs import llama
@@ -58,26 +60,93 @@ def snapshot(root: pathlib.Path) -> dict:
   return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory, compile_cache):  # pylint: disable=unused-argument
+  """A completed one-step run of QUICK (tests copy it rather than train again)."""
+  root = tmp_path_factory.mktemp("completed")
+  (root / "quick.py").write_text(QUICK)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.chdir(root)
+    code = main_lib.main(["axtrain", "--config=quick.py", "--noprogress", "--output_dir=run"])
+  assert code == 0
+  return root / "run"
+
+
+def copy_of(run: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
+  shutil.copytree(run, to, symlinks=True)
+  return to
+
+
+@pytest.fixture
+def copied(completed, tmp_path, monkeypatch) -> pathlib.Path:
+  """A copy of the completed run as tmp_path/run, with quick.py, run from tmp_path."""
+  shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
+  monkeypatch.chdir(tmp_path)
+  return copy_of(completed, tmp_path / "run")
+
+
 def test_default_dir_sorts_overrides_and_never_nests():
-  base = run_dir.default_dir("configs/tiny.py", [])
+  base = run_names.default_dir("configs/tiny.py", [])
   assert base == pathlib.Path("runs/tiny/base")
-  one = run_dir.default_dir("configs/tiny.py", [("trainer.seed", "1"), ("data.seq_len", "32")])
-  other = run_dir.default_dir("configs/tiny.py", [("data.seq_len", "32"), ("trainer.seed", "1")])
+  one = run_names.default_dir("configs/tiny.py", [("trainer.seed", "1"), ("data.seq_len", "32")])
+  other = run_names.default_dir("configs/tiny.py", [("data.seq_len", "32"), ("trainer.seed", "1")])
   assert one == other == pathlib.Path("runs/tiny/data.seq_len=32,trainer.seed=1")
   # A repeated key: the last value wins, as it does in the config.
-  assert run_dir.default_dir("c.py", [("a", "1"), ("a", "2")]).name == "a=2"
-  assert run_dir.default_dir("configs/gpt2.py:size=xl", []) == pathlib.Path("runs/gpt2_size=xl/base")
+  assert run_names.default_dir("c.py", [("a", "1"), ("a", "2")]).name == "a=2"
+  assert run_names.default_dir("configs/gpt2.py:size=xl", []) == pathlib.Path(
+      "runs/gpt2_size=xl/base")
   for a in (base, one):
     for b in (base, one):
       assert a == b or not (a in b.parents or b in a.parents)
 
 
+def _named(*overrides: str) -> str:
+  """The directory name of `axtrain --config=configs/tiny.py OVERRIDES`."""
+  argv = ["axtrain", *overrides]
+  items = config_loading.overrides(argv)
+  resolved = config_loading.load("configs/tiny.py", *overrides)
+  effective = run_names.effective_overrides(items, resolved=resolved,
+                                            base=config_loading.load("configs/tiny.py"))
+  return run_names.default_dir("configs/tiny.py", effective).name
+
+
+def test_one_config_is_one_directory_name():
+  lr = "--config.optimizer.learning_rate="
+  # The value as resolved, one spelling: 2e-3, 0.002 and 0.0020 are one learning rate.
+  assert _named(lr + "2e-3") == _named(lr + "0.002") == _named(lr + "0.0020") == (
+      "optimizer.learning_rate=0.002")
+  # Overrides that set what the file holds (tiny: AdamW, 300 steps) name nothing.
+  assert _named(lr + "2e-3", "--config.optimizer.kind=adamw",
+                "--config.trainer.max_steps=300") == "optimizer.learning_rate=0.002"
+  assert _named("--config.optimizer.kind=adamw") == "base"
+  # A switched kind names its fields even where they equal the old kind's.
+  assert _named("--config.optimizer.kind=lion", "--config.optimizer.learning_rate=3e-3") == (
+      "optimizer.kind=lion,optimizer.learning_rate=0.003")
+
+
+def test_one_config_one_directory_and_old_names_still_resume(quick, capsys):
+  lr = "--config.optimizer.learning_rate="
+  code, err = axtrain(capsys, lr + "2e-3")
+  assert code == 0, err
+  runs = quick / "runs" / "quick"
+  assert [p.name for p in runs.iterdir()] == ["optimizer.learning_rate=0.002"]
+  for same in ([lr + "0.002"], [lr + "2e-3", "--config.optimizer.kind=adamw"]):
+    code, err = axtrain(capsys, *same)
+    assert code == 0 and "already completed; nothing to do" in err, err
+  assert [p.name for p in runs.iterdir()] == ["optimizer.learning_rate=0.002"]
+  # A directory named before values were resolved (from the text as typed) is still found.
+  (runs / "optimizer.learning_rate=0.002").rename(runs / "optimizer.learning_rate=2e-3")
+  code, err = axtrain(capsys, lr + "2e-3")
+  assert code == 0 and f"runs/quick/optimizer.learning_rate=2e-3 already completed" in err, err
+  assert [p.name for p in runs.iterdir()] == ["optimizer.learning_rate=2e-3"]
+
+
 def test_flags_in_two_orders_are_one_run(quick, capsys):
-  first = ["--config.trainer.seed=1", "--config.eval.batch_size=8"]
+  first = ["--config.trainer.seed=1", "--config.eval.batch_size=4"]
   code, err = axtrain(capsys, *first)
   assert code == 0, err
   runs = [p for p in (quick / "runs" / "quick").iterdir()]
-  assert [p.name for p in runs] == ["eval.batch_size=8,trainer.seed=1"]
+  assert [p.name for p in runs] == ["eval.batch_size=4,trainer.seed=1"]
   code, err = axtrain(capsys, *reversed(first))
   assert code == 0 and "already completed; nothing to do" in err, err
   assert list((quick / "runs" / "quick").iterdir()) == runs
@@ -93,7 +162,7 @@ def test_overwrite_replaces_one_run_and_no_other(quick, capsys):
   for args, name in zip(([], *SWEEP), NAMES):
     others = {n: snapshot(runs / n) for n in names if n != name}
     before = json.loads((runs / name / "run.json").read_text())
-    (runs / name / "metrics.jsonl").write_text("stale\n")  # so a rewrite shows
+    (runs / name / "metrics.jsonl").write_text('{"step": 0}\n')  # so a rewrite shows
     code, err = axtrain(capsys, *args, "--overwrite")
     assert code == 0, err
     after = json.loads((runs / name / "run.json").read_text())
@@ -102,44 +171,251 @@ def test_overwrite_replaces_one_run_and_no_other(quick, capsys):
     assert {n: snapshot(runs / n) for n in others} == others, f"--overwrite of {name} touched another run"
 
 
-def test_overwrite_refuses_a_directory_with_foreign_files(quick, capsys):
+# -- --overwrite deletes only what axtrain wrote --------------------------------------------
+
+def refused(capsys, *args) -> str:
+  code, err = axtrain(capsys, *args)
+  assert code == 2 and err.count("\n") == 1 and err.startswith("axtrain: error: "), err
+  assert "pass --overwrite" not in err, err
+  return err
+
+
+def test_overwrite_refuses_files_axtrain_did_not_write(copied, capsys):
+  run = copied
+  (run / "profile").mkdir()
+  mine = {"checkpoints/myweights.bin": "w", "tensorboard/mylog.txt": "t", "profile/notes.md": "n"}
+  for name, text in mine.items():
+    (run / name).write_text(text)
+  before = snapshot(run)
+  for extra in (["--overwrite"], ["--overwrite", "--config.trainer.seed=3"]):
+    err = refused(capsys, "--output_dir=run", *extra)
+    assert ("--overwrite deletes only the files axtrain wrote, and run also holds others "
+            "(checkpoints/myweights.bin, profile/notes.md, tensorboard/mylog.txt); move them out "
+            "of it or choose another --output_dir") in err
+    assert snapshot(run) == before
+  # A different config: refused without suggesting --overwrite, which could not delete them.
+  err = refused(capsys, "--output_dir=run", "--config.trainer.seed=3")
+  assert "holds a run with a different config (trainer.seed differ)" in err
+  assert "it also holds files that axtrain did not write: checkpoints/myweights.bin" in err
+  code, err = axtrain(capsys, "--output_dir=run")
+  assert code == 0 and "nothing to do (raise --config.trainer.max_steps to extend it)" in err
+  assert snapshot(run) == before
+  # Moved out, the rest is axtrain's own: --overwrite starts over.
+  for name in mine:
+    (run / name).unlink()
+  code, err = axtrain(capsys, "--output_dir=run", "--overwrite")
+  assert code == 0, err
+  assert not (run / "profile").exists()
+  manifest = json.loads((run / run_files.MANIFEST).read_text())
+  assert {"config.json", "run.json", "metrics.jsonl"} <= set(manifest["files"])
+  assert any(f.startswith("tensorboard/events.out.tfevents.") for f in manifest["files"])
+
+
+@pytest.mark.parametrize("files", [
+    {"notes.txt": "keep me", "config.json": "{}"},  # beside a run's names
+    {"config.json": '{"mine": 1}'},  # a hand-written config.json
+    {"checkpoints/model_epoch3.pt": "another framework's weights"},
+    {"config.json": '{"trainer": {"max_steps": 1}}', "run.json": '{"status": "completed"}',
+     "metrics.jsonl": '{"step": 1}\n'},  # a run's names, written by something else
+], ids=["notes", "config", "checkpoints", "look-alike"])
+def test_a_folder_of_other_files_is_never_overwritten(quick, capsys, files):
   out = quick / "mine"
-  out.mkdir()
-  (out / "notes.txt").write_text("keep me")
-  (out / "config.json").write_text("{}")
+  for name, text in files.items():
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text)
   before = snapshot(out)
   for extra in ([], ["--overwrite"]):
-    code, err = axtrain(capsys, f"--output_dir={out}", *extra)
-    assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"axtrain: error: {out} holds files that axtrain did not write "
-                          f"(notes.txt)")
+    err = refused(capsys, f"--output_dir={out}", *extra)
+    assert f"{out} holds files that axtrain did not write (" in err
+    assert "it is not an axtrain run directory, choose another --output_dir" in err or (
+        "it is not a run directory, choose another --output_dir" in err)
     assert snapshot(out) == before
+
+
+def test_a_run_written_before_manifests_is_overwritten_by_its_layout(copied, capsys):
+  run = copied
+  (run / run_files.MANIFEST).unlink()
+  (run / "tensorboard" / "mylog.txt").write_text("mine")
+  before = snapshot(run)
+  err = refused(capsys, "--output_dir=run", "--overwrite")
+  assert "also holds others (tensorboard/mylog.txt)" in err and snapshot(run) == before
+  (run / "tensorboard" / "mylog.txt").unlink()
+  # Resumed by this axtrain, it gets a manifest of what its layout shows.
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert code == 0, err
+  listed = json.loads((run / run_files.MANIFEST).read_text())["files"]
+  assert {"config.json", "run.json", "metrics.jsonl"} <= set(listed)
+  assert sum(f.startswith("tensorboard/events.out.tfevents.") for f in listed) == 2
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2", "--overwrite")
+  assert code == 0, err
+
+
+def test_run_files_contents_by_manifest_and_by_layout(completed, tmp_path):
+  run = copy_of(completed, tmp_path / "run")
+  names = ["checkpoints", "tensorboard", "config.json", "run.json", "metrics.jsonl",
+           run_files.MANIFEST]
+  found = run_files.contents(run, names)
+  assert found.unproven == []
+  assert run / "checkpoints" / "1" in found.ours  # an Orbax step proves itself
+  (run / run_files.MANIFEST).unlink()
+  assert run_files.contents(run, names).unproven == []
+  (run / "run.json").write_text('{"status": "completed"}')  # not axtrain's run.json any more
+  assert set(run_files.contents(run, names).unproven) >= {"config.json", "run.json",
+                                                          "metrics.jsonl"}
+  # A damaged step (arrays gone) is still an Orbax folder; a folder without Orbax's metadata
+  # is not.
+  shutil.rmtree(run / "checkpoints" / "1" / "state")
+  assert run / "checkpoints" / "1" in run_files.contents(run, ["checkpoints"]).ours
+  (run / "checkpoints" / "1" / "_CHECKPOINT_METADATA").unlink()
+  assert run_files.contents(run, ["checkpoints"]).unproven == [
+      "checkpoints/1/commit_success.txt", "checkpoints/1/data/commit_success.txt",
+      "checkpoints/1/data/metadata"]
+
+
+# -- folders that are not run directories ----------------------------------------------------
+
+def _fake_run(path: pathlib.Path) -> None:
+  path.mkdir(parents=True)
+  (path / "config.json").write_text("{}")
+  (path / "run.json").write_text(json.dumps({"command": "axtrain --config=x.py",
+                                             "versions": {}, "status": "completed"}))
+  (path / "checkpoints").mkdir()
+  (path / "tensorboard").mkdir()
+
+
+def test_refusals_say_what_a_folder_is(quick, capsys):
+  for name in ("sweep/lr=1", "sweep/lr=2", "runs/tiny/base", "runs/tiny/x=1", "runs/moe/base"):
+    _fake_run(quick / name)
+  (quick / "tok").mkdir()
+  (quick / "tok" / "tokens.json").write_text("{}")
+  (quick / "tok" / "shard-00000.tokens.npy").write_text("")
+  (quick / "hf").mkdir()
+  (quick / "hf" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+  (quick / "hf" / "model.safetensors").write_text("")
+  cases = {
+      "sweep": "sweep holds 2 runs (lr=1, lr=2); point --output_dir at one of them or at a new "
+               "folder",
+      "runs": "runs holds 3 runs (moe/base, tiny/base, tiny/x=1); point --output_dir",
+      "runs/tiny": "runs/tiny holds 2 runs (base, x=1)",
+      "sweep/lr=1/checkpoints": f"--output_dir sweep/lr=1/checkpoints is inside the run directory "
+                                f"{quick / 'sweep' / 'lr=1'} (checkpoints/ of that run); runs "
+                                f"never nest: give --output_dir={quick / 'sweep' / 'lr=1'}",
+      "sweep/lr=1/tensorboard": "is inside the run directory",
+      "sweep/lr=1/new": "is inside the run directory",
+      "tok": "tok is a tokenized corpus (`axtrain tokenize`); train on it with "
+             "--config.data.kind=tokens --config.data.path=tok",
+      "hf": "hf is a Hugging Face model (as `axtrain convert --to_hf` writes); to train from it,"
+            " `axtrain convert --from_hf=hf --output_dir=NEW_RUN`",
+  }
+  for out, words in cases.items():
+    before = snapshot(quick / out.split("/")[0])
+    err = refused(capsys, f"--output_dir={out}", "--overwrite")
+    assert words in err, err
+    assert snapshot(quick / out.split("/")[0]) == before
+
+
+def test_a_refused_command_leaves_the_lock_file_alone(copied, capsys):
+  run = copied
+  (run / ".lock").write_text("12345\n")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=5")
+  assert code == 2 and "holds a run with a different config (trainer.seed differ)" in err, err
+  assert (run / ".lock").read_text() == "12345\n"
+
+
+def test_output_dir_empty_or_with_a_tilde(quick, capsys, monkeypatch):
+  err = refused(capsys, "--output_dir=")
+  assert "--output_dir is empty; give a directory, or leave the flag out" in err
+  monkeypatch.setenv("HOME", str(quick / "home"))
+  code, err = axtrain(capsys, "--output_dir=~/x")
+  assert code == 0, err
+  assert (quick / "home" / "x" / "run.json").is_file() and not (quick / "~").exists()
+
+
+# -- runs that outlive an upgrade, and runs that grow ----------------------------------------
+
+def test_a_field_added_since_a_run_was_written_is_no_difference(completed, copied, capsys):
+  stored = json.loads((completed / "config.json").read_text())
+  resolved = json.loads(json.dumps(stored))
+  older = json.loads(json.dumps(stored))
+  del older["trainer"]["wandb_project"]  # a field this axtrain has and that run's did not
+  del older["model"]["block"]["attention"]["position"]  # a whole child node of a default-less kind
+  # The node's kind has no default: which position encoding the old run had is unknown.
+  assert run_dir.differences(older, resolved) == ["model.block.attention.position.kind"]
+  older = json.loads(json.dumps(stored))
+  del older["trainer"]["wandb_project"]
+  del older["data"]["tokenizer"]  # a child node whose field names a default kind (bytes)
+  assert run_dir.differences(older, resolved) == []
+  resolved["trainer"]["wandb_project"] = "mine"  # not the default: a real difference
+  assert run_dir.differences(older, resolved) == ["trainer.wandb_project"]
+  # Through the command line: the old run resumes (here: is complete) with its own command.
+  run = copied
+  config = json.loads((run / "config.json").read_text())
+  del config["trainer"]["wandb_project"], config["trainer"]["peak_flops"]
+  (run / "config.json").write_text(json.dumps(config))
+  code, err = axtrain(capsys, "--output_dir=run")
+  assert code == 0 and "already completed; nothing to do" in err, err
+
+
+def test_raising_max_steps_extends_a_finished_run(copied, capsys):
+  run = copied
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=3")
+  assert code == 0, err
+  assert ("axtrain: note: extending run from trainer.max_steps 1 to 3, continuing from step 1; "
+          "learning-rate schedule warmup_cosine: cosine decay until step 3 (was: cosine decay "
+          "until step 1); the learning rate of step 2 is") in err, err
+  info = json.loads((run / "run.json").read_text())
+  assert info["status"] == "completed" and info["resumed_from_step"] == 1
+  assert [{k: e[k] for k in ("from_max_steps", "to_max_steps", "at_step")}
+          for e in info["extensions"]] == [{"from_max_steps": 1, "to_max_steps": 3, "at_step": 1}]
+  steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+           if "loss" in r]
+  assert steps == [1, 2, 3]
+  assert json.loads((run / "config.json").read_text())["trainer"]["max_steps"] == 3
+  for args, words in ((["--config.trainer.max_steps=2"],
+                       "trainer.max_steps 2 is below the run's 3: a run can be extended (raise "
+                       "it), not shortened"),
+                      (["--config.trainer.max_steps=5", "--config.trainer.seed=4"],
+                       "trainer.max_steps, trainer.seed differ")):
+    code, err = axtrain(capsys, "--output_dir=run", *args)
+    assert code == 2 and words in err and "pass --overwrite" in err, err
+
+
+def _orbax_step(path: pathlib.Path, text: str) -> None:
+  """A stand-in of an Orbax step folder: its metadata file and a state."""
+  path.mkdir(parents=True)
+  (path / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {}}))
+  (path / "state").write_text(text)
 
 
 def test_overwrite_of_a_converted_directory_keeps_what_convert_wrote(tmp_path):
   out = tmp_path / "converted"
-  (out / "checkpoints" / "0").mkdir(parents=True)
-  (out / "checkpoints" / "0" / "state").write_text("weights")
-  (out / "checkpoints" / "5").mkdir()
+  _orbax_step(out / "checkpoints" / "0", "weights")
+  _orbax_step(out / "checkpoints" / "5", "trained")
   (out / "superseded_checkpoints").mkdir()
   for name, text in (("config.py", "py"), ("hf_config.json", "{}"), ("metrics.jsonl", "{}\n")):
     (out / name).write_text(text)
   config = {"trainer": {"max_steps": 10}, "checkpoint": {"restore_step": 0}}
   (out / "config.json").write_text(json.dumps(config))
-  (out / "run.json").write_text(json.dumps({"status": "converted", "converted_from": "/hf",
-                                            "hf_dtype": "BF16"}))
+  info = {"status": "converted", "converted_from": "/hf", "hf_dtype": "BF16",
+          "command": "axtrain convert --from_hf=/hf", "versions": {}}
+  (out / "run.json").write_text(json.dumps(info))
+  run_files.Manifest(out).add(*(out / n for n in ("config.json", "run.json", "config.py",
+                                                 "hf_config.json", "metrics.jsonl")))
   rd = run_dir.RunDir(out)
   # restore_step chooses where to resume; it does not make another run.
   assert rd.prepare({**config, "checkpoint": {"restore_step": 3}}, overwrite=False) == "incomplete"
-  with pytest.raises(run_dir.UserError, match="trainer.max_steps differ"):
-    rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False)
+  # Never trained: its first run may set anything but the model.
+  assert rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False) == "incomplete"
   with pytest.raises(run_dir.UserError, match="converted from Hugging Face; this config changes "
                                                "its model.dim"):
     rd.prepare({**config, "model": {"dim": 8}}, overwrite=True)
+  (out / "run.json").write_text(json.dumps({**info, "status": "completed"}))
+  with pytest.raises(run_dir.UserError, match="trainer.max_steps 2 is below the run's 10"):
+    rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False)
   assert rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
   rd.start({**config, "trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
   assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json", "config.py",
-                                                   "hf_config.json", "run.json"]
+                                                   "hf_config.json", "manifest.json", "run.json"]
   assert [p.name for p in (out / "checkpoints").iterdir()] == ["0"]
   assert (out / "checkpoints" / "0" / "state").read_text() == "weights"
   assert (out / "config.py").read_text() == "py"
@@ -147,7 +423,20 @@ def test_overwrite_of_a_converted_directory_keeps_what_convert_wrote(tmp_path):
   assert info["converted_from"] == "/hf" and info["hf_dtype"] == "BF16"
   assert info["status"] == "running"
   # Once checkpoint.keep has rotated the converted weights out, --overwrite would lose them.
-  (out / "checkpoints" / "0" / "state").unlink()
-  (out / "checkpoints" / "0").rmdir()
+  shutil.rmtree(out / "checkpoints" / "0")
   with pytest.raises(run_dir.UserError, match="rotated out"):
     rd.prepare(config, overwrite=True)
+
+
+def test_the_launch_folder_is_kept_like_the_lock(tmp_path):
+  """What `axtrain launch` writes before the run (launch/) is the run's and outlives --overwrite."""
+  out = tmp_path / "run"
+  (out / "launch").mkdir(parents=True)
+  (out / "launch" / "job.sh").write_text("#!/bin/sh\n")
+  config = {"trainer": {"max_steps": 1}}
+  rd = run_dir.RunDir(out)
+  assert rd.prepare(config, overwrite=False) == "new"
+  rd.start(config, argv=["axtrain"], fresh=True, extra={})
+  assert rd.prepare({"trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
+  rd.start({"trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
+  assert (out / "launch" / "job.sh").read_text() == "#!/bin/sh\n"

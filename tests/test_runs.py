@@ -100,6 +100,21 @@ def test_plot_without_matplotlib_says_how_to_install(sweep, capsys, tmp_path, mo
   assert err.count("\n") == 1 and "pip install 'axtrain[plot]'" in err
 
 
+def test_plot_format_follows_the_suffix_and_bad_targets_are_refused(sweep, capsys, tmp_path):
+  code, _, err = axtrain(capsys, sweep, f"--plot={tmp_path / 'sweep.svg'}")
+  assert code == 0 and (tmp_path / "sweep.svg").read_text().lstrip().startswith("<?xml"), err
+  (tmp_path / "afile").write_text("x")
+  for target, message in (
+      (tmp_path / "out.txt", f"--plot={tmp_path / 'out.txt'}: name a .png, .svg, .pdf file"),
+      (tmp_path / "afile" / "x.png", f"{tmp_path / 'afile'} is a file, not a directory"),
+      (tmp_path / "afile" / "sub" / "x.png", f"{tmp_path / 'afile'} is a file, not a directory"),
+      (tmp_path / "nodir" / "x.png", f"directory {tmp_path / 'nodir'} does not exist")):
+    code, out, err = axtrain(capsys, sweep, f"--plot={target}")
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+    assert not target.exists()
+  assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_corrupt_line_is_skipped_with_a_warning_and_status_shows(sweep, capsys, tmp_path):
   run = tmp_path / "broken"
   shutil.copytree(sweep / "tiny" / "lr=1e-3", run)
@@ -129,10 +144,28 @@ def test_no_runs_is_one_line_exit_2(capsys, tmp_path):
     assert err.startswith("axtrain: error: runs: ") and err.count("\n") == 1, err
 
 
-def test_docs_show_the_real_table_and_fields():
-  readme = (ROOT / "README.md").read_text()
-  assert (ROOT / "docs" / "sweep.txt").read_text() in readme  # `make sweep-doc` regenerates both
+SWEEP_DOC = ["--config.trainer.max_steps=100", "--config.eval.every_steps=25"]  # Makefile
+
+
+def test_docs_show_the_table_of_the_saved_sweep(capsys):
+  """`make sweep-doc` keeps its runs' files in tests/testdata/sweep: the table in docs/sweep.txt
+  and README.md is what `axtrain runs` renders from them, and they are runs of the config the
+  README's loop runs today (a changed default would show here, not only in a stale table)."""
+  saved = ROOT / "tests" / "testdata" / "sweep"
+  code, out, err = axtrain(capsys, saved)
+  assert code == 0, err
+  assert out == (ROOT / "docs" / "sweep.txt").read_text()
+  assert out in (ROOT / "README.md").read_text()
   assert (ROOT / "docs" / "sweep.png").stat().st_size > 0
+  from launcher import config_loading, run_dir  # pylint: disable=import-outside-toplevel
+  for lr in LEARNING_RATES:
+    overrides = [*SWEEP_DOC, f"--config.optimizer.learning_rate={lr}"]
+    info = json.loads((saved / f"lr={lr}" / "run.json").read_text())
+    assert info["status"] == "completed" and set(overrides) <= set(info["argv"]), info["argv"]
+    resolved = json.loads(config_loading.load("configs/tiny.py", *overrides).to_json_best_effort())
+    stored = json.loads((saved / f"lr={lr}" / "config.json").read_text())
+    assert run_dir.differences(stored, run_dir.identity(resolved)) == [], (
+        f"configs/tiny.py changed since `make sweep-doc` ran: run it again")
   doc = (ROOT / "docs" / "runs.md").read_text()
   listed = re.search(r"one object per run with the keys (.*?) \(`null`", doc, re.S)[1]
   fields = list(runs_lib.as_dict(runs_lib.Run(path=ROOT, config={}, info={}, train=[],

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from core.registry import ConfigError, registry
+from trainer import schedules
 from trainer.schedules import SCHEDULES
 
 PEAK, TOTAL = 2e-3, 100
@@ -78,8 +79,6 @@ def test_every_schedule_is_tested():
 
 
 @pytest.mark.parametrize("kind,fields,total,words", [
-    ("warmup_cosine", dict(warmup_steps=101), 100,
-     "optimizer.schedule.warmup_steps: 101 is longer than trainer.max_steps 100"),
     ("constant", dict(warmup_steps=-1), 100, "optimizer.schedule.warmup_steps: -1 is outside"),
     ("warmup_cosine", dict(warmup_steps=20, decay_steps=10), 100,
      "optimizer.schedule.decay_steps: 10 is shorter than warmup_steps 20"),
@@ -91,10 +90,69 @@ def test_every_schedule_is_tested():
     ("wsd", dict(decay_fraction=1.2), 100,
      "decay_fraction: 1.2 is outside the allowed range (0, 1]"),
     ("wsd", dict(decay_fraction=float("nan")), 100, "decay_fraction: nan is outside"),
-    ("wsd", dict(warmup_steps=50, decay_fraction=0.6), 100,
-     "decay_fraction: 0.6 of trainer.max_steps 100 is 60 decay steps, which overlap"),
 ])
 def test_bad_values_are_refused(kind, fields, total, words):
   prefix = "" if words.startswith("optimizer.") else "optimizer.schedule."
   with pytest.raises(ConfigError, match="^" + re.escape(prefix + words)):
     build(kind, total, **fields)
+
+
+def parsed(kind: str, **fields):
+  return SCHEDULES.parse(registry("schedule").node(kind, **fields), "optimizer.schedule")
+
+
+# A run shorter than its warm-up (or, for wsd, than its warm-up and decay) runs: the warm-up
+# shrinks to a tenth of the run, never past wsd's decay; a decay_steps beyond the run, to it.
+SHORT = {
+    "cosine 5 steps": ("warmup_cosine", dict(warmup_steps=20), 5,
+                       lambda s: cosine(s, w=0, decay=5), "shrinks to 0 steps (10% of the run)"),
+    "cosine 50 steps": ("warmup_cosine", dict(warmup_steps=100, decay_steps=200), 50,
+                        lambda s: cosine(s, w=5, decay=50),
+                        "shrinks to 5 steps (10% of the run), and optimizer.schedule.decay_steps"
+                        " 200 to the end of the run"),
+    "wsd 20 steps": ("wsd", dict(warmup_steps=100), 20,
+                     lambda s: warm(s, 2, PEAK * (1 - math.sqrt(min(max((s - 16) / 4, 0), 1)))),
+                     "does not fit in trainer.max_steps 20 (16 steps before wsd's decay): the "
+                     "warm-up shrinks to 2 steps (10% of the run)"),
+    "wsd overlapping": ("wsd", dict(warmup_steps=50, decay_fraction=0.95), 100,
+                        lambda s: warm(s, 5, PEAK * (1 - math.sqrt(min(max((s - 5) / 95, 0), 1)))),
+                        "shrinks to 5 steps (every step before the decay)"),
+    "constant 3 steps": ("constant", dict(warmup_steps=10), 3, lambda s: PEAK,
+                         "shrinks to 0 steps"),
+    "rsqrt 10 steps": ("rsqrt", dict(warmup_steps=16), 10, lambda s: rsqrt(s, w=1),
+                       "shrinks to 1 steps"),
+}
+
+
+@pytest.mark.parametrize("case", SHORT)
+def test_a_run_shorter_than_its_warmup_shrinks_it(case):
+  kind, fields, total, formula, note = SHORT[case]
+  schedule = SCHEDULES.build(parsed(kind, **fields), peak=PEAK, total_steps=total)
+  steps = range(total + 2)
+  np.testing.assert_allclose([float(schedule(np.int32(s))) for s in steps],
+                             [formula(s) for s in steps], rtol=1e-6, atol=PEAK * 1e-6)
+  text = schedules.fit_note(parsed(kind, **fields), total_steps=total)
+  assert text.startswith(f"optimizer.schedule.warmup_steps {fields['warmup_steps']} does not "
+                         f"fit in trainer.max_steps {total}") and note in text, text
+
+
+def test_a_schedule_that_fits_is_left_alone():
+  cfg = parsed("warmup_cosine", warmup_steps=20, decay_steps=400)
+  assert cfg.fitted(300) is cfg and schedules.fit_note(cfg, total_steps=300) is None
+  assert schedules.fit_note(parsed("wsd", warmup_steps=10), total_steps=100) is None
+
+
+def test_extension_note_names_what_changes():
+  cos = parsed("warmup_cosine", warmup_steps=20)
+  text = schedules.extension_note(cos, cos, peak=PEAK, old_total=300, new_total=400,
+                                  at_step=300)
+  # The old schedule had ended (end_ratio 0.1); the new one is at step 300 of its 400.
+  assert text == (f"learning-rate schedule warmup_cosine: cosine decay until step 400 (was: "
+                  f"cosine decay until step 300); the learning rate of step 301 is "
+                  f"{cosine(300, w=20, decay=400):.3g} (was {PEAK * 0.1:.3g})")
+  wsd = parsed("wsd", warmup_steps=10)
+  assert "decay over steps 321-400 (was: decay over steps 241-300)" in schedules.extension_note(
+      wsd, wsd, peak=PEAK, old_total=300, new_total=400, at_step=240)
+  flat = parsed("constant", warmup_steps=0)
+  assert "its shape does not depend on trainer.max_steps" in schedules.extension_note(
+      flat, flat, peak=PEAK, old_total=10, new_total=20, at_step=10)

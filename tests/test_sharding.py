@@ -42,7 +42,8 @@ def test_cli_cpu_mesh_trains_on_all_local_devices(worker, cli_run):
   assert worker["cli"]["code"] == 0, worker["cli"]["stderr"][-3000:]
   run = json.loads((cli_run / "run.json").read_text())
   assert run["status"] == "completed"
-  assert run["mesh"] == {"name": "cpu", "axes": {"data": 8, "fsdp": 1, "model": 1},
+  assert run["mesh"] == {"name": "cpu", "axes": {"data": 8, "stage": 1, "fsdp": 1, "context": 1,
+                                                 "model": 1},
                          "rule": None}
   records = [json.loads(line) for line in (cli_run / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "loss" in r] == [3]
@@ -55,7 +56,7 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 
 def test_worker_saw_eight_devices(worker):
   assert worker["device_count"] == 8
-  assert worker["fsdp8"]["mesh"] == {"data": 1, "fsdp": 8, "model": 1}
+  assert worker["fsdp8"]["mesh"] == {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "model": 1}
 
 
 def test_activation_constraints_reach_the_compiled_step(worker):

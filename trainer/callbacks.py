@@ -17,6 +17,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from trainer.run_files import NewFiles, Record, no_record
+
 
 class Callback:
   """Does nothing: subclasses override the hooks they need."""
@@ -38,12 +40,15 @@ class Callback:
 
 
 class Profile(Callback):
-  """A jax.profiler trace of steps first..last (inclusive) into `directory`."""
+  """A jax.profiler trace of steps first..last (inclusive) into `directory`; `record` receives
+  the files of each capture (the run's manifest, trainer/run_files.py)."""
 
-  def __init__(self, directory: pathlib.Path, first: int, last: int):
+  def __init__(self, directory: pathlib.Path, first: int, last: int, *,
+               record: Record = no_record):
     self.directory, self.first, self.last = pathlib.Path(directory), first, last
     self.captures: list[dict] = []  # {"steps": [first, last], "dir": ...} per finished capture
     self._active = False
+    self._new = NewFiles(self.directory, record)
 
   def on_train_start(self, loop) -> None:
     if loop.start + 1 == self.first:
@@ -53,8 +58,7 @@ class Profile(Callback):
     import jax  # pylint: disable=import-outside-toplevel
     if self._active and step >= self.last:
       jax.block_until_ready(loop.state)  # the trace holds the device work of its steps
-      jax.profiler.stop_trace()
-      self._active = False
+      self._stop()
       self.captures.append({"steps": [self.first, self.last], "dir": str(self.directory)})
     elif step + 1 == self.first:
       jax.block_until_ready(loop.state)
@@ -62,16 +66,21 @@ class Profile(Callback):
 
   def on_train_end(self, loop) -> None:
     if self._active:  # stopped inside the range (preemption, error): keep what was captured
-      import jax  # pylint: disable=import-outside-toplevel
-      jax.profiler.stop_trace()
-      self._active = False
+      self._stop()
       self.captures.append({"steps": [self.first, loop.step], "dir": str(self.directory)})
 
   def _begin(self) -> None:
     import jax  # pylint: disable=import-outside-toplevel
     self.directory.mkdir(parents=True, exist_ok=True)
+    self._new.start()
     jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)  # + Perfetto's file
     self._active = True
+
+  def _stop(self) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.profiler.stop_trace()
+    self._active = False
+    self._new.done()  # the capture's files
 
 
 def call_all(callbacks: list[Callback], hook: str, *args: Any) -> None:

@@ -40,10 +40,15 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.registry import ConfigError
 from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
 from trainer.config import CheckpointConfig
+from trainer.run_files import Record, no_record
 
 # Checkpoints taken out of use are moved next to checkpoints/ rather than deleted:
 QUARANTINE = "corrupt_checkpoints"  # unreadable ones
 SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
+
+
+class NoUsableCheckpoint(CheckpointError):
+  """Checkpoints exist and none reads back; the caller says how to start the run over."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,9 +150,13 @@ def _reason(e: Exception) -> str:
 class Checkpointer:
   """Saves and restores one run's checkpoints; every process of a run makes one."""
 
-  def __init__(self, directory: pathlib.Path | str, cfg: CheckpointConfig):
+  def __init__(self, directory: pathlib.Path | str, cfg: CheckpointConfig, *,
+               record: Record = no_record):
+    """`record` receives each checkpoint moved out of `directory` (the run's manifest,
+    trainer/run_files.py): a damaged one may no longer show it is Orbax's."""
     self.directory = pathlib.Path(directory).absolute()
     self.cfg = cfg
+    self._record = record
     keep = [policies.LatestN(n=cfg.keep)]
     if cfg.keep_every_steps:
       keep.append(policies.EveryNSteps(interval_steps=cfg.keep_every_steps))
@@ -222,10 +231,9 @@ class Checkpointer:
              f"{f'falling back to step {older[-1]}' if older else 'no older checkpoint'}")
         unreadable.append(candidate)
     if unreadable:
-      raise CheckpointError(
+      raise NoUsableCheckpoint(
           f"no usable checkpoint in {self.directory}: steps {sorted(unreadable)} are all "
-          f"unreadable (moved to {self.directory.parent / QUARANTINE}); pass --overwrite to "
-          f"start the run over")
+          f"unreadable (moved to {self.directory.parent / QUARANTINE})")
     return None
 
   def set_aside(self, steps: list[int]) -> pathlib.Path:
@@ -242,6 +250,7 @@ class Checkpointer:
       while dest.exists():
         dest, n = dest.with_name(f"{step}.{n}"), n + 1
       shutil.move(str(self.directory / str(step)), dest)
+      self._record(dest)
     if jax.process_count() > 1:  # every process re-lists the directory after the move
       self._moves += 1  # barrier names must be unique and equal on every process
       ocp.multihost.sync_global_processes(f"axtrain_move_{self._moves}")

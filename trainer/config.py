@@ -19,13 +19,16 @@ from typing import Any, Literal
 
 import ml_collections
 
-from core import paths
+from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
+
+
+MAX_STEP = 2 ** 31 - 1  # the train state counts steps in int32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-  max_steps: int  # optimizer steps to train for
+  max_steps: int  # optimizer steps to train for; raise it on a finished run to extend that run
   log_every: int = 10  # steps between metrics records (and host syncs)
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
@@ -47,6 +50,11 @@ class TrainerConfig:
     for name in ("max_steps", "log_every", "grad_accum_steps"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"trainer.{name} must be positive, got {getattr(self, name)}")
+      if getattr(self, name) > MAX_STEP:
+        raise ConfigError(f"trainer.{name} must be at most {MAX_STEP:,} (steps are counted in "
+                          f"int32), got {getattr(self, name):,}")
+    if not 0 <= self.seed < 2 ** 63:
+      raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
     if self.loss_chunk_size < 0:
       raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:
@@ -77,18 +85,21 @@ class EvalConfig:
 class MeshConfig:
   # Axis sizes; None takes the size from the selected mesh (--mesh), -1 fills from the
   # device count. Explicit values here win over the mesh entry and over `rules`.
-  data: int | None = None
-  fsdp: int | None = None
-  model: int | None = None
-  # ((mesh-name regex, {config.path: value, ...}), ...): the first rule whose regex
-  # matches the selected mesh name applies its overrides (AXLearn's mesh_rules).
+  data: int | None = None  # data parallel: batch rows (parameters replicated)
+  stage: int | None = None  # pipeline stages: the scanned layer stack split in groups of layers
+  fsdp: int | None = None  # fully sharded data parallel: batch rows and parameters (ZeRO-3)
+  context: int | None = None  # context parallel: each sequence's positions (and parameters)
+  model: int | None = None  # tensor parallel: heads, MLP units, vocabulary
+  # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh
+  # entry applies its overrides (AXLearn's mesh_rules). match: a regex of the entry's whole
+  # name, or hardware facts {"platform": "gpu", "devices_per_host": 8, "min_hbm_gb": 80, ...}
+  # (trainer/meshes.py:MATCH_KEYS), so that a new entry of that hardware takes the rule.
   rules: tuple = ()
 
   def check(self):
+    from trainer.meshes import check_rule  # pylint: disable=import-outside-toplevel
     for i, rule in enumerate(self.rules):
-      if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
-          or not isinstance(rule[1], dict)):
-        raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r}")
+      check_rule(i, rule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,6 +142,7 @@ class RunConfig:
 
 
 _SECTIONS = [f.name for f in dataclasses.fields(RunConfig)]
+_AXIS_FIELDS = [f.name for f in dataclasses.fields(MeshConfig) if f.name != "rules"]
 
 
 def section_node(cls: type, **values) -> ml_collections.ConfigDict:
@@ -144,7 +156,7 @@ def section_node(cls: type, **values) -> ml_collections.ConfigDict:
   if values:
     raise ConfigError(f"{cls.__name__} has no field(s) {', '.join(values)}")
   node = ml_collections.ConfigDict(out)
-  for name in ("data", "fsdp", "model"):
+  for name in _AXIS_FIELDS:
     if cls is MeshConfig and node[name] is None:
       node[name] = ml_collections.config_dict.placeholder(int)
   return node
@@ -174,6 +186,27 @@ def parse(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
 def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *,
                 dropped: dict | None = None, **values) -> ml_collections.ConfigDict:
   """Replaces the component at `path` of a run config by `kind`'s node, carrying over the
-  fields both kinds have (what `--config.<path>.kind=K` does); returns the new node.
+  fields both kinds share (what `--config.<path>.kind=K` does); returns the new node.
   `dropped`: see core.paths.switch_kind."""
   return paths.switch_kind(cfg, path, kind, schema=RunConfig, dropped=dropped, **values)
+
+
+def field_at(cfg: ml_collections.ConfigDict, path: str) -> dataclasses.Field | None:
+  """The config field at dotted `path` of a run config (core.paths.field_at)."""
+  return paths.field_at(cfg, path, schema=RunConfig)
+
+
+def chosen(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """What a run config chooses: its kinds, required fields and values other than the
+  defaults (core/choices.py); the golden files hold this."""
+  return choices.chosen(cfg, RunConfig)
+
+
+def with_defaults(chosen_values: dict) -> dict:
+  """The resolved run config of `chosen_values` (the inverse of `chosen`)."""
+  return choices.with_defaults(chosen_values, RunConfig)
+
+
+def defaults(cfg: ml_collections.ConfigDict | dict) -> dict:
+  """Every field of `cfg`'s nodes that has a default, at that default (core.choices.defaults)."""
+  return choices.defaults(cfg, RunConfig)

@@ -21,7 +21,8 @@ import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers the data sources)
 from modules.decoder import MODELS
 from core.registry import ConfigError
-from trainer import sharding
+from modules import splash
+from trainer import flops as flops_lib, sharding
 from trainer.config import RunConfig
 from trainer.data.base import DATA, Source
 from trainer.meshes import Entry
@@ -94,10 +95,71 @@ class Experiment:
     # batch of one; the parameters land in their shardings through out_shardings.
     return self.init_fn(jax.random.key(self.run.trainer.seed))
 
+  def abstract_state_inputs(self) -> TrainState:
+    """The state as ShapeDtypeStructs carrying their shardings: what the step is compiled for."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nn.meta.unbox(self.abstract_state), self.state_shardings)
+
+  def abstract_batch(self, local: dict, *, rows: int) -> dict:
+    """A global batch of `rows` rows shaped like `local` (one process's rows), abstract."""
+    return {k: jax.ShapeDtypeStruct((rows, *v.shape[1:]), v.dtype, sharding=self.batch_sharding)
+            for k, v in local.items()}
+
   def global_batch(self, local: dict) -> dict:
     """Process-local numpy slices -> global arrays sharded over the batch axes."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
             for k, v in local.items()}
+
+
+def mesh_size(mesh: Mesh, rules, logical: str, *, but: str | None = None) -> tuple[str, int]:
+  """(`mesh.axis=n x ...`, n): the mesh axes a logical axis maps to by `rules`, and their
+  product; `but`: without the axes that logical axis maps to."""
+  def axes_of(name):
+    axes = nn.logical_to_mesh_axes((name,), rules)[0]
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+  drop = axes_of(but) if but else ()
+  axes = [a for a in axes_of(logical) if a not in drop]
+  return (" x ".join(f"mesh.{a}={mesh.shape[a]}" for a in axes),
+          math.prod(mesh.shape[a] for a in axes))
+
+
+def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
+  """Context parallelism (sequence positions over `act_length`'s axes) and pipeline stages
+  (the layer stack over `layers`' axes) must split the sequence, layers and batch evenly."""
+  seq, model = source.seq_len, run.model
+  name, shards = mesh_size(mesh, rules, "act_length")
+  if shards > 1:
+    if seq % (2 * shards):
+      raise ConfigError(f"{name} splits each sequence into 2 x {shards} chunks (the "
+                        f"load-balanced layout, docs/parallelism.md): data.seq_len {seq} must be "
+                        f"a multiple of {2 * shards}")
+    attention = flops_lib.find_field(model, "implementation")
+    if attention == "splash":
+      try:
+        splash.check_context(seq, flops_lib.find_field(model, "splash_block_size"), shards)
+      except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
+  name, stages = mesh_size(mesh, rules, "layers")
+  if stages > 1:
+    layers = getattr(model, "num_layers", None)
+    if not getattr(model, "scan_layers", False):
+      raise ConfigError(f"{name} splits the scanned layer stack into pipeline stages, but "
+                        f"model.scan_layers is False; set --config.model.scan_layers=true or "
+                        f"mesh.stage=1")
+    if layers % stages:
+      raise ConfigError(f"{name} must divide model.num_layers={layers} into equal pipeline "
+                        f"stages; pick a divisor of {layers}")
+    micro = getattr(model, "pipeline_microbatches", 0) or stages
+    # Inside the stages a microbatch's rows split over the batch axes other than the stages'.
+    _, batch_shards = mesh_size(mesh, rules, "act_batch", but="layers")
+    for what, batch in (("data.batch_size / trainer.grad_accum_steps",
+                         source.batch_size // run.trainer.grad_accum_steps),
+                        ("eval.batch_size", run.eval.batch_size)):
+      if batch % micro or (batch // micro) % batch_shards:
+        raise ConfigError(f"the pipeline cuts each batch of {batch} rows ({what}) into {micro} "
+                          f"microbatches (model.pipeline_microbatches; 0 = stages), each "
+                          f"divisible by the {batch_shards} batch shards of the mesh; change "
+                          f"the batch size or model.pipeline_microbatches")
 
 
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
@@ -114,6 +176,7 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
                       f"is {run.model.vocab_size}; raise model.vocab_size")
   mesh = sharding.make_mesh(sharding.resolve_axes(entry, run.mesh, len(devices)), devices)
   rules = entry.rules
+  check_parallel(run, source, mesh, rules)
   abstract = jax.eval_shape(functools.partial(
       init_state, model=model, optimizer=optimizer, seq_len=source.seq_len), jax.random.key(0))
   state_shardings = sharding.logical_shardings(abstract, mesh, rules)

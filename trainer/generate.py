@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import flax.linen as nn
 import flax.struct
@@ -36,8 +37,9 @@ class SamplingOptions:
   def check(self, *, max_length: int | None = None):
     if self.max_new_tokens <= 0:
       raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
-    if self.temperature < 0:
-      raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+    if not 0 <= self.temperature < math.inf:
+      raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got "
+                        f"{self.temperature}")
     if self.top_k < 0:
       raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
     if not 0 < self.top_p <= 1:

@@ -32,11 +32,68 @@ def shape_bytes(text: str) -> list[int]:
   return out
 
 
+def tuple_elements(type_text: str) -> list[str]:
+  """The top-level elements of a tuple type `(a, (b, c), d)`; [type_text] if not a tuple."""
+  text = type_text.strip()
+  if not text.startswith("("):
+    return [text]
+  out, depth, start = [], 0, 1
+  for i, ch in enumerate(text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+      if depth == 0:
+        out.append(text[start:i])
+        break
+    elif ch == "," and depth == 1:
+      out.append(text[start:i])
+      start = i + 1
+  return [e.strip() for e in out if e.strip()]
+
+
+def result_bytes(op: str, out: str) -> int:
+  """Bytes of a collective's result. An asynchronous `-start` (but all-reduce-start, which
+  returns its result) returns (operands, results, context...): the second element, one array
+  or a tuple of them when the compiler combined several collectives into one."""
+  if op.endswith("-start") and op != "all-reduce-start":
+    parts = tuple_elements(out)
+    if len(parts) >= 2:
+      return sum(shape_bytes(parts[1]))
+  return sum(shape_bytes(out))
+
+
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
+                          r"(?:,\s*device_ids=\(\[(?P<dims>[\d,]*)\](?:T\((?P<perm>[\d,]*)\))?\))?"
+                          r"\s*\{(?P<used>[^}]*)\}")
+
+
+def _iota(dims: str, perm: str | None) -> np.ndarray:
+  """Device ids of an iota list `[dims]T(perm)`: arange, reshaped, transposed, flattened."""
+  shape = [int(x) for x in dims.split(",") if x]
+  ids = np.arange(math.prod(shape)).reshape(shape)
+  return (ids.transpose([int(x) for x in perm.split(",")]) if perm else ids).reshape(-1)
+
+
+def _mesh_groups(rest: str) -> np.ndarray | None:
+  """[groups, size] device ids of `replica_groups=mesh[axes], device_ids=(iota) {used}` (the
+  ids default to 0..n-1 over the mesh); None for other spellings."""
+  m = _MESH_GROUPS.search(rest)
+  if not m:
+    return None
+  axes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", m["axes"])]
+  used = [a for a in re.findall(r"'(\w+)'", m["used"])]
+  sizes = [n for _, n in axes]
+  ids = (_iota(m["dims"], m["perm"]) if m["dims"] else np.arange(math.prod(sizes))).reshape(sizes)
+  names = [a for a, _ in axes]
+  order = [names.index(a) for a in names if a not in used] + [names.index(a) for a in used]
+  return ids.transpose(order).reshape(-1, math.prod(n for a, n in axes if a in used))
+
+
 def _group_size(rest: str, num_devices: int) -> int:
   """Devices in one replica group: mesh[...]{axes}, [groups,size]<=[...] or {{a,b,..},..}."""
-  if m := re.search(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<used>[^}]*)\}", rest):
-    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m["axes"]))
-    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m["used"]))
+  if (groups := _mesh_groups(rest)) is not None:
+    return groups.shape[1]
   if m := re.search(r"replica_groups=\[\d+,(\d+)\]", rest):
     return int(m[1])
   if m := re.search(r"replica_groups=\{\{([\d,]*)\}", rest):
@@ -48,20 +105,12 @@ def _group_size(rest: str, num_devices: int) -> int:
 
 def _first_group(rest: str, num_devices: int) -> list[int] | None:
   """Device ids of the first replica group, where the HLO spells them out (None if not)."""
+  if (groups := _mesh_groups(rest)) is not None:
+    return groups[0].tolist()
   if m := re.search(r"replica_groups=\{\{([\d,]*)\}", rest):
     return [int(x) for x in m[1].split(",") if x]
   if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest):
-    dims = [int(x) for x in m[3].split(",")]
-    ids = np.arange(math.prod(dims)).reshape(dims)
-    if m[4]:
-      ids = ids.transpose([int(x) for x in m[4].split(",")])
-    return ids.reshape(int(m[1]), int(m[2]))[0].tolist()
-  if m := re.search(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<used>[^}]*)\}", rest):
-    axes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", m["axes"])]
-    used = set(re.findall(r"'(\w+)'", m["used"]))
-    ids = np.arange(math.prod(n for _, n in axes)).reshape([n for _, n in axes])
-    index = tuple(slice(None) if a in used else 0 for a, _ in axes)
-    return ids[index].reshape(-1).tolist()
+    return _iota(m[3], m[4]).reshape(int(m[1]), int(m[2]))[0].tolist()
   if "replica_groups={}" in rest or ("replica_groups" not in rest
                                      and "source_target_pairs" not in rest):
     return list(range(num_devices))  # one group of every device
@@ -144,12 +193,9 @@ def sent_bytes(op: str, out: str, rest: str, num_devices: int, *, scatter: bool 
   if kind not in COLLECTIVES:
     return 0.0
   kind = "reduce-scatter" if scatter else kind
-  sizes = shape_bytes(out)
-  if not sizes:
+  size = result_bytes(op, out)
+  if not size:
     return 0.0
-  # `-start` ops return (operand, result, ...): the result is the largest; plain ops over a
-  # tuple move every element.
-  size = max(sizes) if op.endswith("-start") else sum(sizes)
   g = _group_size(rest, num_devices)
   if kind == "reduce-scatter" and not scatter:
     size *= g  # the input: g times the result

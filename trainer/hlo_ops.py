@@ -313,7 +313,9 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
         # (source, destination, context): one read and one write of what is copied.
         size = 2 * min(b for b in hlo_collectives.shape_bytes(i.out) if b > 8)
       else:
-        size = _bytes(i.out) + sum(_bytes(shapes.get(o, "")) for o in i.operands)
+        # An asynchronous collective's `-start` also returns its operands: count them once.
+        size = float(hlo_collectives.result_bytes(i.op, i.out)) + sum(
+            _bytes(shapes.get(o, "")) for o in i.operands)
       flops = sum(_conv_flops(j, s) for j, s in inner + [(i, shapes)]
                   if j.op in ("convolution", "dot"))
       category = _category(i, inner)

@@ -23,6 +23,7 @@ from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
 from trainer.experiment import Experiment
 from trainer.progress import Progress, Timer, header
+from trainer.run_files import Manifest, no_record
 from trainer.watchdog import Watchdog
 
 
@@ -42,9 +43,11 @@ class Result:
 class NonFiniteError(Exception):
   """A NaN/Inf loss or gradient with trainer.skip_nonfinite off."""
 
-  def __init__(self, step: int, last_good: str):
+  def __init__(self, step: int, last_good: str, *, learning_rate: float):
     super().__init__(f"non-finite loss or gradient at step {step}; last good checkpoint: "
-                     f"{last_good} (set trainer.skip_nonfinite=True to skip such steps)")
+                     f"{last_good}; lower optimizer.learning_rate (now {learning_rate:g}) or "
+                     f"lengthen optimizer.schedule.warmup_steps, and if only rare steps go bad, "
+                     f"trainer.skip_nonfinite=True skips them")
     self.step = step
 
 
@@ -111,10 +114,12 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   data = exp.source.train_iterator(**process)
   eval_batches = exp.source.eval_batches(batch_size=run.eval.batch_size,
                                          num_batches=run.eval.num_batches, **process)
-  ckpt = Checkpointer(checkpoint_dir, run.checkpoint) if checkpoint_dir is not None else None
-  profile = (Profile(pathlib.Path(run_dir) / "profile", *cfg.profile_steps)
+  record = Manifest(run_dir).record if run_dir is not None and main_process else no_record
+  ckpt = (Checkpointer(checkpoint_dir, run.checkpoint, record=record)
+          if checkpoint_dir is not None else None)
+  profile = (Profile(pathlib.Path(run_dir) / "profile", *cfg.profile_steps, record=record)
              if cfg.profile_steps and run_dir is not None and main_process else None)
-  callbacks = [*writers.for_run(run_dir, cfg, main_process=main_process,
+  callbacks = [*writers.for_run(run_dir, cfg, main_process=main_process, record=record,
                                 config=dataclasses.asdict(run) if cfg.wandb_project else None),
                *([profile] if profile else []), *callbacks]
   for line in _header(exp, run_dir):
@@ -124,7 +129,7 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
     loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn)
     loop.step = loop.last_logged = loop.start
     _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
-          callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops)).run()
+          callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops), warn=warn).run()
   finally:
     call_all(callbacks, "on_train_end", loop)
     progress.close()
@@ -172,8 +177,8 @@ class _Loop:
   """The steps of the loop; `run` shows their order."""
 
   def __init__(self, exp: Experiment, loop: LoopState, *, data, eval_batches, ckpt, progress,
-               callbacks, throughput):
-    self.exp, self.s, self.cfg = exp, loop, exp.run.trainer
+               callbacks, throughput, warn: Callable[[str], None] = _warn):
+    self.exp, self.s, self.cfg, self.warn = exp, loop, exp.run.trainer, warn
     self.data, self.eval_batches, self.ckpt = data, eval_batches, ckpt
     self.progress, self.callbacks, self.throughput = progress, callbacks, throughput
     self.tokens_per_step = exp.source.batch_size * exp.source.seq_len
@@ -253,6 +258,17 @@ class _Loop:
   def check_finite(self) -> None:
     self._raise_if_nonfinite(self._scan_nonfinite(upto=self.s.step))
 
+  def _skipped(self, bad: list[int], *, upto: int) -> None:
+    """One warning line for the steps just found non-finite and skipped (skip_nonfinite)."""
+    if not bad:
+      return
+    steps = (f"step {bad[0]}" if len(bad) == 1
+             else f"{len(bad)} steps (between steps {bad[0]} and {bad[-1]})")
+    done = upto - self.s.start
+    self.warn(f"skipped {steps} with a non-finite loss or gradient, parameters unchanged; "
+              f"{self.s.skipped} of {done} steps skipped so far (lower "
+              f"optimizer.learning_rate if this goes on)")
+
   def save(self, step: int, *, force: bool) -> None:
     if self.ckpt is not None and (force or self.ckpt.due(step)):
       self.flush_log()
@@ -289,7 +305,8 @@ class _Loop:
     call_all(self.callbacks, "on_record", record)
 
   def _scan_nonfinite(self, *, upto: int) -> int | None:
-    """Counts the non-finite steps up to `upto` not yet seen; returns the first one."""
+    """Counts the non-finite steps up to `upto` not yet seen (warning when they were skipped);
+    returns the first one."""
     s = self.s
     seen = [(step, flag) for step, flag in s.unchecked if step <= upto]
     if not seen:
@@ -298,6 +315,8 @@ class _Loop:
     flags = jax.device_get([flag for _, flag in seen])
     bad = [step for (step, _), f in zip(seen, flags) if float(f) > 0]
     s.skipped += len(bad)
+    if self.cfg.skip_nonfinite:
+      self._skipped(bad, upto=upto)
     return bad[0] if bad else None
 
   def _raise_if_nonfinite(self, bad: int | None) -> None:
@@ -308,7 +327,7 @@ class _Loop:
       self.ckpt.wait_until_finished()
       last = self.ckpt.latest_step()
     raise NonFiniteError(bad, f"step {last} in {self.ckpt.directory}" if last is not None
-                         else "none")
+                         else "none", learning_rate=self.exp.run.optimizer.learning_rate)
 
 
 def initial_eval_loss(exp: Experiment) -> float:

@@ -2,8 +2,9 @@
 
 Parameter and optimizer-state bytes are exact (abstract shapes under their shardings); gradients,
 activations (by remat policy) and logits are a model read from the parameters' logical axis
-names. `axtrain plan` (trainer/plan.py) bases the fit on it wherever the TPU compiler's figures
-are missing (GPU and Trainium entries); `axtrain plan --sweep` screens candidates with it.
+names. `axtrain plan` (trainer/plan.py) bases the fit on it where no compiler of the target
+runs (Trainium entries) and shows it next to the TPU and GPU compilers' figures;
+`axtrain plan --sweep` screens candidates with it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,47 @@ def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: i
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Split:
+  """How one device's share of a microbatch comes out of the mesh (per gradient-accumulation
+  microbatch): its rows, positions per row (context parallelism), layers (pipeline stages)."""
+  rows: int  # sequences whose positions this device holds in the layers (per microbatch)
+  head_rows: int  # the same in the LM head and loss (pipeline stages split the batch there)
+  positions: int  # positions of each row on this device: seq_len / context shards
+  seq_len: int
+  stages: int  # pipeline stages (1: none)
+  layers: int  # decoder layers, all stages together
+  microbatches: int  # pipeline microbatches per accumulation microbatch (1: no pipeline)
+  model: int  # tensor-parallel shards
+
+  @property
+  def tokens(self) -> int:
+    return self.rows * self.positions
+
+  @property
+  def ticks_per_microbatch(self) -> float:
+    """A stage's passes over its layers per pipeline microbatch, the bubble included:
+    (M + S - 1) / M; 1 without stages."""
+    return (self.microbatches + self.stages - 1) / self.microbatches
+
+
+def split(exp: experiment_lib.Experiment) -> Split:
+  run = exp.run
+  mesh = dict(exp.mesh.shape)
+  accum = run.trainer.grad_accum_steps
+  _, batch_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch")
+  _, layer_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch", but="layers")
+  _, context = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_length")
+  _, stages = experiment_lib.mesh_size(exp.mesh, exp.rules, "layers")
+  micro = (getattr(run.model, "pipeline_microbatches", 0) or stages) if stages > 1 else 1
+  rows = max(exp.source.batch_size // accum // layer_shards, 1)
+  head_rows = max(exp.source.batch_size // accum // batch_shards, 1)
+  return Split(rows=rows, head_rows=head_rows, positions=exp.source.seq_len // context,
+               seq_len=exp.source.seq_len,
+               stages=stages, layers=getattr(run.model, "num_layers", 0), microbatches=micro,
+               model=mesh.get("model", 1))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Analytic:
   """Per-device bytes by the analytic model (labelled `model` in the report)."""
   params: int  # exact: sharded parameter bytes
@@ -98,18 +140,21 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   accum = run.trainer.grad_accum_steps
   grads = params * (2 if accum > 1 else 1)
   shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
-  mesh = dict(exp.mesh.shape)
-  seq = exp.source.seq_len
-  rows = exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"])
-  tokens = max(rows, 1) * seq
+  sp = split(exp)
+  seq, tokens, model = sp.seq_len, sp.tokens, sp.model
   policy = getattr(run.model, "remat", "none")
-  saved = _saved_per_token_layer(policy, shape, compute_bytes, seq, mesh["model"]) * shape.layers
+  # A stage saves its own layers for every tick of the pipeline: (M + S - 1) / M microbatches'
+  # worth; attention scores span the whole sequence (keys gathered under context parallelism).
+  saved = (_saved_per_token_layer(policy, shape, compute_bytes, seq, model) * shape.layers
+           / sp.stages * sp.ticks_per_microbatch)
   if policy != "none":  # one layer's recompute at a time
-    saved += _saved_per_token_layer("none", shape, compute_bytes, seq, mesh["model"])
+    saved += _saved_per_token_layer("none", shape, compute_bytes, seq, model) / sp.microbatches
+  if sp.stages > 1:  # the pipeline's inputs and outputs of every microbatch
+    saved += 2 * compute_bytes * shape.dim
   activations = int(tokens * saved)
   chunk = run.trainer.loss_chunk_size
-  vocab = shape.vocab // (mesh["model"] if shape.vocab % mesh["model"] == 0 else 1)
-  logit_tokens = rows * chunk if chunk else tokens
+  vocab = shape.vocab // (model if shape.vocab % model == 0 else 1)
+  logit_tokens = sp.head_rows * (chunk * sp.positions // seq if chunk else sp.positions)
   # bf16 logits and their gradient for every token (unchunked), float32 logits, softmax
   # and gradient for the tokens in flight.
   logits = int(logit_tokens * vocab * (2 * compute_bytes + 12))
@@ -129,18 +174,18 @@ def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_b
   params = exp.abstract_state.params
   top_k = flops_lib.find_field(run.model, "top_k")
   shape = model_shape(params, top_k=top_k)
-  mesh = dict(exp.mesh.shape)
   accum = run.trainer.grad_accum_steps
-  seq = exp.source.seq_len
-  rows = max(exp.source.batch_size // accum // (mesh["data"] * mesh["fsdp"]), 1)
-  tokens = rows * seq
+  sp = split(exp)
+  seq, tokens = sp.seq_len, sp.tokens
   remat = getattr(run.model, "remat", "none")
   passes = 3 if remat == "none" else 4
   weights = flops_lib.count(params, seq_len=seq, top_k=top_k).matmul_params
-  per_micro = passes * compute_bytes * weights / mesh["model"]
+  # A stage reads its own layers' weights in every tick of every pipeline microbatch.
+  per_micro = passes * compute_bytes * weights / sp.model / sp.stages * (
+      sp.microbatches + sp.stages - 1)
   per_micro += 2 * analytic.activations
-  per_micro += passes * tokens * shape.layers * (4 + compute_bytes) * (
-      shape.heads / mesh["model"]) * seq
+  per_micro += passes * tokens * shape.layers / sp.stages * sp.ticks_per_microbatch * (
+      4 + compute_bytes) * (shape.heads / sp.model) * seq
   optimizer = 2 * (analytic.params + analytic.opt_state) + analytic.grads
   return accum * per_micro + optimizer
 

@@ -20,20 +20,25 @@ import re
 
 from core.registry import ConfigError, suggest
 
-AXES = ("data", "fsdp", "model")
+# Slowest link first: `data` and `stage` may span hosts (or TPU slices), `model` never does.
+# An axis that a mesh entry does not list has size 1.
+AXES = ("data", "stage", "fsdp", "context", "model")
 
 # Logical axis -> mesh axes. Parameter names on the left come from the layer
 # library; `act_*` names are activations. Each mesh axis is used at most once
 # per array (flax skips an axis that an earlier dimension took).
+# `context` splits sequences (act_length) and, like fsdp, the parameters' `embed` side;
+# `stage` splits the scanned layer stack (`layers`) into pipeline stages, and outside the
+# stages (embedding, LM head, loss) the batch like `data`.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("act_batch", ("data", "fsdp")),
-    ("act_length", None),
+    ("batch", ("data", "stage", "fsdp")),
+    ("act_batch", ("data", "stage", "fsdp")),
+    ("act_length", "context"),
     ("act_embed", None),
     ("act_heads", "model"),
     ("act_mlp", "model"),
     ("act_vocab", "model"),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "context")),
     ("vocab", "model"),
     ("heads", "model"),
     ("kv_heads", "model"),
@@ -41,7 +46,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("experts", None),
     ("act_experts", None),
     ("head_dim", None),
-    ("layers", None),
+    ("layers", "stage"),
     ("norm", None),
 )
 
@@ -324,27 +329,104 @@ def select(name: str) -> Entry:
   return auto(device.platform, device.device_kind, jax.device_count(), jax.process_count())
 
 
-def apply_rules(cfg, mesh_name: str, explicit: set[str]) -> str | None:
-  """Applies the first of `cfg.mesh.rules` whose regex matches `mesh_name`; returns that regex.
+def check_present(entry: Entry) -> None:
+  """ConfigError unless the devices JAX sees are of `entry`'s platform: training on a TPU or GPU
+  entry needs those devices here (`axtrain plan` is how to target absent hardware)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  platform = jax.devices()[0].platform
+  if entry.hardware.platform != platform:
+    raise ConfigError(f"--mesh={entry.name} is a {entry.hardware.platform} mesh but JAX sees "
+                      f"{jax.device_count()} {platform} device(s) here; train here with "
+                      f"--mesh={platform} (or --mesh=auto), or plan for that hardware with "
+                      f"`axtrain plan --mesh={entry.name}`")
 
+
+# What a mesh rule may match besides the entry's name: facts of the hardware, so that a new
+# entry of the same kind (another 8-GPU host with as much memory) takes the same recipe.
+# Each number matches exactly, or as a bound with a `min_`/`max_` prefix.
+MATCH_FACTS = {
+    "platform": lambda e: e.hardware.platform,
+    "devices_per_host": lambda e: e.hardware.devices_per_host,
+    "num_hosts": lambda e: e.num_hosts,
+    "num_devices": lambda e: e.num_devices,
+    "hbm_gb": lambda e: None if e.hardware.hbm_bytes is None else e.hardware.hbm_bytes / GB,
+}
+MATCH_KEYS = ("name", "platform", *(f"{p}{k}" for k in MATCH_FACTS if k != "platform"
+                                    for p in ("", "min_", "max_")))
+
+
+def check_rule(i: int, rule) -> None:
+  """A mesh rule is (match, {config.path: value}); match is a name regex or {fact: value}."""
+  shape = "(regex or {fact: value, ...}, {path: value, ...})"
+  if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not hasattr(rule[1], "items"):
+    raise ConfigError(f"mesh.rules[{i}] must be {shape}, got {rule!r:.80}")
+  match = rule[0]
+  if isinstance(match, str):
+    return
+  if not hasattr(match, "items") or not match:
+    raise ConfigError(f"mesh.rules[{i}] must be {shape}, got {rule!r:.80}")
+  for key, value in match.items():
+    if key not in MATCH_KEYS:
+      raise ConfigError(f"mesh.rules[{i}]: unknown fact '{key}'{suggest(key, MATCH_KEYS)}; "
+                        f"facts: {', '.join(MATCH_KEYS)}")
+    text = key in ("name", "platform")
+    if text != isinstance(value, str) or isinstance(value, bool):
+      raise ConfigError(f"mesh.rules[{i}]: {key}={value!r} must be "
+                        f"{'a string' if text else 'a number'}")
+
+
+def _matches(match, entry: Entry) -> bool:
+  if isinstance(match, str):
+    match = {"name": match}
+  for key, want in match.items():
+    if key == "name":
+      try:
+        if not re.fullmatch(want, entry.name):
+          return False
+      except re.error as e:
+        raise ConfigError(f"mesh.rules: bad regex '{want}': {e}") from None
+      continue
+    bound, _, fact = key.partition("_") if key.startswith(("min_", "max_")) else ("", "", key)
+    have = MATCH_FACTS[fact](entry)
+    if fact == "platform":
+      if have != want:
+        return False
+    elif have is None or have < 0:  # not known, or any size (a generic entry)
+      return False
+    elif not (have >= want if bound == "min" else have <= want if bound == "max"
+              else have == want):
+      return False
+  return True
+
+
+def describe_match(match) -> str:
+  """A rule's match in words, as --print_config and the plan show which rule applied."""
+  if isinstance(match, str):
+    return match
+  return ", ".join(f"{k}={v}" for k, v in match.items())
+
+
+def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
+  """Applies the first of `cfg.mesh.rules` that matches `entry` (an Entry, or a name that
+  `lookup` knows); returns that rule's match in words (describe_match), else None.
+
+  A rule matches by the entry's name (a regex, which must match all of it) or by what the
+  hardware is (MATCH_FACTS: platform, devices per host, hosts, devices, HBM per device).
   `cfg` is the run's ConfigDict; paths in `explicit` (command-line overrides) are left as set.
   """
   from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
+  if isinstance(entry, str):
+    entry = lookup(entry)
   rules = cfg.mesh.rules
   if not isinstance(rules, (tuple, list)):
-    raise ConfigError(f"mesh.rules must be a tuple of (regex, {{path: value}}) pairs, got "
+    raise ConfigError(f"mesh.rules must be a tuple of (match, {{path: value}}) pairs, got "
                       f"{rules!r:.80}")
   for i, rule in enumerate(rules):
-    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)
-        or not hasattr(rule[1], "items")):
-      raise ConfigError(f"mesh.rules[{i}] must be (regex, {{path: value}}), got {rule!r:.80}")
-  for regex, changes in rules:
-    try:
-      matched = re.fullmatch(regex, mesh_name)
-    except re.error as e:
-      raise ConfigError(f"mesh.rules: bad regex '{regex}': {e}") from None
-    if not matched:
+    check_rule(i, rule)
+  for match, changes in rules:
+    if not _matches(match, entry):
       continue
+    what = describe_match(match)
     for path, value in changes.items():
       if path in explicit:
         continue
@@ -356,11 +438,10 @@ def apply_rules(cfg, mesh_name: str, explicit: set[str]) -> str | None:
           keys = list(config_path.get_value(parent, cfg).keys()) if parent else list(cfg.keys())
         except (KeyError, AttributeError, IndexError):
           keys = []
-        raise ConfigError(f"mesh rule '{regex}': unknown key '{path}'{suggest(leaf, keys)}"
+        raise ConfigError(f"mesh rule '{what}': unknown key '{path}'{suggest(leaf, keys)}"
                           ) from None
       except (TypeError, ValueError) as e:
-        raise ConfigError(f"mesh rule '{regex}': {path}={value!r}: {' '.join(str(e).split())}"
+        raise ConfigError(f"mesh rule '{what}': {path}={value!r}: {' '.join(str(e).split())}"
                           ) from None
-    return regex
+    return what
   return None
-

@@ -47,6 +47,10 @@ class OptimizerConfig:
   state_dtype: Literal["float32", "bfloat16"] = "float32"  # dtype of the momentum state
   RANGES: ClassVar = {"learning_rate": POSITIVE, "weight_decay": NON_NEGATIVE,
                       "clip_norm": POSITIVE}
+  # What a switch to another optimizer keeps; a kind's own fields (b1, b2, eps...) take the
+  # new kind's defaults even where the names agree (core/registry.py).
+  SHARED: ClassVar = ("learning_rate", "schedule", "clip_norm", "weight_decay",
+                      "decay_embeddings", "state_dtype")
 
   def check(self, *, total_steps: int, axes: Any):
     del total_steps, axes

@@ -1,8 +1,10 @@
 """`axtrain plan`: compile a run's train and eval steps for a mesh entry's devices, ahead of time.
 
     devices  TPU entries: libtpu's compile-only topology (the real TPU compiler, exact bytes);
-             other entries: as many CPU devices (exact sharding and argument bytes, the CPU
-             compiler's temporaries) plus the analytic memory model (trainer/memory_model.py).
+             GPU entries: the jax-cuda12 plugin's compile-only topology (XLA's GPU compiler,
+             told what the GPU is by trainer/gpu_targets.py); Trainium entries: as many CPU
+             devices (exact sharding and argument bytes, the CPU compiler's temporaries) plus
+             the analytic memory model (trainer/memory_model.py).
     compile  jit(train_step).lower(abstract sharded state and batch).compile(): nothing allocated.
     plan     per-device memory (compiler and analytic), fit against the entry's memory, model
              FLOPs (trainer.flops) next to the compiler's, and a roofline estimate of step time,
@@ -24,8 +26,9 @@ import jax
 import numpy as np
 
 from core.registry import ConfigError
+from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib
-from trainer import hlo_collectives, hlo_ops, memory_model
+from trainer import gpu_targets, hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
 from trainer.meshes import Entry
 
@@ -35,6 +38,8 @@ GiB = 1024 ** 3
 WINDOWED_EINSUM_OFF = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
 LIBTPU_INSTALL = "pip install 'jax[tpu]==0.10.2' (or `make install`)"
+TPU_COMPILER = "TPU compiler (libtpu)"
+GPU_COMPILER = "GPU compiler (XLA, jax-cuda12 plugin)"
 
 
 # --- devices ------------------------------------------------------------------------------
@@ -60,32 +65,75 @@ def _quiet_libtpu():
 
 
 def target_devices(entry: Entry) -> tuple[list, str]:
-  """(devices to compile for, what compiles): libtpu's topology or CPU stand-ins."""
+  """(devices to compile for, what compiles): a compile-only topology or CPU stand-ins."""
   if entry.num_devices is None:
     raise ConfigError(f"--mesh={entry.name} has no fixed device count; plan a named entry "
                       f"(docs/meshes.md), e.g. tpu-v5e-16 or gpu-h100-8")
   if entry.hardware.platform == "tpu":
-    try:
-      import libtpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except ImportError:
-      raise ConfigError(f"--mesh={entry.name}: planning a TPU entry needs libtpu (the TPU "
-                        f"compiler); install it with {LIBTPU_INSTALL}") from None
-    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-    try:
-      slices = {"num_slices": entry.num_slices} if entry.num_slices > 1 else {}
-      with _quiet_libtpu():
-        devices = topologies.get_topology_desc(platform="tpu", topology_name=entry.topology,
-                                               **slices).devices
-    except Exception as e:  # pylint: disable=broad-except  (libtpu raises JaxRuntimeError)
-      raise ConfigError(f"--mesh={entry.name}: libtpu cannot make topology "
-                        f"'{entry.topology}': {' '.join(str(e).split())[:200]}") from None
-    return list(devices), "TPU compiler (libtpu)"
+    return _tpu_devices(entry), TPU_COMPILER
+  if entry.hardware.platform == "gpu":
+    return _gpu_devices(entry), GPU_COMPILER
   cpus = jax.devices("cpu")
   if len(cpus) < entry.num_devices:
     raise ConfigError(f"--mesh={entry.name} needs {entry.num_devices} CPU stand-in devices but "
                       f"JAX has {len(cpus)}; run through `axtrain plan` (it sets XLA_FLAGS="
                       f"--xla_force_host_platform_device_count={entry.num_devices})")
   return cpus[:entry.num_devices], f"CPU compiler standing in for {entry.hardware.platform}"
+
+
+def _tpu_devices(entry: Entry) -> list:
+  try:
+    import libtpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    raise ConfigError(f"--mesh={entry.name}: planning a TPU entry needs libtpu (the TPU "
+                      f"compiler); install it with {LIBTPU_INSTALL}") from None
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:
+    slices = {"num_slices": entry.num_slices} if entry.num_slices > 1 else {}
+    with _quiet_libtpu():
+      devices = topologies.get_topology_desc(platform="tpu", topology_name=entry.topology,
+                                             **slices).devices
+  except Exception as e:  # pylint: disable=broad-except  (libtpu raises JaxRuntimeError)
+    raise ConfigError(f"--mesh={entry.name}: libtpu cannot make topology "
+                      f"'{entry.topology}': {' '.join(str(e).split())[:200]}") from None
+  return list(devices)
+
+
+def check_gpu_plugin(entry_name: str) -> None:
+  """The jax-cuda12 plugin and its PJRT library, at jaxlib's version (one-line error if not)."""
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  want = metadata.version("jaxlib")
+  for package in ("jax-cuda12-plugin", "jax-cuda12-pjrt"):
+    try:
+      have = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      raise ConfigError(f"--mesh={entry_name}: planning a GPU entry needs XLA's GPU compiler "
+                        f"({package} is not installed); install it with "
+                        f"{gpu_targets.PLUGIN_INSTALL}") from None
+    if have != want:
+      raise ConfigError(f"--mesh={entry_name}: {package} {have} does not match jaxlib {want}; "
+                        f"install {package}=={want} ({gpu_targets.PLUGIN_INSTALL})")
+
+
+def _gpu_devices(entry: Entry) -> list:
+  """Compile-only GPUs: the plugin's topology of hosts x GPUs with the entry's target config.
+  The plugin checks for CUDA libraries unless JAX's platforms leave CUDA out (`axtrain plan`
+  runs with JAX_PLATFORMS=cpu)."""
+  text = gpu_targets.target_config(entry)
+  check_gpu_plugin(entry.name)
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:
+    devices = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                           topology=gpu_targets.topology(entry)).devices
+  except NotImplementedError:
+    raise ConfigError(f"--mesh={entry.name}: the jax-cuda12 plugin did not load (JAX's "
+                      f"platforms are {jax.config.jax_platforms!r}); plan through `axtrain "
+                      f"plan`, which sets JAX_PLATFORMS=cpu") from None
+  except Exception as e:  # pylint: disable=broad-except  (the plugin raises JaxRuntimeError)
+    raise ConfigError(f"--mesh={entry.name}: the GPU compiler cannot make topology "
+                      f"'{gpu_targets.topology(entry)}': {' '.join(str(e).split())[:200]}"
+                      ) from None
+  return list(devices)
 
 
 # --- the plan -----------------------------------------------------------------------------
@@ -108,6 +156,10 @@ class Compiled:
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
   cost_model_s: float | None = None
   ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`), if asked
+  # Matmul FLOPs per step per device counted in the compiled HLO, loop bodies times their
+  # trips (trainer/hlo_ops.py): the remat policy's recompute and the compiler's own
+  # rematerialisation included. GPU compiles only (no windowed-einsum loops to count twice).
+  hlo_matmul_flops: float | None = None
 
   @property
   def peak(self) -> int:
@@ -117,9 +169,10 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Estimate:
-  """A roofline: not a measurement. Compute (model FLOPs with remat recompute) at peak
-  FLOP/s, HBM traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at
-  the link bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
+  """A roofline: not a measurement. Compute (executed FLOPs: on GPU entries the compiled
+  HLO's matmuls, elsewhere model FLOPs with the remat policy's recompute) at peak FLOP/s, HBM
+  traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at the link
+  bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
   compute_s: float
   hbm_s: float
   collective_s: float
@@ -136,7 +189,7 @@ class Plan:
   mesh: str
   devices: int
   axes: dict
-  compiler: str  # "TPU compiler (libtpu)" or "CPU compiler standing in for gpu"
+  compiler: str  # TPU_COMPILER, GPU_COMPILER or "CPU compiler standing in for neuron"
   batch: int
   seq_len: int
   data: str  # the data kind
@@ -153,9 +206,22 @@ class Plan:
   fit_source: str  # "compiler" or "model"
   needed: int  # bytes per device the verdict is based on
   model_flops: float  # per step, all devices (6N + attention)
-  executed_flops: float  # per step per device, with remat recompute (estimate)
+  executed_flops: float  # per step per device: HLO matmuls (GPU) or model x recompute
   hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
+  # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
+  # stages and microbatches.
+  split: memory_model.Split
+
+  @property
+  def bubble(self) -> float:
+    """The pipeline's idle fraction of the step, (S - 1) / (M + S - 1); 0 without stages."""
+    return pipeline.bubble(self.split.stages, self.split.microbatches)
+
+  @property
+  def source(self) -> str:
+    """The label of the compiler's figures: TPU compiler, GPU compiler or CPU compiler."""
+    return " ".join(self.compiler.split()[:2])
 
   @property
   def usable(self) -> int:
@@ -210,22 +276,29 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
   if "optimal_seconds" in cost:
     cost_model = float(cost["optimal_seconds"]) + text.count(
         'custom_call_target="ConcatBitcast"')
-  ops = None
+  ops, hlo_matmul_flops = None, None
   if hardware is not None and hardware.peak_bf16_flops and hardware.hbm_bandwidth:
     ops = hlo_ops.ops_report(text, num_devices=num_devices,
                              peak_flops=hardware.peak_bf16_flops,
                              hbm_bandwidth=hardware.hbm_bandwidth,
                              link_bandwidth=hardware.link_bandwidth or hardware.hbm_bandwidth,
                              compiler_bytes=accessed, compiler_flops=flops)
+  if exp.mesh.devices.flat[0].platform == "gpu":
+    # XLA:GPU gives no cost analysis; its matmuls are counted from the HLO (loops unrolled).
+    hlo_matmul_flops = (ops or hlo_ops.ops_report(
+        text, num_devices=num_devices, peak_flops=1.0, hbm_bandwidth=1.0,
+        link_bandwidth=1.0)).flops
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
                   seconds=seconds, cost_model_s=cost_model, ops=ops,
-                  collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host))
+                  collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
+                  hlo_matmul_flops=hlo_matmul_flops)
+
 
 
 # Forward + backward = 3 forward passes; full remat recomputes the forward once more.
-_RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
+RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
 
 def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Compiled,
@@ -258,8 +331,8 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   if devices is None:
     devices, compiler = target_devices(entry)
   else:
-    compiler = ("TPU compiler (libtpu)" if devices[0].platform == "tpu"
-                else f"CPU compiler standing in for {entry.hardware.platform}")
+    compiler = {"tpu": TPU_COMPILER, "gpu": GPU_COMPILER}.get(
+        devices[0].platform, f"CPU compiler standing in for {entry.hardware.platform}")
   exp = experiment_lib.build(run, entry, devices)
   dtype = experiment_lib.compute_dtype(run.trainer.compute_dtype, entry.hardware.platform)
   exp = dataclasses.replace(exp, compute_dtype=dtype)
@@ -284,9 +357,13 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
-  executed = model_flops / n * _RECOMPUTE.get(remat, 4 / 3)
-  on_tpu = devices[0].platform == "tpu"
-  needed = max(train.peak, evaluated.peak if evaluated else 0) if on_tpu else analytic.total
+  split = memory_model.split(exp)
+  # Pipeline stages compute through the bubble too (on no microbatch): (M + S - 1) / M. The
+  # compiled HLO's matmul count includes it; the model's estimate is scaled by it.
+  executed = (train.hlo_matmul_flops if train.hlo_matmul_flops
+              else model_flops / n * RECOMPUTE.get(remat, 4 / 3) * split.ticks_per_microbatch)
+  exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
+  needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
@@ -294,6 +371,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               grad_accum_steps=run.trainer.grad_accum_steps, remat=remat,
               loss_chunk_size=run.trainer.loss_chunk_size, num_params=exp.num_params,
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
-              fit_source="compiler" if on_tpu else "model", needed=needed,
+              fit_source="compiler" if exact else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
-              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens))
+              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens),
+              split=split)

@@ -32,7 +32,7 @@ def num(x: float) -> str:
 
 def text(p: Plan, *, timings: bool = True) -> str:
   """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
-  src = "TPU compiler" if p.fit_source == "compiler" else "CPU compiler"
+  src = p.source
   a, t = p.analytic, p.train
   axes = " ".join(f"{k}={v}" for k, v in p.axes.items())
   lines = [
@@ -57,19 +57,26 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"    train peak         [{src}]  {gib(t.peak)}",
   ]
   if t.refused:
-    lines.append(f"    the TPU compiler refused: {t.refused}")
+    lines.append(f"    the {src} refused: {t.refused}")
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
+  if p.fit_source == "model":
+    lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
+                 f"compiler stands in, and the fit comes from the analytic model)")
+  lines += parallel_lines(p)
   verdict = "fits" if p.fits else "does NOT fit"
   how = (f"{gib(p.headroom)} to spare" if p.fits else f"short by {gib(-p.headroom)}")
-  basis = "TPU compiler peak" if p.fit_source == "compiler" else "analytic model total"
+  basis = f"{src} peak" if p.fit_source == "compiler" else "analytic model total"
   lines += [
       f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
       f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}",
       f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
-      f"{num(p.model_flops / p.devices)} per device; compiler {num(t.flops)} per device "
-      f"(while-loop bodies counted once)",
+      f"{num(p.model_flops / p.devices)} per device; "
+      + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
+         else f"the {src} reports none")
+      + (f"; executed {num(t.hlo_matmul_flops)} per device [compiled HLO] (matmuls, loops "
+         f"unrolled: remat recompute included)" if t.hlo_matmul_flops else ""),
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")
@@ -95,6 +102,29 @@ def text(p: Plan, *, timings: bool = True) -> str:
     lines.append(f"  compile: train {t.seconds:.0f} s"
                  + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
   return "\n".join(lines) + "\n"
+
+
+def parallel_lines(p: Plan) -> list[str]:
+  """Pipeline stages (bubble, per-stage memory) and context parallelism, when the mesh has them."""
+  sp, lines = p.split, []
+  if sp.positions < sp.seq_len:
+    shards = sp.seq_len // sp.positions
+    lines.append(f"  context: each sequence over {shards} devices, {sp.positions} positions "
+                 f"each (2 load-balanced chunks of {sp.positions // 2}); attention gathers "
+                 f"the keys and values of all {sp.seq_len}")
+  if sp.stages > 1:
+    per_stage = p.devices // sp.stages
+    a = p.analytic
+    lines += [
+        f"  pipeline: {sp.stages} stages, {sp.microbatches} microbatches (GPipe): bubble "
+        f"(S - 1) / (M + S - 1) = {sp.stages - 1}/{sp.microbatches + sp.stages - 1} = "
+        f"{p.bubble:.1%} of the step idle",
+        f"    per stage: {sp.layers // sp.stages} layers on {per_stage} devices; parameters "
+        f"{gib(a.params * per_stage)}, optimizer state {gib(a.opt_state * per_stage)} [exact]"
+        f" ({gib(a.params)} and {gib(a.opt_state)} per device); train peak {gib(p.train.peak)}"
+        f" per device [{'TPU' if p.fit_source == 'compiler' else 'CPU'} compiler]",
+    ]
+  return lines
 
 
 def ops_text(p: Plan, n: int = 10) -> str:
@@ -144,5 +174,5 @@ def to_json(p: Plan) -> dict:
       eval=dataclasses.replace(p.eval, ops=None) if p.eval else None))
   out.update(fits=p.fits, usable=p.usable, headroom=p.headroom,
              analytic_total=p.analytic.total, train_peak=p.train.peak,
-             eval_peak=p.eval.peak if p.eval else None)
+             eval_peak=p.eval.peak if p.eval else None, bubble=p.bubble)
   return out

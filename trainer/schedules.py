@@ -3,12 +3,17 @@
 Each starts with a linear warm-up from 0 (the rate at step s < warmup_steps is peak * s /
 warmup_steps) and ends at `end_ratio` * peak where it ends at all. `step` counts the
 optimizer steps taken before the update it scales. Formulas: docs/optimizers.md.
+
+A run too short for its warm-up (a few steps to try a config) still runs: a warm-up that does
+not fit in trainer.max_steps (before wsd's decay, for wsd) shrinks to WARMUP_SHARE of the run,
+and a decay_steps beyond the run to the run (`fitted`; `fit_note` says so in one line).
+`extension_note` says what raising trainer.max_steps changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import jax.numpy as jnp
 
@@ -19,20 +24,75 @@ SCHEDULES = Registry("schedule")
 _PATH = "optimizer.schedule"
 
 
+WARMUP_SHARE = 0.1  # a warm-up that does not fit in the run shrinks to this share of it
+
+
 class _Checked:
-  """The check every schedule config shares: ranges, then the warm-up against
-  trainer.max_steps and decay_steps."""
+  """What every schedule config shares: the checks (ranges; decay_steps against the warm-up),
+  and fitting the warm-up (and decay_steps) into a run too short for them."""
+  # What a switch to another schedule keeps (end_ratio is a floor in rsqrt, a final value
+  # elsewhere: not shared).
+  SHARED: ClassVar = ("warmup_steps", "decay_steps")
 
   def check(self, *, peak: float, total_steps: int):
-    del peak
-    _check(self, total_steps)
+    del peak, total_steps
+    _check(self)
+
+  def warmup_room(self, total_steps: int) -> int:
+    """Steps the warm-up may take: the run (wsd: the part before its decay)."""
+    return total_steps
+
+  def fitted(self, total_steps: int):
+    """This config as a run of `total_steps` uses it (itself when everything fits)."""
+    room = self.warmup_room(total_steps)
+    if self.warmup_steps <= room:
+      return self
+    changes: dict[str, Any] = {"warmup_steps": min(room, int(WARMUP_SHARE * total_steps))}
+    if (getattr(self, "decay_steps", None) or 0) > total_steps:
+      changes["decay_steps"] = None  # the whole run
+    return dataclasses.replace(self, **changes)
+
+  def ends(self, total_steps: int) -> str:
+    """Where the schedule's length-dependent part lies, in words ('' if it has none)."""
+    del total_steps
+    return ""
 
 
-def _check(cfg, total_steps: int) -> None:
+def fit_note(cfg, *, total_steps: int) -> str | None:
+  """One line when a run of `total_steps` changes schedule `cfg` (fitted), else None."""
+  fitted = cfg.fitted(total_steps)
+  if fitted == cfg:
+    return None
+  room = cfg.warmup_room(total_steps)
+  where = "" if room == total_steps else f" ({room} steps before {cfg.kind}'s decay)"
+  share = (f"{WARMUP_SHARE:.0%} of the run" if fitted.warmup_steps < room
+           else "every step before the decay")
+  text = (f"{_PATH}.warmup_steps {cfg.warmup_steps} does not fit in trainer.max_steps "
+          f"{total_steps}{where}: the warm-up shrinks to {fitted.warmup_steps} steps ({share})")
+  if getattr(fitted, "decay_steps", None) != getattr(cfg, "decay_steps", None):
+    text += f", and {_PATH}.decay_steps {cfg.decay_steps} to the end of the run"
+  return text
+
+
+def extension_note(old, new, *, peak: float, old_total: int, new_total: int,
+                   at_step: int) -> str:
+  """What raising trainer.max_steps from `old_total` to `new_total` (schedule configs `old`
+  and `new`) changes in the learning rate of a run continuing from `at_step`."""
+  before, after = old.fitted(old_total), new.fitted(new_total)
+  lr_before, lr_after = (float(SCHEDULES.build(c, peak=peak, total_steps=t)(at_step))
+                         for c, t in ((old, old_total), (new, new_total)))
+  parts = []
+  if after.ends(new_total) != before.ends(old_total):
+    parts.append(f"{after.ends(new_total)} (was: {before.ends(old_total)})")
+  if after.warmup_steps != before.warmup_steps:
+    parts.append(f"warm-up {after.warmup_steps} steps (was {before.warmup_steps})")
+  shape = "; ".join(parts) or "its shape does not depend on trainer.max_steps"
+  return (f"learning-rate schedule {new.kind}: {shape}; the learning rate of step "
+          f"{at_step + 1} is {lr_after:.3g} (was {lr_before:.3g})")
+
+
+def _check(cfg) -> None:
   check_ranges(cfg, _PATH)
-  if cfg.warmup_steps > total_steps:
-    raise ConfigError(f"{_PATH}.warmup_steps: {cfg.warmup_steps} is longer than "
-                      f"trainer.max_steps {total_steps}; allowed range [0, {total_steps}]")
   decay_steps = getattr(cfg, "decay_steps", None)
   if decay_steps is not None and decay_steps < cfg.warmup_steps:
     raise ConfigError(f"{_PATH}.decay_steps: {decay_steps} is shorter than warmup_steps "
@@ -63,9 +123,13 @@ class WarmupCosineConfig(_Checked):
   end_ratio: float = 0.1  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
 
+  def ends(self, total_steps: int) -> str:
+    return f"cosine decay until step {self.decay_steps or total_steps}"
+
 
 @SCHEDULES.register("warmup_cosine", WarmupCosineConfig)
 def warmup_cosine(*, cfg: WarmupCosineConfig, peak: float, total_steps: int):
+  cfg = cfg.fitted(total_steps)
   end, w = peak * cfg.end_ratio, cfg.warmup_steps
   length = (cfg.decay_steps or total_steps) - w
   return _with_warmup(peak, w, lambda s: end + (peak - end) * 0.5 * (
@@ -81,7 +145,7 @@ class ConstantConfig(_Checked):
 
 @SCHEDULES.register("constant", ConstantConfig)
 def constant(*, cfg: ConstantConfig, peak: float, total_steps: int):
-  del total_steps
+  cfg = cfg.fitted(total_steps)
   return _with_warmup(peak, cfg.warmup_steps, lambda s: jnp.full_like(s, peak))
 
 
@@ -93,9 +157,13 @@ class LinearConfig(_Checked):
   end_ratio: float = 0.0  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
 
+  def ends(self, total_steps: int) -> str:
+    return f"linear decay until step {self.decay_steps or total_steps}"
+
 
 @SCHEDULES.register("linear", LinearConfig)
 def linear(*, cfg: LinearConfig, peak: float, total_steps: int):
+  cfg = cfg.fitted(total_steps)
   end, w = peak * cfg.end_ratio, cfg.warmup_steps
   length = (cfg.decay_steps or total_steps) - w
   return _with_warmup(peak, w, lambda s: peak + (end - peak) * _progress(s, w, length))
@@ -112,7 +180,7 @@ class RsqrtConfig(_Checked):
 @SCHEDULES.register("rsqrt", RsqrtConfig)
 def rsqrt(*, cfg: RsqrtConfig, peak: float, total_steps: int):
   """peak * sqrt(warmup_steps / step) after the warm-up (warmup_steps 0 counts as 1)."""
-  del total_steps
+  cfg = cfg.fitted(total_steps)
   w = max(cfg.warmup_steps, 1)
   return _with_warmup(peak, cfg.warmup_steps, lambda s: jnp.maximum(
       peak * cfg.end_ratio, peak * jnp.sqrt(w / jnp.maximum(s, w))))
@@ -139,18 +207,16 @@ class WsdConfig(_Checked):
   def decay_length(self, total_steps: int) -> int:
     return max(1, round(self.decay_fraction * total_steps))
 
-  def check(self, *, peak: float, total_steps: int):
-    super().check(peak=peak, total_steps=total_steps)
-    length = self.decay_length(total_steps)
-    if total_steps - length < self.warmup_steps:
-      raise ConfigError(
-          f"{_PATH}.decay_fraction: {self.decay_fraction} of trainer.max_steps {total_steps} "
-          f"is {length} decay steps, which overlap warmup_steps {self.warmup_steps}; allowed "
-          f"range (0, {(total_steps - self.warmup_steps) / total_steps:g}]")
+  def warmup_room(self, total_steps: int) -> int:
+    return total_steps - self.decay_length(total_steps)
+
+  def ends(self, total_steps: int) -> str:
+    return f"decay over steps {total_steps - self.decay_length(total_steps) + 1}-{total_steps}"
 
 
 @SCHEDULES.register("wsd", WsdConfig)
 def wsd(*, cfg: WsdConfig, peak: float, total_steps: int):
+  cfg = cfg.fitted(total_steps)
   end, length = peak * cfg.end_ratio, cfg.decay_length(total_steps)
   shape = _SHAPES[cfg.decay_shape]
   return _with_warmup(peak, cfg.warmup_steps, lambda s: end + (peak - end) * shape(

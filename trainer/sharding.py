@@ -17,7 +17,7 @@ from trainer.meshes import AXES, Entry
 
 def resolve_axes(entry: Entry, cfg: MeshConfig, device_count: int) -> dict[str, int]:
   """Axis sizes: the entry's, overridden by the config's; one -1 fills from the device count."""
-  sizes = dict(entry.axes)
+  sizes = {axis: 1 for axis in AXES} | dict(entry.axes)
   for axis in AXES:
     value = getattr(cfg, axis)
     if value is not None:
@@ -44,23 +44,24 @@ def _show(sizes: dict[str, int]) -> str:
 
 
 def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
-  """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast.
+  """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast;
+  an axis of AXES missing from `sizes` has size 1.
 
   Axis types are Auto: shardings come from in/out shardings and the logical
   constraints, and XLA propagates the rest.
   """
   devices = list(jax.devices() if devices is None else devices)
-  grid = device_grid(tuple(sizes[a] for a in AXES), devices)
+  grid = device_grid(tuple(sizes.get(a, 1) for a in AXES), devices)
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 
 def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
-  """Devices arranged as `shape` (axes ordered data, fsdp, model: slowest link first).
+  """Devices arranged as `shape` (axes ordered as AXES: slowest link first).
 
   TPU slices: the ICI torus order (mesh_utils). Several TPU slices, or several
   processes on other platforms (GPU hosts over the network): each granule (slice
-  or process) is one block of the outer axes, so that `data` (then `fsdp`) spans
-  hosts and the fast axes stay inside one, as in hybrid sharded data parallel.
+  or process) is one block of the outer axes, so that `data` (then `stage`, `fsdp`, ...)
+  spans hosts and the fast axes stay inside one, as in hybrid sharded data parallel.
   """
   # Compile-only TPU topology devices (axtrain plan) have no slice_index: one slice.
   if devices[0].platform == "tpu" and len({getattr(d, "slice_index", 0) for d in devices}) > 1:
@@ -74,8 +75,8 @@ def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
   if outer is None:
     raise ConfigError(f"mesh: axes {dict(zip(AXES, shape))} cannot be laid over {granules} "
                       f"{'slices' if attr == 'slice_index' else 'hosts'} of "
-                      f"{len(devices) // granules} devices each: the data and fsdp axes (outer "
-                      f"first) must factor into the host count")
+                      f"{len(devices) // granules} devices each: the axes before model (outer "
+                      f"first: {', '.join(AXES[:-1])}) must factor into the host count")
   inner = tuple(n // o for n, o in zip(shape, outer))
   return mesh_utils.create_hybrid_device_mesh(inner, outer, devices,
                                               process_is_granule=attr == "process_index",
@@ -83,7 +84,7 @@ def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
 
 
 def split_outer(shape: tuple[int, ...], granules: int) -> tuple[int, ...] | None:
-  """How many granules each axis spans: `data` first, then `fsdp`; never `model`.
+  """How many granules each axis spans, outer axes first (`data`, `stage`, ...); never `model`.
 
   None when the granules do not factor that way (the model axis would cross hosts).
   """

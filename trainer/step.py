@@ -74,6 +74,9 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
 
   A scan over chunks whose body is rematerialised: forward and backward each hold one
   chunk's float32 logits [B, chunk, V], and the head's gradient accumulates across chunks.
+  Chunk k takes positions k, k + n, k + 2n, ... (n = length / chunk): under context
+  parallelism (positions split over devices in contiguous blocks) every chunk is spread over
+  all of them, each computing chunk / shards positions, with no data moved.
   """
   b, length = x_BxLxD.shape[:2]
   n = length // chunk
@@ -82,8 +85,8 @@ def chunked_loss_sum(x_BxLxD, head_DxV, targets_BxL, weights_BxL, *, chunk: int)
   # axis keeps the mesh's sharding, e.g. over `model`.)
   head_DxV = nn.with_logical_constraint(head_DxV, (None, "vocab"))
 
-  def split(a):  # [B, L, ...] -> [n, B, chunk, ...]
-    return a.reshape(b, n, chunk, *a.shape[2:]).swapaxes(0, 1)
+  def split(a):  # [B, L, ...] -> [n, B, chunk, ...], chunk k = positions k, k + n, ...
+    return jnp.moveaxis(a.reshape(b, chunk, n, *a.shape[2:]), 2, 0)
 
   @jax.checkpoint
   def body(total, xs):

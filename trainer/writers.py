@@ -2,7 +2,8 @@
 
 Each writer is a loop callback (trainer/callbacks.py) that takes every record in
 `on_record` and closes in `on_train_end`. `for_run` gives the writers of a run
-directory; only process 0 writes.
+directory; only process 0 writes. Each file a writer creates goes to its `record`
+callback (the run's manifest, trainer/run_files.py) as it is created.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pathlib
 
 from trainer.callbacks import Callback
 from trainer.config import TrainerConfig
+from trainer.run_files import NewFiles, Record, no_record
 
 def plain(record: dict) -> dict:
   """Numbers as Python floats, ints and strings kept (what every writer receives)."""
@@ -30,8 +32,9 @@ def scalars(record: dict) -> dict[str, float]:
 class JsonlWriter(Callback):
   """One JSON object per line; NaN/Inf are written as null."""
 
-  def __init__(self, path: pathlib.Path):
+  def __init__(self, path: pathlib.Path, *, record: Record = no_record):
     self.path = pathlib.Path(path)
+    record(self.path)
     self._file = open(self.path, "a", encoding="utf-8")
 
   def on_record(self, record: dict) -> None:
@@ -52,15 +55,18 @@ class TensorBoardWriter(Callback):
   second would otherwise reopen (and truncate) the first run's file.
   """
 
-  def __init__(self, directory: pathlib.Path):
+  def __init__(self, directory: pathlib.Path, *, record: Record = no_record):
     self.directory = pathlib.Path(directory)
+    self._new = NewFiles(self.directory, record)
     self._writer = None
 
   def on_train_start(self, loop) -> None:
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    self._new.start()
     self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10,
                                  purge_step=loop.start + 1 if loop.start else None,
                                  filename_suffix=f".{os.getpid()}.from{loop.start}")
+    self._new.done()  # the event file, created with the writer
 
   def on_record(self, record: dict) -> None:
     for key, value in scalars(record).items():
@@ -69,31 +75,38 @@ class TensorBoardWriter(Callback):
   def on_train_end(self, loop) -> None:
     if self._writer is not None:
       self._writer.close()
+      self._new.done()
 
 
 class WandbWriter(Callback):
   """A Weights & Biases run named after the run directory (`trainer.wandb_project`)."""
 
-  def __init__(self, project: str, run_dir: pathlib.Path, config: dict | None):
+  def __init__(self, project: str, run_dir: pathlib.Path, config: dict | None, *,
+               record: Record = no_record):
     import wandb  # pylint: disable=import-outside-toplevel  (TrainerConfig.check: installed)
+    self._new = NewFiles(pathlib.Path(run_dir) / "wandb", record)
+    self._new.start()
     self._run = wandb.init(project=project, name=str(run_dir), dir=str(run_dir), config=config,
                            resume="allow")
+    self._new.done()
 
   def on_record(self, record: dict) -> None:
     self._run.log(scalars(record), step=record["step"])
 
   def on_train_end(self, loop) -> None:
     self._run.finish()
+    self._new.done()  # what wandb wrote while the run went on
 
 
 def for_run(run_dir: pathlib.Path | None, cfg: TrainerConfig, *, main_process: bool,
-            config: dict | None = None) -> list[Callback]:
-  """The writers of a run directory (none without one, or off process 0)."""
+            config: dict | None = None, record: Record = no_record) -> list[Callback]:
+  """The writers of a run directory (none without one, or off process 0); `record` receives
+  each file they create."""
   if run_dir is None or not main_process:
     return []
   run_dir = pathlib.Path(run_dir)
-  out: list[Callback] = [JsonlWriter(run_dir / "metrics.jsonl"),
-                         TensorBoardWriter(run_dir / "tensorboard")]
+  out: list[Callback] = [JsonlWriter(run_dir / "metrics.jsonl", record=record),
+                         TensorBoardWriter(run_dir / "tensorboard", record=record)]
   if cfg.wandb_project:
-    out.append(WandbWriter(cfg.wandb_project, run_dir, config))
+    out.append(WandbWriter(cfg.wandb_project, run_dir, config, record=record))
   return out

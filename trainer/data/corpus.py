@@ -1,28 +1,35 @@
-"""Turning a data config into tokenized train/eval corpora.
+"""Corpus sources: documents tokenized at start-up (or memory-mapped), packed into rows.
 
-File kinds are read and tokenized once at start-up, so every bad document is
-found before the first step (and reported with its file and line); the
-`tokens` kind memory-maps what `axtrain tokenize` wrote, for corpora too big
-to tokenize on each start.
+A corpus kind is a `CorpusSource` subclass registered in `DATA` with its config; it says
+how to get its `Split` (train and held-out token corpora) and inherits the packing, the
+step-indexed iterators and the held-out batches. `DocumentSource` is the base of the kinds
+that read user files: a kind gives only `documents(cfg, files, errors=...)`, the documents
+of its files, and its config (a `DocumentFilesConfig` with the reader's own fields). So a
+file format is one file of this package: its config, its reader, its registration.
+Mixtures (mixture.py) and `axtrain tokenize` find them here by walking the registry
+(`corpus_kinds`, `document_kinds`).
+
+File kinds are read and tokenized once at start-up, so every bad document is found before
+the first step (and reported with its file and line).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-import json
+import functools
 import os
-import pathlib
-import sysconfig
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 
 from core.registry import ConfigError
 from trainer.data import documents, tokenizers
-from trainer.data.config import FieldFileConfig, FileConfig, StdlibConfig, TokensConfig
-from trainer.data.packing import TokenCorpus
+from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows, process_rows
+from trainer.data.config import DocumentFilesConfig, HeldOutConfig
+from trainer.data.packing import PACKED_FIELDS, Packer, TokenCorpus
 
-META = "tokens.json"  # metadata file of a pre-tokenized directory
 ENCODE_CHUNK = 512  # documents per tokenizer call
 
 
@@ -35,9 +42,10 @@ class Split:
   describe: dict  # what the corpus is, for the resume check
 
 
-def text_field(cfg: FileConfig) -> str | None:
-  """The record field holding the text (jsonl, parquet), else None."""
-  return cfg.field if isinstance(cfg, FieldFileConfig) else None
+def check_vocab(vocab: int, model_vocab: int, what: str) -> None:
+  if vocab > model_vocab:
+    raise ConfigError(f"{what} has {vocab} ids but model.vocab_size is {model_vocab}; set "
+                      f"--config.model.vocab_size={vocab} (or more)")
 
 
 def held_out(hashes: np.ndarray, percent: int, *, what: str) -> np.ndarray:
@@ -69,123 +77,119 @@ def encode_all(docs: list, tokenizer: tokenizers.Tokenizer) -> list[np.ndarray]:
   return out
 
 
-def read_docs(kind: str, path: str, *, field: str | None, errors: documents.Errors,
-              what: str) -> tuple[list[str], list]:
-  files = documents.expand(path, what=what)
-  # Names relative to the corpus root, so that moving the corpus keeps its split.
-  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
-  keys, docs = [], []
-  for file, place, doc in documents.READERS[kind](files, errors=errors, field=field):
-    keys.append(os.path.relpath(file, root or ".") + place)
-    docs.append(doc)
-  if not docs:
-    raise ConfigError(f"{what} '{path}': no documents found"
-                      + (f" (all skipped as bad; first: {errors.first})" if errors.first else ""))
-  return keys, docs
+def split_by_name(keys: list[str], tokens: list[np.ndarray], cfg: HeldOutConfig
+                  ) -> tuple[TokenCorpus, TokenCorpus]:
+  """(train, held-out) of named documents: eval_percent of them, by a hash of the name."""
+  corpus = TokenCorpus.from_docs(tokens)
+  mask = held_out(name_hashes(keys), cfg.eval_percent, what=f"data '{cfg.kind}'")
+  return corpus.subset(np.flatnonzero(~mask)), corpus.subset(np.flatnonzero(mask))
 
 
-def stdlib_docs() -> tuple[list[str], list[bytes]]:
-  """The running interpreter's standard-library .py files, sorted by relative path."""
-  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-  paths = sorted((p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()),
-                 key=lambda p: p.relative_to(root).as_posix())
-  return [p.relative_to(root).as_posix() for p in paths], [p.read_bytes() for p in paths]
+class CorpusSource(Source):
+  """Packed rows of a tokenized corpus; the batch at a step is a function of (seed, step).
+
+  A subclass gives `load(cfg) -> Split`; mixtures hold any registered CorpusSource kind.
+  """
+
+  def __init__(self, *, cfg: HeldOutConfig, vocab_size: int, seed: int | tuple):
+    self.cfg = cfg
+    self.batch_size, self.seq_len = cfg.batch_size, cfg.seq_len
+    split = self.load(dataclasses.replace(cfg, seq_len=1, batch_size=1))
+    check_vocab(split.vocab_size, vocab_size, f"the tokenizer of data kind '{cfg.kind}'")
+    self.vocab_size, self.skipped = split.vocab_size, split.skipped
+    seed = tuple(seed) if isinstance(seed, tuple) else (seed,)
+    self.train = Packer(split.train, seq_len=cfg.seq_len, seed=seed, shuffle=True, pad=False,
+                        what=f"the training split of data '{cfg.kind}'")
+    self.eval = Packer(split.eval, seq_len=cfg.seq_len, seed=seed, shuffle=False, pad=True,
+                       what=f"the held-out split of data '{cfg.kind}'")
+    self.stream = {**split.describe, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
+                   "seed": list(seed)}
+
+  @classmethod
+  @abc.abstractmethod
+  def load(cls, cfg) -> Split:
+    """Train and held-out corpora of `cfg` (whose seq_len and batch_size are 1)."""
+
+  def fields(self) -> dict:
+    return dict(PACKED_FIELDS)  # documents packed into rows (trainer/data/packing.py)
+
+  def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
+    local_rows(self.batch_size, process_index=process_index,
+               process_count=process_count)  # refuses a batch the processes cannot split
+    rows = functools.partial(process_rows, batch_size=self.batch_size,
+                             process_index=process_index, process_count=process_count)
+    return StepIndexedIterator(lambda step: self.train.rows(rows(step)), stream=self.stream)
+
+  def eval_batches(self, *, batch_size, num_batches, process_index, process_count) -> list[Batch]:
+    return [self.eval.rows(process_rows(i, batch_size=batch_size, process_index=process_index,
+                                        process_count=process_count, what="eval.batch_size"))
+            for i in range(num_batches)]
+
+  def metrics(self) -> dict:
+    return {"data_skipped_documents": self.skipped} if self.skipped else {}
 
 
-def load(cfg: StdlibConfig | FileConfig | TokensConfig) -> Split:
-  """Train and eval corpora for a (non-mixture) data config."""
-  if isinstance(cfg, TokensConfig):
-    return _load_tokens(cfg)
-  tokenizer = tokenizers.TOKENIZERS.build(cfg.tokenizer)
-  if isinstance(cfg, StdlibConfig):
-    errors, field, path, eval_path = documents.Errors("stop"), None, None, None
-    keys, docs = stdlib_docs()
-    if tokenizer.cfg.kind != "bytes":  # a few stdlib test files are deliberately not UTF-8
-      docs = [d.decode("utf-8", errors="replace") for d in docs]
-  else:
-    errors, field, path, eval_path = (documents.Errors(cfg.on_error), text_field(cfg), cfg.path,
-                                      cfg.eval_path)
-    keys, docs = read_docs(cfg.kind, path, field=field, errors=errors, what="data.path")
-  tokens = encode_all(docs, tokenizer)
-  if eval_path is not None:
-    _, eval_docs = read_docs(cfg.kind, eval_path, field=field, errors=errors,
-                             what="data.eval_path")
-    train, held = TokenCorpus.from_docs(tokens), TokenCorpus.from_docs(
-        encode_all(eval_docs, tokenizer))
-  else:
-    corpus = TokenCorpus.from_docs(tokens)
-    mask = held_out(name_hashes(keys), cfg.eval_percent, what=f"data '{cfg.kind}'")
-    train, held = corpus.subset(np.flatnonzero(~mask)), corpus.subset(np.flatnonzero(mask))
-  describe = {"kind": cfg.kind, "path": path, "field": field,
-              "tokenizer": tokenizer.describe(), "train_docs": train.num_docs,
-              "train_tokens": train.num_tokens}
-  return Split(train, held, tokenizer.vocab_size, errors.skipped, describe)
+class DocumentSource(CorpusSource):
+  """A corpus read from user files (`cfg.path`, a file, glob or directory), document by
+  document; a subclass gives the reader."""
 
+  @staticmethod
+  @abc.abstractmethod
+  def documents(cfg: DocumentFilesConfig, files: list[str], *,
+                errors: documents.Errors) -> Iterator[documents.Doc]:
+    """(file, place in the file, text) of each document of `files`, in order."""
 
-def _load_tokens(cfg: TokensConfig) -> Split:
-  train, meta = read_tokens_dir(cfg.path, what="data.path")
-  if cfg.eval_path is not None:
-    held, eval_meta = read_tokens_dir(cfg.eval_path, what="data.eval_path")
-    if eval_meta["tokenizer"] != meta["tokenizer"]:
-      raise ConfigError(f"data.eval_path '{cfg.eval_path}' was tokenized with "
-                        f"{eval_meta['tokenizer']}, data.path with {meta['tokenizer']}")
-  else:
-    # Pre-tokenized documents have no names; hash their index instead.
-    index = np.arange(train.num_docs, dtype=np.uint64)
-    mask = held_out((index * np.uint64(2654435761)) % np.uint64(2**32), cfg.eval_percent,
-                    what=f"data.path '{cfg.path}'")
-    train, held = train.subset(np.flatnonzero(~mask)), train.subset(np.flatnonzero(mask))
-  describe = {"kind": "tokens", "path": cfg.path, "tokenizer": meta["tokenizer"],
-              "train_docs": train.num_docs, "train_tokens": train.num_tokens}
-  return Split(train, held, int(meta["tokenizer"]["vocab_size"]), 0, describe)
+  @classmethod
+  def read(cls, cfg: DocumentFilesConfig, path: str, *, errors: documents.Errors,
+           what: str) -> tuple[list[str], list[str]]:
+    """(names relative to the corpus root, texts) of the documents under `path`."""
+    files = documents.expand(path, what=what)
+    # Names relative to the corpus root, so that moving the corpus keeps its split.
+    root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+    keys, docs = [], []
+    for file, place, doc in cls.documents(cfg, files, errors=errors):
+      keys.append(os.path.relpath(file, root or ".") + place)
+      docs.append(doc)
+    if not docs:
+      raise ConfigError(f"{what} '{path}': no documents found"
+                        + (f" (all skipped as bad; first: {errors.first})" if errors.first else ""))
+    if not any(docs):  # nothing to train on; "has 1 document(s)" would hide why
+      raise ConfigError(f"{what} '{path}': " + ("the file is empty" if len(docs) == 1 else
+                                                 f"all {len(docs)} documents are empty"))
+    return keys, docs
 
-
-def read_tokens_meta(path: str, *, what: str) -> dict:
-  """The metadata of a directory written by `axtrain tokenize` (shards, dtype, tokenizer)."""
-  root = pathlib.Path(path).expanduser()
-  meta_path = root / META
-  if not root.is_dir():
-    raise ConfigError(f"{what} '{path}': no such directory (data.kind=tokens reads the output "
-                      f"directory of `axtrain tokenize`)")
-  if not meta_path.is_file():
-    raise ConfigError(f"{what} '{path}': no {META}; is it an `axtrain tokenize` output directory?")
-  try:
-    meta = json.loads(meta_path.read_text())
-    missing = [k for k in ("shards", "dtype", "format", "tokenizer") if k not in meta]
-    if missing:
-      raise KeyError(missing[0])
-    np.dtype(meta["dtype"])
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError(f"{meta_path}: unreadable metadata ({e})") from None
-  return meta
-
-
-def read_tokens_dir(path: str, *, what: str) -> tuple[TokenCorpus, dict]:
-  """A directory written by `axtrain tokenize` (NumPy or ArrayRecord shards)."""
-  meta = read_tokens_meta(path, what=what)
-  root = pathlib.Path(path).expanduser()
-  shards, dtype, fmt = meta["shards"], np.dtype(meta["dtype"]), meta["format"]
-  arrays, lengths = [], []
-  for name in shards:
-    if fmt == "npy":
-      tokens_file, lengths_file = root / f"{name}.tokens.npy", root / f"{name}.lengths.npy"
-      try:
-        tokens = np.load(tokens_file, mmap_mode="r")
-        lens = np.load(lengths_file)
-      except (OSError, ValueError) as e:
-        raise ConfigError(f"{tokens_file}: unreadable shard ({' '.join(str(e).split())[:120]})") \
-            from None
-      if tokens.dtype != dtype or int(lens.sum()) != len(tokens):
-        raise ConfigError(f"{tokens_file}: does not match {lengths_file.name} and {META}; "
-                          f"re-run `axtrain tokenize`")
+  @classmethod
+  def load(cls, cfg: DocumentFilesConfig) -> Split:
+    tokenizer = tokenizers.TOKENIZERS.build(cfg.tokenizer)
+    errors = documents.Errors(cfg.on_error)
+    keys, docs = cls.read(cfg, cfg.path, errors=errors, what="data.path")
+    tokens = encode_all(docs, tokenizer)
+    if cfg.eval_path is not None:
+      _, eval_docs = cls.read(cfg, cfg.eval_path, errors=errors, what="data.eval_path")
+      train, held = TokenCorpus.from_docs(tokens), TokenCorpus.from_docs(
+          encode_all(eval_docs, tokenizer))
     else:
-      records = documents.arrayrecord_records(str(root / f"{name}.array_record"))
-      lens = np.array([len(r) // dtype.itemsize for r in records], np.int64)
-      tokens = np.frombuffer(b"".join(records), dtype)
-    arrays.append(tokens)
-    lengths.append(np.asarray(lens, np.int64))
-  doc_len = np.concatenate(lengths)
-  doc_shard = np.concatenate([np.full(len(x), i, np.int32) for i, x in enumerate(lengths)])
-  doc_start = np.concatenate([np.concatenate([[0], np.cumsum(x)[:-1]]).astype(np.int64)
-                              for x in lengths])
-  return TokenCorpus(tuple(arrays), doc_shard, doc_start, doc_len), meta
+      train, held = split_by_name(keys, tokens, cfg)
+    # The reader's own fields say which text was read (a checkpoint's resume check compares
+    # them); `field` is always present, as in checkpoints written before other readers.
+    common = {f.name for f in dataclasses.fields(DocumentFilesConfig)}
+    own = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in common}
+    describe = {"kind": cfg.kind, "path": cfg.path, "field": None, **own,
+                "tokenizer": tokenizer.describe(), "train_docs": train.num_docs,
+                "train_tokens": train.num_tokens}
+    return Split(train, held, tokenizer.vocab_size, errors.skipped, describe)
+
+
+def _kinds(base: type) -> list[str]:
+  return [k for k in DATA.kinds() if isinstance(DATA.entry(k).target, type)
+          and issubclass(DATA.entry(k).target, base)]
+
+
+def corpus_kinds() -> list[str]:
+  """The registered kinds a mixture can hold."""
+  return _kinds(CorpusSource)
+
+
+def document_kinds() -> list[str]:
+  """The registered kinds that read user files (also `axtrain tokenize --kind`)."""
+  return _kinds(DocumentSource)

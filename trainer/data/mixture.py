@@ -1,20 +1,89 @@
-"""A weighted mixture of corpus sources.
+"""A weighted mixture of corpus sources (`data.kind=mixture`).
 
 Every global batch holds a fixed number of rows from each component: the
 largest-remainder rounding of weight_i * batch_size. Component i's rows at
 step s are its rows s * n_i ... s * n_i + n_i - 1, so the mixture, like its
 components, is a function of (seed, step); the rows are then shuffled within
 the batch (seeded by step) so that each process slice holds every component.
+
+A component is the data node of any registered corpus kind (corpus.corpus_kinds: a new
+source file is a component kind at once) with a `weight`, without seq_len and batch_size,
+which the mixture sets for all; `component(kind, weight=..., **fields)` builds one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import ml_collections
 import numpy as np
 
-from core.registry import ConfigError
+from core.registry import ConfigError, child_list, suggest
 from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows
-from trainer.data.config import MixtureConfig
-from trainer.data.sources import CorpusSource
+from trainer.data.config import BatchShape
+from trainer.data.corpus import corpus_kinds
+
+SHAPE_FIELDS = ("seq_len", "batch_size")  # a mixture's components take these from the mixture
+_EXAMPLE = ("(component('jsonl', path='a.jsonl', weight=0.7), component('text', "
+            "path='b/*.txt', weight=0.3)) with component from trainer.data.mixture")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixtureConfig(BatchShape):
+  """Weighted corpora; each component is a data node of a corpus kind with a `weight`
+  (build them with `component`), and takes seq_len and batch_size from the mixture."""
+  kind: str = "mixture"
+  sources: tuple = child_list("data", omit=SHAPE_FIELDS, how=(
+      "a tuple of weighted data nodes, which a config file sets: see configs/tiny_mixture.py"))
+
+  def check(self, *, vocab_size: int, seed: Any):
+    super().check(vocab_size=vocab_size, seed=seed)
+    self.components()
+
+  def components(self) -> list[tuple[float, Any]]:
+    """(weight, parsed config) of each component."""
+    if not self.sources:
+      raise ConfigError(f"data kind 'mixture' needs data.sources, e.g. {_EXAMPLE}; a config "
+                        f"file sets them (configs/tiny_mixture.py)")
+    return [_parse_component(src, i, seq_len=self.seq_len, batch_size=self.batch_size)
+            for i, src in enumerate(self.sources)]
+
+
+def component(kind: str, *, weight: float, **fields) -> dict:
+  """A mixture component: `kind`'s data node (every field, defaults filled) without the
+  mixture's seq_len and batch_size, plus its weight."""
+  _check_corpus_kind(kind, "component kind")
+  node = DATA.node(kind, **fields).to_dict()
+  return {"kind": kind, "weight": weight,
+          **{k: v for k, v in node.items() if k not in (*SHAPE_FIELDS, "kind")}}
+
+
+def _check_corpus_kind(kind: Any, where: str) -> None:
+  kinds = corpus_kinds()
+  if kind not in kinds:
+    raise ConfigError(f"{where}: '{kind}' is not a corpus kind{suggest(kind, kinds)}; "
+                      f"choose one of {', '.join(kinds)}")
+
+
+def _parse_component(src: Any, i: int, *, seq_len: int, batch_size: int) -> tuple[float, Any]:
+  where = f"data.sources[{i}]"
+  if isinstance(src, ml_collections.ConfigDict):
+    src = src.to_dict()
+  if not isinstance(src, dict):
+    raise ConfigError(f"{where} must be a data node with a weight (trainer.data.mixture."
+                      f"component), got {src!r}")
+  for key in SHAPE_FIELDS:
+    if key in src:
+      raise ConfigError(f"{where}.{key}: a component takes {key} from the mixture (data.{key})")
+  _check_corpus_kind(src.get("kind"), f"{where}.kind")
+  weight = src.get("weight")
+  if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+    raise ConfigError(f"{where}.weight must be a positive number, got {weight!r}")
+  node = {k: v for k, v in src.items() if k != "weight"}
+  cfg = DATA.parse({**node, "seq_len": seq_len, "batch_size": batch_size}, where)
+  cfg.check(vocab_size=0, seed=0)
+  return float(weight), cfg
 
 
 def allocate(weights: list[float], batch_size: int) -> list[int]:
@@ -32,7 +101,7 @@ class MixtureSource(Source):
   def __init__(self, *, cfg: MixtureConfig, vocab_size: int, seed: int):
     self.batch_size, self.seq_len, self.seed = cfg.batch_size, cfg.seq_len, seed
     components = cfg.components()
-    self.parts = [CorpusSource(cfg=part, vocab_size=vocab_size, seed=(seed, i))
+    self.parts = [DATA.entry(part.kind).target(cfg=part, vocab_size=vocab_size, seed=(seed, i))
                   for i, (_, part) in enumerate(components)]
     self.weights = [weight for weight, _ in components]
     self.counts = allocate(self.weights, cfg.batch_size)

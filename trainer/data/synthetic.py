@@ -4,11 +4,30 @@ segment_ids), so that the step compiled and run is the one training on a corpus 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
+from core.registry import ConfigError
 from trainer.data.base import DATA, Source, StepIndexedIterator, local_rows
-from trainer.data.config import SyntheticConfig
+from trainer.data.config import BatchShape
 from trainer.data.packing import PACKED_FIELDS, packed_batch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticConfig(BatchShape):
+  """Uniformly random tokens (benchmarks)."""
+  kind: str = "synthetic"
+  # tokens per document on average: > 0 packs rows from documents of random length, as the
+  # corpus kinds pack theirs (batches carry positions and segment_ids); 0: one stream, no documents
+  mean_doc_len: int = 0
+
+  def check(self, *, vocab_size: int, seed: Any):
+    super().check(vocab_size=vocab_size, seed=seed)
+    if self.mean_doc_len < 0 or self.mean_doc_len == 1:
+      raise ConfigError(f"data.mean_doc_len must be 0 (no documents) or at least 2 tokens, got "
+                        f"{self.mean_doc_len}")
 
 
 def _random_batch(seed: tuple, step, rows: slice, batch_size, seq_len, vocab_size,

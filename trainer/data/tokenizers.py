@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import pathlib
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,6 +24,7 @@ class BytesConfig:
   kind: str = "bytes"
   add_bos: bool = False  # prepend BOS (STX, 2) to each document
   add_eos: bool = True  # append EOS (ETX, 3) to each document (the packing separator)
+  SHARED: ClassVar = ("add_bos", "add_eos")  # kept by a switch to another tokenizer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +33,7 @@ class ModelFileConfig:
   path: str = REQUIRED  # model file: SentencePiece .model, Hugging Face tokenizer.json
   add_bos: bool = False  # prepend the model's BOS id to each document
   add_eos: bool = True  # append the model's EOS id to each document (the packing separator)
+  SHARED: ClassVar = ("add_bos", "add_eos")  # not path: a .model is not a tokenizer.json
 
   def check(self):
     if not pathlib.Path(self.path).is_file():

@@ -1,0 +1,358 @@
+"""`axtrain launch`: what each backend writes, and every mistake refused in one line.
+
+The Kubernetes manifests (a GPU and a TPU entry) and the TPU VM scripts (one slice, two
+slices) are golden files in tests/testdata/launch/ (regenerate with UPDATE_GOLDEN=1 and review
+the diff); the manifests are also parsed back as YAML and checked for the fields Kubernetes
+requires. Real runs: tests/test_distributed.py (local), tests/test_slurm.py (Slurm).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from launcher import launch_layout
+from launcher.launch_job import default_name
+from launcher.errors import UserError
+from tests.conftest import ROOT, cli, cli_batch
+
+GOLDEN = ROOT / "tests" / "testdata" / "launch"
+CONFIG = "--config=configs/llm_1b.py"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def written(tmp_path) -> list[str]:
+  return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+# -- mistakes: one line, exit 2, nothing written ---------------------------------------------
+
+def mistakes(out: str) -> list[tuple[list[str], str]]:
+  """(launch arguments, a part of the one error line)."""
+  run = [CONFIG, f"--output_dir={out}"]
+  return [
+      (["--backend=slurmm", "--", *run, "--mesh=gpu-h100-8x2"], "did you mean 'slurm'"),
+      (["--backend=ssh", "--", *run], "unknown --backend=ssh"),
+      (["--", *run], "--backend is required"),
+      (["--backend=local", "--num_processes=2"], "axtrain arguments after `--`"),
+      (["--backend=slurm", "--num_processes=3", "--", *run, "--mesh=gpu-h100-8x2"],
+       "--num_processes=3 does not match --mesh=gpu-h100-8x2: 2 hosts"),
+      (["--backend=slurm", "--nodes=4", "--", *run, "--mesh=gpu-h100-8x2"],
+       "--nodes=4 does not match"),
+      (["--backend=slurm", "--", *run], "--mesh=auto has no fixed size"),
+      (["--backend=k8s", "--image=r/a:1", "--", *run, "--mesh=gpu"], "--mesh=gpu has no fixed"),
+      (["--backend=tpu-vm", "--tpu_name=t", "--zone=us-west4-a", "--", *run, "--mesh=cpu"],
+       "--mesh=cpu has no fixed size"),
+      (["--backend=local", "--", *run, "--mesh=cpu"], "give --num_processes=N"),
+      (["--backend=local", "--num_processes=2", "--", *run, "--mesh=gpu-h100-8x2"],
+       "spans 2 hosts"),
+      (["--backend=slurm", "--dry_run", "--submit", "--", *run, "--mesh=gpu-h100-8x2"],
+       "choose one"),
+      (["--backend=local", "--submit", "--num_processes=2", "--", *run], "--submit is for"),
+      (["--backend=slurm", "--image=r/a:1", "--", *run, "--mesh=gpu-h100-8x2"],
+       "--image is a --backend=k8s flag"),
+      (["--backend=k8s", "--", *run, "--mesh=gpu-h100-8x2"], "needs --image=IMAGE"),
+      (["--backend=k8s", "--image=r/a:1", "--", *run, "--mesh=tpu-v5e-16x2"],
+       "takes a JobSet per slice"),
+      (["--backend=k8s", "--image=r/a:1", "--node_selector=pool", "--", *run,
+        "--mesh=gpu-h100-8"], "--node_selector=pool: expected a node label KEY=VALUE"),
+      (["--backend=k8s", "--image=r/a:1", "--volume=runs", "--", *run, "--mesh=gpu-h100-8"],
+       "--volume=runs: expected CLAIM:MOUNT_PATH"),
+      (["--backend=k8s", "--image=r/a:1", "--job_name=My_Job", "--", *run,
+        "--mesh=gpu-h100-8"], "--job_name=My_Job: Kubernetes needs lowercase"),
+      (["--backend=tpu-vm", "--zone=us-west4-a", "--", *run, "--mesh=tpu-v5e-16"],
+       "needs --tpu_name=NAME"),
+      (["--backend=tpu-vm", "--tpu_name=t", "--", *run, "--mesh=tpu-v5e-16"], "needs --zone"),
+      (["--backend=tpu-vm", "--tpu_name=t", "--zone=us-west4-a", "--", *run,
+        "--mesh=gpu-h100-8"], "launches Cloud TPU entries"),
+      (["--backend=slurm", "--", *run, "--mesh=tpu-v5e-16"], "is a Cloud TPU slice"),
+      (["--backend=slurm", "--process_per=device", "--", *run, "--mesh=tpu-v5e-16"],
+       "--process_per=device is for GPU entries"),
+      (["--backend=slurm", "--process_per=gpu", "--", *run, "--mesh=gpu-h100-8"],
+       "--process_per=gpu: expected one of host, device"),
+      (["--backend=slurm", "--time=4h", "--", *run, "--mesh=gpu-h100-8"],
+       "--time=4h: expected a Slurm time limit"),
+      (["--backend=slurm", "--time=5", "--signal_before_s=300", "--", *run, "--mesh=gpu-h100-8"],
+       "is not shorter than --time=5 (300 s)"),
+      (["--backend=slurm", "--sbatch=qos=high", "--", *run, "--mesh=gpu-h100-8"],
+       "give one sbatch option"),
+      (["--backend=slurm", "--num_procs=2", "--", *run], "unknown flag --num_procs"),
+      (["--backend=local", "--num_processes=0", "--", *run, "--mesh=cpu"], "must be at least 1"),
+      (["--backend=local", "--num_processes=2", "--", *run, "--process_id=1"],
+       "drop --process_id from the axtrain arguments"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h100-8x2", "--config.trainer.max_stepz=3"],
+       "max_stepz"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
+      (["--backend=slurm", "--", "--config=configs/nope.py", f"--output_dir={out}"], "nope.py"),
+      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
+       "--job_name=a b: letters, digits"),
+      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
+       "give an absolute --output_dir"),
+  ]
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> dict:
+  """Every in-process launch command of this file, run in one process (tests/cli_batch.py):
+  name -> (result, its directory)."""
+  root = tmp_path_factory.mktemp("launch")
+  commands: dict[str, tuple[list[str], object]] = {}
+  for i, (args, _) in enumerate(mistakes(str(root / "mistakes" / "run"))):
+    commands[f"mistake-{i}"] = (["launch", *args], root / "mistakes")
+  foreign = root / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  commands["foreign"] = (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={foreign}",
+                          "--mesh=gpu-h100-8x2"], foreign)
+  for name, (flags_, train) in GOLDEN_CASES.items():
+    commands[name] = (["launch", "--dry_run", "--job_name=llm-1b", *flags_, "--", CONFIG,
+                       f"--output_dir={root / name}", *train], root / name)
+  for name, args in SCRIPTS.items():
+    commands[name] = (["launch", *args(root / name)], root / name)
+  results = cli_batch([argv for argv, _ in commands.values()])
+  return {name: (result, where) for (name, (_, where)), result in zip(commands.items(), results)}
+
+
+def test_mistakes_are_one_line_exit_2_and_write_nothing(batch):
+  cases = mistakes("")
+  for i, (args, part) in enumerate(cases):
+    result, where = batch[f"mistake-{i}"]
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (args, result.returncode, result.stderr)
+    assert lines[0].startswith("axtrain: error: ") and part in lines[0], (args, lines[0])
+  assert not where.exists()
+
+
+def test_submit_without_the_scheduler_on_path(tmp_path):
+  empty = tmp_path / "bin"
+  empty.mkdir()
+  out = tmp_path / "run"
+  for backend, tool, extra, mesh in (("slurm", "sbatch", [], "gpu-h100-8x2"),
+                                     ("k8s", "kubectl", ["--image=r/a:1"], "gpu-h100-8x2"),
+                                     ("tpu-vm", "gcloud", ["--tpu_name=t", "--zone=us-west4-a"],
+                                      "tpu-v5e-16")):
+    result = cli("launch", f"--backend={backend}", "--submit", *extra, "--", CONFIG,
+                 f"--output_dir={out}", f"--mesh={mesh}", env={"PATH": str(empty)})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"runs `{tool}`, which is not on PATH here" in lines[0]
+  assert written(tmp_path) == ["bin"]
+
+
+def test_a_foreign_run_directory_is_refused_before_anything_is_written(batch):
+  result, where = batch["foreign"]
+  assert result.returncode == 2 and "holds files that axtrain did not write" in result.stderr
+  assert sorted(p.name for p in where.iterdir()) == ["notes.txt"]
+
+
+# -- layouts -------------------------------------------------------------------------------------
+
+def test_default_job_names_are_dns_labels():
+  assert default_name(pathlib.Path("runs/llama_size=1b/optimizer.learning_rate=3e-4")) == (
+      "axtrain-llama-size-1b-optimizer-learning")  # 40 characters at most, no trailing '-'
+  assert default_name(pathlib.Path("runs/tiny/base")) == "axtrain-tiny-base"
+  assert default_name(pathlib.Path("/")) == "axtrain"
+  assert _DNS_LABEL.match(default_name(pathlib.Path("runs/Tiny__x/base.")))
+
+
+def test_layouts_follow_the_mesh_entry():
+  two_hosts = launch_layout.resolve("gpu-h100-8x2", num_processes=None, devices_per_process=None)
+  assert (two_hosts.num_hosts, two_hosts.processes_per_host, two_hosts.devices_per_process) == (
+      2, 1, 8)
+  per_gpu = launch_layout.resolve("gpu-h100-8x2", num_processes=16, devices_per_process=None,
+                                  process_per="device")
+  assert (per_gpu.num_processes, per_gpu.devices_of(3)) == (16, [3])
+  slices = launch_layout.resolve("tpu-v5e-16x2", num_processes=8, devices_per_process=4)
+  assert (slices.num_hosts, slices.num_slices, slices.hosts_per_slice, slices.topology) == (
+      8, 2, 4, "v5e:4x4")
+  cpu = launch_layout.resolve("cpu", num_processes=4, devices_per_process=2, nodes=2)
+  assert (cpu.num_hosts, cpu.processes_per_host, cpu.devices_of(1), cpu.fixed) == (
+      2, 2, [2, 3], False)
+  auto = launch_layout.resolve("auto", num_processes=2, devices_per_process=None,
+                               local_platform="cpu")
+  assert (auto.platform, auto.devices_of(0)) == ("cpu", None)
+  with pytest.raises(UserError, match="does not split evenly"):
+    launch_layout.resolve("cpu", num_processes=3, devices_per_process=None, nodes=2)
+  with pytest.raises(UserError, match="--devices_per_process=4 does not match"):
+    launch_layout.resolve("gpu-h100-8", num_processes=None, devices_per_process=4)
+  with pytest.raises(UserError, match="name the platform"):
+    launch_layout.resolve("auto", num_processes=2, devices_per_process=2)
+
+
+# -- what each backend writes ----------------------------------------------------------------
+
+GOLDEN_CASES = {
+    "k8s-gpu-h100-8x2.yaml": (["--backend=k8s", "--image=registry.example.com/axtrain:v1",
+                               "--volume=runs:/runs", "--node_selector=pool=h100"],
+                              ["--mesh=gpu-h100-8x2"]),
+    "k8s-tpu-v5e-16.yaml": (["--backend=k8s", "--image=registry.example.com/axtrain:v1",
+                             "--namespace=train", "--max_restarts=3"], ["--mesh=tpu-v5e-16"]),
+    "tpu-vm-tpu-v5e-16.sh": (["--backend=tpu-vm", "--tpu_name=my-tpu", "--zone=us-west4-a",
+                              "--workdir=/home/me/axtrain"], ["--mesh=tpu-v5e-16"]),
+    "tpu-vm-tpu-v5e-16x2.sh": (["--backend=tpu-vm", "--tpu_name=my-tpu", "--zone=us-west4-a",
+                                "--project=my-project", "--workdir=/home/me/axtrain"],
+                               ["--mesh=tpu-v5e-16x2"]),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(batch) -> dict[str, str]:
+  """Each golden case's written file, with its run directory as /runs/llm_1b."""
+  out = {}
+  for name in GOLDEN_CASES:
+    result, where = batch[name]
+    assert result.returncode == 0, result.stderr
+    [path] = (where / "launch").iterdir()
+    text = path.read_text()
+    assert text in result.stdout  # printed as written
+    out[name] = text.replace(str(where), "/runs/llm_1b")
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden(name, rendered):
+  golden = GOLDEN / name
+  if os.environ.get("UPDATE_GOLDEN"):
+    golden.parent.mkdir(parents=True, exist_ok=True)
+    golden.write_text(rendered[name])
+  assert golden.exists(), f"no golden file {golden}; run with UPDATE_GOLDEN=1"
+  assert rendered[name] == golden.read_text(), f"{name} changed; UPDATE_GOLDEN=1 and review"
+
+
+def _k8s(text: str) -> tuple[dict, dict]:
+  service, job = yaml.safe_load_all(text)
+  for obj in (service, job):
+    assert {"apiVersion", "kind", "metadata", "spec"} <= set(obj)
+    assert _DNS_LABEL.match(obj["metadata"]["name"]) and len(obj["metadata"]["name"]) <= 63
+  assert (service["apiVersion"], service["kind"], job["apiVersion"], job["kind"]) == (
+      "v1", "Service", "batch/v1", "Job")
+  spec, pod = job["spec"], job["spec"]["template"]["spec"]
+  # A headless Service whose selector picks the Job's pods, named as their subdomain.
+  assert service["spec"]["clusterIP"] == "None"
+  assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"][
+      "labels"].items()
+  assert pod["subdomain"] == service["metadata"]["name"]
+  # One pod per process, indexed; a pod failure policy needs restartPolicy Never.
+  assert spec["completionMode"] == "Indexed"
+  assert spec["completions"] == spec["parallelism"]
+  assert pod["restartPolicy"] == "Never"
+  rules = spec["podFailurePolicy"]["rules"]
+  assert {"action": "Ignore", "onExitCodes": {"containerName": "axtrain", "operator": "In",
+                                              "values": [75]}} in rules
+  assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+  assert spec["backoffLimit"] >= 1
+  [container] = pod["containers"]
+  assert {"name", "image", "command"} <= set(container)
+  assert container["command"][0] == "axtrain" and CONFIG in container["command"]
+  return service, job
+
+
+def test_k8s_gpu_manifest(rendered):
+  service, job = _k8s(rendered["k8s-gpu-h100-8x2.yaml"])
+  spec, pod = job["spec"], job["spec"]["template"]["spec"]
+  [container] = pod["containers"]
+  assert spec["completions"] == 2 and spec["backoffLimit"] == 5 * 2
+  assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+  env = {e["name"]: e for e in container["env"]}
+  name = job["metadata"]["name"]
+  # Pod 0's DNS name through the headless Service, in the job's namespace.
+  port = service["spec"]["ports"][0]["port"]
+  assert env["JAX_COORDINATOR_ADDRESS"]["value"] == f"{name}-0.{name}.default.svc:{port}"
+  assert env["JAX_NUM_PROCESSES"]["value"] == "2"
+  assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+  assert pod["nodeSelector"] == {"pool": "h100"}
+  assert container["volumeMounts"][0]["mountPath"] == "/runs"
+  assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "runs"
+
+
+def test_k8s_tpu_manifest(rendered):
+  _, job = _k8s(rendered["k8s-tpu-v5e-16.yaml"])
+  spec, pod = job["spec"], job["spec"]["template"]["spec"]
+  [container] = pod["containers"]
+  assert job["metadata"]["namespace"] == "train"
+  assert spec["completions"] == 4 and spec["backoffLimit"] == 3 * 4
+  assert container["resources"]["limits"] == {"google.com/tpu": 4}
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                                 "cloud.google.com/gke-tpu-topology": "4x4"}
+  assert container["command"][-1] == "--distributed=tpu" and "env" not in container
+
+
+def _worker_commands(script: str) -> list[tuple[str, list[str]]]:
+  """(slice, the command a worker runs, split) for each gcloud ssh line of a tpu-vm script."""
+  out = []
+  for line in script.splitlines():
+    if line.startswith("gcloud compute tpus tpu-vm ssh"):
+      words = shlex.split(line.replace('"$coordinator"', "10.0.0.2").removesuffix(" &"))
+      command = next(w for w in words if w.startswith("--command=")).removeprefix("--command=")
+      out.append((words[5], shlex.split(command)))
+  return out
+
+
+def test_tpu_vm_scripts(rendered):
+  for name in ("tpu-vm-tpu-v5e-16.sh", "tpu-vm-tpu-v5e-16x2.sh"):
+    check = subprocess.run(["bash", "-n"], input=rendered[name], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+  [(tpu, words)] = _worker_commands(rendered["tpu-vm-tpu-v5e-16.sh"])
+  assert tpu == "my-tpu" and "--worker=all" in rendered["tpu-vm-tpu-v5e-16.sh"]
+  assert words[:3] == ["cd", "/home/me/axtrain", "&&"]
+  assert words[3:] == [".venv/bin/axtrain", CONFIG, "--output_dir=/runs/llm_1b",
+                       "--mesh=tpu-v5e-16", "--distributed=tpu"]
+  slices = _worker_commands(rendered["tpu-vm-tpu-v5e-16x2.sh"])
+  assert [tpu for tpu, _ in slices] == ["my-tpu-0", "my-tpu-1"]
+  for i, (_, words) in enumerate(slices):
+    env = dict(w.split("=", 1) for w in words[3:7])
+    assert env == {"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8080", "MEGASCALE_NUM_SLICES": "2",
+                   "MEGASCALE_SLICE_ID": str(i), "MEGASCALE_PORT": "8080"}
+    assert words[7:] == [".venv/bin/axtrain", CONFIG, "--output_dir=/runs/llm_1b",
+                         "--mesh=tpu-v5e-16x2", "--distributed=tpu"]
+
+
+SCRIPTS = {
+    "slurm-gpu": lambda out: [
+        "--backend=slurm", "--time=2-00:00:00", "--partition=h100", "--account=lm",
+        "--sbatch=--qos=high", "--sbatch=--exclusive", "--max_restarts=7", "--", CONFIG,
+        f"--output_dir={out}", "--mesh=gpu-h100-8x2"],
+    "slurm-per-gpu": lambda out: [
+        "--backend=slurm", "--process_per=device", "--", CONFIG, f"--output_dir={out}",
+        "--mesh=gpu-h100-8x2"],
+    "local-cpu": lambda out: [
+        "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=3", "--",
+        "--config=tests/testdata/ckpt_lm.py", f"--output_dir={out}", "--mesh=cpu"],
+}
+
+
+def test_slurm_script_and_local_dry_run(batch):
+  results = [batch[name][0] for name in SCRIPTS]
+  gpu, per_gpu, cpu = (batch[name][1] for name in SCRIPTS)
+  for result in results:
+    assert result.returncode == 0, result.stderr
+  script = (gpu / "launch" / "slurm.sbatch").read_text()
+  options = re.findall(r"^#SBATCH (\S+)$", script, re.M)
+  assert options == [f"--job-name={default_name(gpu)}", "--nodes=2", "--ntasks-per-node=1",
+                     "--gpus-per-node=8", "--time=2-00:00:00", "--signal=TERM@300",
+                     "--partition=h100", "--account=lm", "--requeue", "--open-mode=append",
+                     f"--output={gpu / 'launch' / 'slurm-%j.out'}", "--qos=high", "--exclusive"]
+  assert "export JAX_LOCAL_DEVICE_IDS=0,1,2,3,4,5,6,7\n" in script
+  assert "srun --kill-on-bad-exit=1 " in script and "${SLURM_RESTART_COUNT:-0}\" -lt 7" in script
+  assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+  assert subprocess.run(["bash", "-n", gpu / "launch" / "slurm.sbatch"]).returncode == 0
+  per_device = (per_gpu / "launch" / "slurm.sbatch").read_text()
+  assert "#SBATCH --ntasks-per-node=8\n" in per_device and "JAX_LOCAL_DEVICE_IDS" not in per_device
+  assert "#SBATCH --time" not in per_device and "#SBATCH --signal" not in per_device
+  # local --dry_run: the two commands, one coordinator, nothing started.
+  local = (cpu / "launch" / "local.sh").read_text()
+  lines = [shlex.split(line.removesuffix(" &")) for line in local.splitlines()
+           if "--process_id=" in line]
+  assert [words[0] for words in lines] == ["XLA_FLAGS=--xla_force_host_platform_device_count=3"] * 2
+  assert [w for w in lines[0] if w.startswith("--process_id")] == ["--process_id=0"]
+  assert [w for w in lines[1] if w.startswith("--process_id")] == ["--process_id=1"]
+  address = {w for words in lines for w in words if w.startswith("--coordinator_address=127.0.0.1:")}
+  assert len(address) == 1
+  assert sorted(p.name for p in cpu.iterdir()) == ["launch"]
+  assert "run it with: axtrain launch --backend=local --num_processes=2" in results[2].stderr
