@@ -23,16 +23,13 @@ def _measure(fsdp: int) -> dict:
   import numpy as np
 
   from configs import bench_lm
-  from trainer import config as config_lib, experiment, meshes
+  from trainer import config as config_lib, experiment, meshes, plan
 
   cfg = bench_lm.get_config()
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model = 1, fsdp, 1
   exp = experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"), devices=jax.devices()[:fsdp])
   state = nn.meta.unbox(exp.abstract_state)
-  b, length = exp.source.batch_size, exp.source.seq_len
-  batch = {"inputs": jax.ShapeDtypeStruct((b, length), np.int32),
-           "targets": jax.ShapeDtypeStruct((b, length), np.int32),
-           "weights": jax.ShapeDtypeStruct((b, length), np.float32)}
+  _, batch = plan.abstract_inputs(exp, exp.source.batch_size)  # the arrays its data yields
   with exp.context():
     compiled = exp.step_fn.lower(state, batch).compile()
   mem = compiled.memory_analysis()

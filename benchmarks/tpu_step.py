@@ -6,7 +6,8 @@
     python -m benchmarks.tpu_step --render        # the last run's table (benchmarks/tpu_step.json)
 
 Setting (the TPU efficiency issue): configs/llm_1b.py on tpu-v5e-16 (16 chips, fsdp=16),
-global batch 64 x 2048, model.remat=full, no gradient accumulation, bfloat16 compute. Layers
+global batch 64 x 2048 of packed documents (positions and segment ids, as every corpus source
+yields; `data.mean_doc_len`), model.remat=full, no gradient accumulation, bfloat16 compute. Layers
 are unrolled and windowed einsum is off (trainer/plan.py:WINDOWED_EINSUM_OFF) so that libtpu's
 cost model, a per-op roofline, sees every op; it gives each ConcatBitcast -1 s, added back.
 Each row compiles in its own process (`--measure`), importing the code of the tree it
@@ -33,20 +34,24 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = "configs/llm_1b.py"
 MESH = "tpu-v5e-16"
-SETTING = {"data.batch_size": 64, "model.remat": "full", "trainer.grad_accum_steps": 1,
-           "model.scan_layers": False}
+SETTING = {"data.batch_size": 64, "data.mean_doc_len": 1024, "model.remat": "full",
+           "trainer.grad_accum_steps": 1, "model.scan_layers": False}
 # What each row changes on top of SETTING (and the mesh rule of configs/llama.py).
+UNPACKED = {"data.mean_doc_len": 0}  # one stream per row: no positions or segment ids
 ROWS = {
     "xla attention": {"model.block.attention.implementation": "xla"},
     "chunked attention": {"model.block.attention.implementation": "chunked"},
     "splash attention": {"model.block.attention.implementation": "splash"},
+    "xla attention, unpacked": {"model.block.attention.implementation": "xla", **UNPACKED},
+    "splash attention, unpacked": {"model.block.attention.implementation": "splash", **UNPACKED},
 }
 PEAK = 197e12  # v5e bf16 FLOP/s per chip
 # The issue's model FLOPs per chip per step, the numerator of every row's MFU so that rows
 # compare with MaxText's (trainer/flops.py counts 67.3 T: its attention term is not halved for
 # the causal mask).
 MODEL_FLOPS = 64.0e12
-# MaxText 0.2.5 at the same setting (quoted from the issue; its train_compile, same libtpu).
+# MaxText 0.2.5 at the same setting (quoted from the issue; its train_compile, same libtpu, a
+# packed batch: inputs_segmentation and inputs_position).
 MAXTEXT = [("MaxText 0.2.5, dot-product attention", 81.9e12, 371e9, 5.76, 0.77),
            ("MaxText 0.2.5, splash attention (Pallas)", 72.5e12, 202e9, 4.64, 0.52)]
 BEGIN, END = "<!-- tpu_step: begin -->", "<!-- tpu_step: end -->"
@@ -57,14 +62,25 @@ def measure(overrides: dict) -> dict:
   """Compiles the step at SETTING + overrides in this process; per-chip figures."""
   # The measured tree's modules: imported here, in the --measure process that tree's path serves.
   # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
   from trainer import config as config_lib, experiment, meshes, plan, flops
+  from trainer.data import base
   spec = importlib.util.spec_from_file_location("cfg", CONFIG)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   cfg = module.get_config(None)
   entry = meshes.lookup(MESH)
-  meshes.apply_rules(cfg, entry, set(SETTING) | set(overrides))
-  for path, value in {**SETTING, **overrides}.items():
+  setting = {**SETTING, **overrides}
+  # A tree from before data sources declared their batches (trainer/data/base.py:Source.fields)
+  # has no data.mean_doc_len, and its planner compiled inputs, targets and weights only: it
+  # gets the packed batch's positions and segment ids below, as its corpus sources yielded them.
+  declared = hasattr(base.Source, "fields")
+  packed = setting["data.mean_doc_len"] > 0
+  if not declared:
+    del setting["data.mean_doc_len"]
+  meshes.apply_rules(cfg, entry, set(setting))
+  for path, value in setting.items():
     node = cfg
     *parents, leaf = path.split(".")
     for p in parents:
@@ -76,6 +92,10 @@ def measure(overrides: dict) -> dict:
   exp = dataclasses.replace(exp, compute_dtype=experiment.compute_dtype(
       run.trainer.compute_dtype, "tpu"))
   state, batch = plan.abstract_inputs(exp, exp.source.batch_size)
+  if packed and not declared:
+    batch.update({k: jax.ShapeDtypeStruct(batch["inputs"].shape, np.int32,
+                                          sharding=exp.batch_sharding)
+                  for k in ("positions", "segment_ids")})
   start = time.perf_counter()
   with exp.context():
     compiled = exp.step_fn.lower(state, batch).compile(compiler_options={
@@ -92,7 +112,8 @@ def measure(overrides: dict) -> dict:
   return {"flops": float(cost["flops"]), "bytes": float(cost["bytes accessed"]),
           "temp_gib": compiled.memory_analysis().temp_size_in_bytes / 2 ** 30,
           "step_s": step, "model_flops": float(model), "mfu": float(MODEL_FLOPS / step / PEAK),
-          "concat_bitcasts": concat, "compile_s": seconds, "params": int(exp.num_params)}
+          "concat_bitcasts": concat, "compile_s": seconds, "params": int(exp.num_params),
+          "batch": sorted(batch)}
 
 
 def _start(tree: pathlib.Path, overrides: dict) -> subprocess.Popen:
@@ -132,16 +153,18 @@ def _commit(tree: pathlib.Path) -> str:
 
 
 def table(results: list[tuple[str, dict]]) -> str:
-  lines = ["| per chip | compiler FLOPs | bytes accessed | temporaries | cost-model step | "
-           "est. MFU |", "|---|---|---|---|---|---|"]
+  lines = ["| per chip | batch | compiler FLOPs | bytes accessed | temporaries | cost-model step "
+           "| est. MFU |", "|---|---|---|---|---|---|---|"]
   for name, flops, bytes_, temp, step in MAXTEXT:
-    lines.append(f"| {name} | {flops / 1e12:.1f} T | {bytes_ / 1e9:.0f} GB | {temp:.2f} GiB | "
-                 f"{step:.2f} s | {MODEL_FLOPS / step / PEAK:.2f} |")
+    lines.append(f"| {name} | packed | {flops / 1e12:.1f} T | {bytes_ / 1e9:.0f} GB | "
+                 f"{temp:.2f} GiB | {step:.2f} s | {MODEL_FLOPS / step / PEAK:.2f} |")
   for name, r in results:
     if "error" in r:
-      lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
+      lines.append(f"| {name} | | failed: {r['error'][:120]} | | | | |")
       continue
-    lines.append(f"| {name} | {r['flops'] / 1e12:.1f} T | {r['bytes'] / 1e9:.0f} GB | "
+    # Rows saved before the batch was recorded compiled inputs, targets and weights only.
+    batch = "packed" if "segment_ids" in r.get("batch", ()) else "unpacked"
+    lines.append(f"| {name} | {batch} | {r['flops'] / 1e12:.1f} T | {r['bytes'] / 1e9:.0f} GB | "
                  f"{r['temp_gib']:.2f} GiB | {r['step_s']:.2f} s | "
                  f"{MODEL_FLOPS / r['step_s'] / PEAK:.2f} |")
   return "\n".join(lines) + "\n"
@@ -157,7 +180,10 @@ def section(results, *, command: str, seconds: float) -> str:
           f"ConcatBitcast. MFU = {MODEL_FLOPS / 1e12:.1f} TFLOP of model per chip / step / "
           f"197 TFLOP/s for every row (trainer/flops.py counts {model / 1e12:.1f} T: its "
           f"attention term is not halved for the causal mask). The MaxText rows are quoted from "
-          f"its `train_compile` at the same setting; rows named by a commit were compiled from that commit's tree.\n\n"
+          f"its `train_compile` at the same setting; rows named by a commit were compiled from "
+          f"that commit's tree. Batch: `packed` rows compile the batch every corpus source "
+          f"yields (inputs, targets, weights, positions, segment_ids; here synthetic documents, "
+          f"data.mean_doc_len), `unpacked` rows inputs, targets and weights only.\n\n"
           + table(results) + f"{END}\n")
 
 

@@ -5,8 +5,8 @@
     axtrain --config=configs/llama.py:size=8b --mesh=gpu-h100-8x4
 
 `test` and `tiny` (byte vocabulary) train the demo's recipe (configs/tiny.py) on the
-embedded corpus; the others train on synthetic tokens until a real tokenizer and corpus
-are set (README "Your own data"). Sizes: test, tiny, 125m, 1b, 3b, 7b, 8b, 70b.
+embedded corpus; the others train on synthetic tokens, packed into documents as a corpus
+would be, until a real tokenizer and corpus are set (README "Your own data"). Sizes: test, tiny, 125m, 1b, 3b, 7b, 8b, 70b.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def get_config(arg=None):
   cfg = lm_config(llama.model_node(size), max_steps=10_000, learning_rate=r.learning_rate,
                   batch_size=r.batch_size, seq_len=r.seq_len, warmup_steps=r.warmup_steps,
                   data_kind="synthetic")
+  # Packed like a corpus (positions, segment ids): `axtrain plan` compiles the step of a real run.
+  cfg.data.mean_doc_len = 1024  # tokens per synthetic document, on average
   cfg.model.remat = r.remat
   cfg.optimizer.state_dtype = r.state_dtype
   cfg.trainer.log_every = 10

@@ -116,6 +116,31 @@ def test_packing_segments_positions_and_weights(corpus):
     assert np.all(targets[:-1] == inputs[1:])
 
 
+def test_synthetic_documents_are_packed_like_a_corpus():
+  plain, _ = batches(source("synthetic", seq_len=256), 1)
+  assert set(plain[0]) == {"inputs", "targets", "weights"} and plain[0]["weights"].all()
+  src = source("synthetic", seq_len=256, batch_size=8, mean_doc_len=16)
+  (batch,), _ = batches(src, 1)
+  assert set(batch) == set(src.fields()) >= {"positions", "segment_ids"}
+  # the tokens are those of the unpacked stream: documents only cut it
+  np.testing.assert_array_equal(batch["inputs"], plain[0]["inputs"])
+  lengths = []
+  for seg, pos, w in zip(batch["segment_ids"], batch["positions"], batch["weights"]):
+    assert seg[0] == 1 and pos[0] == 0 and np.all(np.diff(seg) >= 0)
+    starts = np.flatnonzero(np.diff(seg)) + 1
+    assert np.all(pos[starts] == 0) and np.all(np.diff(pos)[np.diff(seg) == 0] == 1)
+    # a target in the next document is not trained
+    assert np.all(w[starts - 1] == 0) and w.sum() >= 255 - len(starts)
+    lengths += np.diff(np.concatenate([[0], starts])).tolist()
+  assert 10 < np.mean(lengths) < 22  # geometric, mean 16 (a row cuts the last one short)
+  # the same global rows whatever the process count
+  halves = [batches(src, 1, process_index=i, process_count=2)[0][0] for i in range(2)]
+  for key in batch:
+    np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), batch[key])
+  with pytest.raises(ConfigError, match="mean_doc_len must be 0 .* or at least 2"):
+    source("synthetic", mean_doc_len=1)
+
+
 def test_an_epoch_is_every_document_once_in_seeded_order(corpus):
   path = corpus / "small.jsonl"
   path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:40]))
@@ -348,7 +373,8 @@ def test_each_kind_has_only_the_fields_it_reads(corpus):
            tokenizer=("sentencepeice", str(corpus / "c.jsonl")))
   with pytest.raises(ConfigError, match="tokenizer 'bytes' has no field 'path'"):
     source("jsonl", path=str(corpus / "c.jsonl"), tokenizer=("bytes", "x.model"))
-  assert set(registry("data").node("synthetic")) == {"kind", "seq_len", "batch_size"}
+  assert set(registry("data").node("synthetic")) == {"kind", "seq_len", "batch_size",
+                                                     "mean_doc_len"}
   assert set(registry("data").node("jsonl", path="x")) == {
       "kind", "seq_len", "batch_size", "path", "eval_path", "eval_percent", "on_error", "field",
       "tokenizer"}

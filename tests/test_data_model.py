@@ -1,7 +1,9 @@
-"""Packed rows on the model: attention never crosses a document boundary."""
+"""Packed rows on the model: attention never crosses a document boundary, and the step is
+compiled for the batch the data pipeline yields."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import flax.linen as nn
@@ -13,6 +15,7 @@ import trainer.data  # noqa: F401
 from modules import llama
 from modules.decoder import MODELS
 from core.registry import registry
+from trainer.config import switch_kind
 from trainer.data.base import DATA
 
 
@@ -41,3 +44,69 @@ def test_changing_one_document_never_changes_the_logits_of_another(tmp_path):
   # without segment ids the same change leaks into document 2: the check can fail
   leak = np.asarray(apply(changed, pos, None))[r] - np.asarray(apply(tokens, pos, None))[r]
   assert np.abs(leak[later]).max() > 1e-4
+
+
+def _structure(batch) -> dict:
+  return {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
+
+
+def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
+  """`axtrain plan` (and bench-tpu, the TPU efficiency test) compile the step for
+  trainer/plan.py:abstract_inputs's batch: the same arrays, shapes and dtypes as the batches
+  the data pipeline gives the step, train and eval, for every data kind."""
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+  import configs.llama  # pylint: disable=import-outside-toplevel
+  from launcher import tokenize  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, experiment, meshes, plan  # pylint: disable=import-outside-toplevel
+  from trainer.data.mixture import component  # pylint: disable=import-outside-toplevel
+
+  texts = [f"document {i}: " + "abc " * (i % 17) for i in range(200)]
+  (tmp_path / "txt").mkdir()
+  for i, t in enumerate(texts):
+    (tmp_path / "txt" / f"{i}.txt").write_text(t)
+  (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+  pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+  with open(tmp_path / "c.csv", "w", newline="", encoding="utf-8") as out:
+    csv.writer(out).writerows([("text",), *((t,) for t in texts)])
+  writer = array_record_module.ArrayRecordWriter(str(tmp_path / "c.array_record"),
+                                                 "group_size:1")
+  for t in texts:
+    writer.write(t.encode())
+  writer.close()
+  assert tokenize.main(["tokenize", f"--input={tmp_path / 'c.jsonl'}", "--kind=jsonl",
+                        f"--output_dir={tmp_path / 'tok'}"]) == 0
+  jsonl = {"path": str(tmp_path / "c.jsonl")}
+  cases = {
+      "synthetic": [{}, {"mean_doc_len": 16}],
+      "stdlib": [{}],
+      "text": [{"path": str(tmp_path / "txt")}],
+      "jsonl": [jsonl],
+      "parquet": [{"path": str(tmp_path / "c.parquet")}],
+      "csv": [{"path": str(tmp_path / "c.csv")}],
+      "arrayrecord": [{"path": str(tmp_path / "c.array_record")}],
+      "tokens": [{"path": str(tmp_path / "tok")}],
+      "mixture": [{"sources": (component("jsonl", weight=1, **jsonl),
+                               component("text", weight=1, path=str(tmp_path / "txt")))}],
+  }
+  assert set(cases) == set(DATA.kinds())  # a new data kind gets its case here
+  packed = set()
+  for kind, variants in cases.items():
+    for values in variants:
+      cfg = configs.llama.get_config("size=test")
+      switch_kind(cfg, "data", kind)
+      cfg.data.update({**values, "seq_len": 32, "batch_size": 4})
+      cfg.eval.batch_size = 2
+      run = config_lib.parse(cfg)
+      exp = experiment.build(run, meshes.lookup("cpu"), jax.devices()[:1])
+      _, planned = plan.abstract_inputs(exp, run.data.batch_size)
+      real = next(exp.source.train_iterator(process_index=0, process_count=1))
+      assert _structure(planned) == _structure(real), (kind, values)
+      _, planned = plan.abstract_inputs(exp, run.eval.batch_size)
+      (real,) = exp.source.eval_batches(batch_size=2, num_batches=1, process_index=0,
+                                        process_count=1)
+      assert _structure(planned) == _structure(real), (kind, values)
+      if "segment_ids" in planned:
+        packed.add(kind)
+  assert packed == set(cases)  # every kind packs documents, synthetic when asked

@@ -17,6 +17,7 @@ from launcher import main as main_lib
 from tests.conftest import ROOT, cli
 from trainer import config as config_lib, experiment, flops, hlo_collectives, meshes, plan
 from trainer import plan_report, plan_sweep
+from trainer.data.packing import PACKED_FIELDS
 
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
 
@@ -222,6 +223,9 @@ def test_llm_1b_fits_tpu_v5e_16_with_its_rule_and_not_without():
   fitted = plan.plan(_llm_1b(entry.name, rules=True), entry, config_name="llm_1b",
                      with_eval=False)
   assert fitted.fits and fitted.fit_source == "compiler", plan_report.text(fitted)
+  # compiled for the batch a run gets: packed documents, as every corpus source yields
+  assert fitted.batch_arrays == {k: str(v) for k, v in PACKED_FIELDS.items()}
+  assert "batch (data synthetic, packed documents): " in plan_report.text(fitted)
   bare = _llm_1b(entry.name, rules=False)  # remat none, no accumulation, no chunking
   assert bare.model.remat == "none" and bare.trainer.grad_accum_steps == 1
   p = plan.plan(bare, entry, config_name="llm_1b", with_eval=False)

@@ -192,6 +192,8 @@ class Plan:
   compiler: str  # TPU_COMPILER, GPU_COMPILER or "CPU compiler standing in for neuron"
   batch: int
   seq_len: int
+  data: str  # the data kind
+  batch_arrays: dict  # name -> dtype of the batch compiled for: what the data source yields
   grad_accum_steps: int
   remat: str
   loss_chunk_size: int
@@ -236,13 +238,14 @@ class Plan:
 
 
 def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
-  """(state, batch) as ShapeDtypeStructs carrying their shardings: nothing allocated."""
+  """(state, batch) as ShapeDtypeStructs carrying their shardings: nothing allocated. The
+  batch holds the arrays the run's data source yields (trainer/data/base.py:Source.fields):
+  with packed documents, positions and segment ids too."""
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        memory_model.nn_unbox(exp.abstract_state), exp.state_shardings)
   shape = (batch_size, exp.source.seq_len)
-  batch = {"inputs": jax.ShapeDtypeStruct(shape, np.int32, sharding=exp.batch_sharding),
-           "targets": jax.ShapeDtypeStruct(shape, np.int32, sharding=exp.batch_sharding),
-           "weights": jax.ShapeDtypeStruct(shape, np.float32, sharding=exp.batch_sharding)}
+  batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=exp.batch_sharding)
+           for name, dtype in exp.source.fields().items()}
   return state, batch
 
 
@@ -364,6 +367,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   hbm = entry.hardware.hbm_bytes or 0
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
+              data=run.data.kind, batch_arrays={k: str(v.dtype) for k, v in batch.items()},
               grad_accum_steps=run.trainer.grad_accum_steps, remat=remat,
               loss_chunk_size=run.trainer.loss_chunk_size, num_params=exp.num_params,
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,

@@ -40,6 +40,9 @@ def text(p: Plan, *, timings: bool = True) -> str:
       f"plan: {p.config} on {p.mesh} ({p.devices} devices, {axes}), compiled by {p.compiler}",
       f"  run: batch {p.batch} x {p.seq_len} tokens, grad_accum_steps {p.grad_accum_steps}, "
       f"remat {p.remat}, loss_chunk_size {p.loss_chunk_size}, {num(p.num_params)} parameters",
+      f"  batch (data {p.data}, "
+      + ("packed documents" if "segment_ids" in p.batch_arrays else "no document boundaries")
+      + "): " + ", ".join(f"{k} {v}" for k, v in p.batch_arrays.items()),
       "  per device                       bytes",
       f"    parameters         [exact]     {gib(a.params)}",
       f"    optimizer state    [exact]     {gib(a.opt_state)}",

@@ -7,7 +7,10 @@ per-process slices of each global batch as numpy arrays:
   targets  int32 [B/P, L]   next-token ids
   weights  float32 [B/P, L] 1 where the target counts in the loss, 0 for padding
 
-where B is the global batch, P the number of JAX processes. The order is a
+and, from sources that pack documents into rows (trainer/data/packing.py), positions and
+segment_ids; where B is the global batch, P the number of JAX processes. Each source
+declares the arrays its batches hold (`Source.fields`): `axtrain plan` compiles the step for
+them (trainer/plan.py:abstract_inputs). The order is a
 function of the seed and the step alone, and `DataIterator.get_state()` is
 JSON-able so that a checkpoint can hold it.
 """
@@ -24,6 +27,10 @@ from core.registry import ConfigError, Registry
 DATA = Registry("data")
 
 Batch = dict[str, np.ndarray]
+
+# The arrays of a batch by name, with their dtypes; each is [rows, seq_len].
+TOKEN_FIELDS = {"inputs": np.dtype(np.int32), "targets": np.dtype(np.int32),
+                "weights": np.dtype(np.float32)}
 
 
 class DataIterator(abc.ABC, Iterator[Batch]):
@@ -43,6 +50,11 @@ class Source(abc.ABC):
 
   @abc.abstractmethod
   def train_iterator(self, *, process_index: int, process_count: int) -> DataIterator: ...
+
+  def fields(self) -> dict[str, np.dtype]:
+    """The arrays of every batch it yields, train and eval, by name with their dtypes (each
+    [rows, seq_len]): what the step is compiled for."""
+    return dict(TOKEN_FIELDS)
 
   @abc.abstractmethod
   def eval_batches(self, *, batch_size: int, num_batches: int, process_index: int,

@@ -28,7 +28,7 @@ from core.registry import ConfigError
 from trainer.data import documents, tokenizers
 from trainer.data.base import DATA, Batch, Source, StepIndexedIterator, local_rows, process_rows
 from trainer.data.config import DocumentFilesConfig, HeldOutConfig
-from trainer.data.packing import Packer, TokenCorpus
+from trainer.data.packing import PACKED_FIELDS, Packer, TokenCorpus
 
 ENCODE_CHUNK = 512  # documents per tokenizer call
 
@@ -109,6 +109,9 @@ class CorpusSource(Source):
   @abc.abstractmethod
   def load(cls, cfg) -> Split:
     """Train and held-out corpora of `cfg` (whose seq_len and batch_size are 1)."""
+
+  def fields(self) -> dict:
+    return dict(PACKED_FIELDS)  # documents packed into rows (trainer/data/packing.py)
 
   def train_iterator(self, *, process_index: int, process_count: int) -> StepIndexedIterator:
     local_rows(self.batch_size, process_index=process_index,

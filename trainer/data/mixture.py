@@ -118,6 +118,9 @@ class MixtureSource(Source):
     self.vocab_size = max(p.vocab_size for p in self.parts)
     self.stream = {"mixture": [p.stream for p in self.parts], "counts": self.counts}
 
+  def fields(self) -> dict:
+    return self.parts[0].fields()  # its rows are its components' rows
+
   def _batch(self, step: int, *, batch_size: int, counts: list[int], packers, shuffle: bool,
              rows: slice) -> Batch:
     parts = [packer.rows(step * n + np.arange(n)) for packer, n in zip(packers, counts)]

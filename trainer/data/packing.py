@@ -25,7 +25,21 @@ import functools
 import numpy as np
 
 from core.registry import ConfigError
-from trainer.data.base import Batch
+from trainer.data.base import TOKEN_FIELDS, Batch
+
+# A packed batch's arrays (trainer/data/base.py:Source.fields): the tokens' and, per token, its
+# document piece and its position in that piece.
+PACKED_FIELDS = {**TOKEN_FIELDS, "positions": np.dtype(np.int32),
+                 "segment_ids": np.dtype(np.int32)}
+
+
+def packed_batch(tokens, segments, positions) -> Batch:
+  """Rows of L + 1 tokens with their segment ids (0: padding) and positions -> the batch of
+  L-token rows; a target in another piece than its input, or padding, has weight 0."""
+  same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": same,
+           "positions": positions[:, :-1], "segment_ids": segments[:, :-1]}
+  return {k: v.astype(PACKED_FIELDS[k], copy=False) for k, v in batch.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,11 +142,6 @@ class Packer:
       tokens[sel] = self.corpus.gather(order[i], p - starts[i])
       piece[sel] = i
       start[sel] = np.maximum(starts[i], row_start[:, None])
-    segments = np.where(valid, piece - piece[:, :1] + 1, 0).astype(np.int32)
-    positions = (np.arange(L + 1) - (start - (start[:, :1]))).astype(np.int32)
-    positions = np.where(valid, positions, 0)
-    tokens = np.where(valid, tokens, 0)
-    same = (segments[:, 1:] == segments[:, :-1]) & valid[:, 1:]
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-            "weights": same.astype(np.float32),
-            "positions": positions[:, :-1], "segment_ids": segments[:, :-1]}
+    segments = np.where(valid, piece - piece[:, :1] + 1, 0)
+    positions = np.where(valid, np.arange(L + 1) - (start - (start[:, :1])), 0)
+    return packed_batch(np.where(valid, tokens, 0), segments, positions)
