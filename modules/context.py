@@ -47,18 +47,24 @@ def free_axes(mesh) -> set[str]:
   return set(mesh.axis_names) - set(mesh.manual_axes)
 
 
-def shards() -> tuple[tuple[str, ...], int]:
-  """(mesh axes, shard count) of sequence positions in force; ((), 1) when not split."""
+def split(logical: str) -> tuple[tuple[str, ...], int]:
+  """(mesh axes, shard count) that the logical rules and mesh in force split `logical` over:
+  the axes of more than one device; ((), 1) when not split."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return (), 1
-  axes = nn.logical_to_mesh_axes(("act_length",))[0]
+  axes = nn.logical_to_mesh_axes((logical,))[0]
   names = (axes,) if isinstance(axes, str) else tuple(axes or ())
   names = tuple(a for a in names if a in mesh.shape and mesh.shape[a] > 1)
   count = 1
   for a in names:
     count *= mesh.shape[a]
   return names, count
+
+
+def shards() -> tuple[tuple[str, ...], int]:
+  """(mesh axes, shard count) of sequence positions in force; ((), 1) when not split."""
+  return split("act_length")
 
 
 def check_length(length: int, count: int) -> None:

@@ -28,20 +28,12 @@ import jax
 import jax.numpy as jnp
 
 from core.registry import ConfigError
+from modules import context
 
 
 def stages() -> tuple[tuple[str, ...], int]:
   """(mesh axes, stage count) of the layer stack in force; ((), 1) when not split."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return (), 1
-  axes = nn.logical_to_mesh_axes(("layers",))[0]
-  names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-  names = tuple(a for a in names if a in mesh.shape and mesh.shape[a] > 1)
-  count = 1
-  for a in names:
-    count *= mesh.shape[a]
-  return names, count
+  return context.split("layers")
 
 
 def without(axes: tuple[str, ...]):
