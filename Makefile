@@ -31,7 +31,8 @@ demo: $(STAMP)
 	@$(BIN)/axtrain generate --run_dir=runs/demo --prompt="$(DEMO_PROMPT)" --max_new_tokens=100 --temperature=0.6 --seed=0
 
 # Two workers (pytest-xdist), one per core of the CI machine; a test file stays on one worker
-# so its module fixtures are built once. `pytest -m 'not slow'` skips the large TPU compiles.
+# so its module fixtures are built once. `pytest -m 'not slow'` skips the tests marked slow
+# (over a minute each on 2 cores).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests

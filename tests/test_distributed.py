@@ -48,6 +48,7 @@ def wait_for(predicate, what: str, proc: subprocess.Popen, timeout_s: float = 30
     time.sleep(0.05)
 
 
+@pytest.mark.slow  # launches, a kill, a reference: over a minute on 2 cores (make test runs it)
 def test_two_processes_train_like_one_survive_a_kill_and_resume(tmp_path, cache):
   one = tmp_path / "one"
   result = cu.run(one, cache, *STEPS, devices=4)
