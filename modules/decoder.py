@@ -40,17 +40,9 @@ REMAT_NAMES = ("none", *REMAT_POLICIES)
 CHECKPOINT_NAMES = ("qkv_proj", "attn_out")
 
 
-# Saved whatever the policy: activations that depend on the batch alone, not on the layer's
-# input, so that every layer's is one array (the attention mask of packed documents), built
-# once in the forward pass rather than again in each layer's recomputation.
-ALWAYS_SAVED = ("attention_mask",)
-
-
 def remat_policy(name: str):
-  policy = REMAT_POLICIES.get(name) or jax.checkpoint_policies.save_only_these_names(
+  return REMAT_POLICIES.get(name) or jax.checkpoint_policies.save_only_these_names(
       *name.split(","))
-  return jax.checkpoint_policies.save_from_both_policies(
-      policy, jax.checkpoint_policies.save_only_these_names(*ALWAYS_SAVED))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
