@@ -40,9 +40,9 @@ CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
 trains the converted model on synthetic data: {max_steps} steps of {batch_size} x {seq_len}
 uniformly random tokens (data.kind=synthetic), which shows that it trains, not what it learns.
-On your corpus, with the model's own tokenizer (docs/data.md), the same command becomes:
+On your corpus, with {tokenizer_text} (docs/data.md), the same command becomes:
 
-    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl --config.data.tokenizer.kind=huggingface --config.data.tokenizer.path={source}/tokenizer.json
+    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl {tokenizer_flags}
 
 Add --config.trainer.max_steps=20 for a short try. The config is held here, not read from
 config.json (which records the run's current config), so that training with other settings
@@ -64,11 +64,28 @@ def get_config(arg=None):
 '''
 
 
+def _tokenizer(source: pathlib.Path, vocab_size: int) -> tuple[str, str]:
+  """What the docstring's corpus command reads text with, and its flags: the folder's own
+  tokenizer.json, else bytes for a 256-id model (what `convert --to_hf` of a bytes-tokenizer
+  run writes), else a tokenizer.json the user names."""
+  if (source / "tokenizer.json").is_file():
+    return ("the model's own tokenizer", "--config.data.tokenizer.kind=huggingface "
+            f"--config.data.tokenizer.path={source}/tokenizer.json")
+  if vocab_size == 256:
+    return ("UTF-8 bytes (256 ids, as the model's vocabulary; the folder has no tokenizer.json)",
+            "--config.data.tokenizer.kind=bytes")
+  return (f"the model's tokenizer ({source} has no tokenizer.json: name the one the model was "
+          "trained with)", "--config.data.tokenizer.kind=huggingface "
+          "--config.data.tokenizer.path=PATH/TO/tokenizer.json")
+
+
 def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path) -> str:
+  tokenizer_text, tokenizer_flags = _tokenizer(source, resolved["model"]["vocab_size"])
   text = json.dumps(resolved, indent=2, sort_keys=True)
   quote = "'" * 3
   literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
   return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal,
+                          tokenizer_text=tokenizer_text, tokenizer_flags=tokenizer_flags,
                           max_steps=resolved["trainer"]["max_steps"],
                           batch_size=resolved["data"]["batch_size"],
                           seq_len=resolved["data"]["seq_len"])

@@ -227,6 +227,33 @@ def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
                                "the run)\n"), err
 
 
+@pytest.mark.parametrize("vocab", [256, V])
+def test_converted_config_without_a_tokenizer_json_names_a_tokenizer_that_exists(
+    tmp_path, capsys, tensors, vocab, monkeypatch):
+  """A folder with no tokenizer.json (what `convert --to_hf` of a bytes-tokenizer run writes):
+  a 256-id model reads UTF-8 bytes, and the line works as written; any other asks for the
+  model's tokenizer.json instead of naming a file that is not there."""
+  wte = np.random.default_rng(1).normal(size=(vocab, D)).astype(np.float32)
+  hf = _write_hf(tmp_path / "hf", {**tensors, "wte.weight": wte}, vocab_size=vocab)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  doc = (run / "config.py").read_text().split('"""')[1]
+  line = next(l.strip() for l in doc.splitlines() if "--config.data.kind=jsonl" in l)
+  assert f"{hf}/tokenizer.json" not in doc
+  if vocab != 256:
+    assert line.endswith("--config.data.tokenizer.kind=huggingface "
+                         "--config.data.tokenizer.path=PATH/TO/tokenizer.json"), line
+    assert f"{hf} has no tokenizer.json" in " ".join(doc.split()), doc
+    return
+  assert line.endswith("--config.data.path=corpus.jsonl --config.data.tokenizer.kind=bytes"), line
+  (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
+  monkeypatch.chdir(tmp_path)
+  code = main_lib.main([*line.split(), "--print_config"])
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  assert "data.kind: jsonl\n" in out and "data.tokenizer.kind: bytes\n" in out
+
+
 def test_from_hf_of_an_axtrain_run_says_it_is_not_a_hugging_face_folder(tmp_path, capsys):
   run = tmp_path / "demo"
   run.mkdir()
