@@ -78,6 +78,9 @@ def wait_for(predicate, what: str, timeout_s: float = 300) -> None:
 
 def assert_losses_equal(run_dir, reference: dict[int, float]) -> None:
   got = cu.losses(run_dir)
+  print("step  loss (this job)  loss (one process, uninterrupted)")
+  for step in sorted(got):
+    print(f"{step:4d}  {got[step]:.6f}  {reference.get(step, float('nan')):.6f}")
   assert sorted(got) == sorted(reference)
   np.testing.assert_allclose([got[s] for s in sorted(got)],
                              [reference[s] for s in sorted(reference)], rtol=1e-5)
