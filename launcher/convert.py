@@ -28,6 +28,7 @@ import tempfile
 import numpy as np
 
 from launcher.errors import UserError, suggest
+from trainer.data.tokenizers import BytesTokenizer
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR | "
@@ -66,14 +67,14 @@ def get_config(arg=None):
 
 def _tokenizer(source: pathlib.Path, vocab_size: int) -> tuple[str, str]:
   """What the docstring's corpus command reads text with, and its flags: the folder's own
-  tokenizer.json, else bytes for a 256-id model (what `convert --to_hf` of a bytes-tokenizer
-  run writes), else a tokenizer.json the user names."""
+  tokenizer.json, else bytes for a model of the bytes tokenizer's vocabulary (what
+  `convert --to_hf` of a bytes-tokenizer run writes), else a tokenizer.json the user names."""
   if (source / "tokenizer.json").is_file():
     return ("the model's own tokenizer", "--config.data.tokenizer.kind=huggingface "
             f"--config.data.tokenizer.path={source}/tokenizer.json")
-  if vocab_size == 256:
-    return ("UTF-8 bytes (256 ids, as the model's vocabulary; the folder has no tokenizer.json)",
-            "--config.data.tokenizer.kind=bytes")
+  if vocab_size == BytesTokenizer.vocab_size:
+    return (f"UTF-8 bytes ({vocab_size} ids, as the model's vocabulary; the folder has no "
+            "tokenizer.json)", f"--config.data.tokenizer.kind={BytesTokenizer.name}")
   return (f"the model's tokenizer ({source} has no tokenizer.json: name the one the model was "
           "trained with)", "--config.data.tokenizer.kind=huggingface "
           "--config.data.tokenizer.path=PATH/TO/tokenizer.json")
