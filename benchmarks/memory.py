@@ -23,7 +23,9 @@ def _measure(fsdp: int) -> dict:
   import numpy as np
 
   from configs import bench_lm
-  from trainer import config as config_lib, experiment, meshes, plan
+  from trainer import config as config_lib, experiment, meshes
+
+  from planner import plan
 
   cfg = bench_lm.get_config()
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model = 1, fsdp, 1

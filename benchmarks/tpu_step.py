@@ -8,7 +8,7 @@
 Setting (the TPU efficiency issue): configs/llm_1b.py on tpu-v5e-16 (16 chips, fsdp=16),
 global batch 64 x 2048 of packed documents (positions and segment ids, as every corpus source
 yields; `data.mean_doc_len`), model.remat=full, no gradient accumulation, bfloat16 compute. Layers
-are unrolled and windowed einsum is off (trainer/plan.py:WINDOWED_EINSUM_OFF) so that libtpu's
+are unrolled and windowed einsum is off (planner/plan.py:WINDOWED_EINSUM_OFF) so that libtpu's
 cost model, a per-op roofline, sees every op; it gives each ConcatBitcast -1 s, added back.
 Each row compiles in its own process (`--measure`), importing the code of the tree it
 measures, so a row of an older commit uses that commit's model and step.
@@ -64,7 +64,8 @@ def measure(overrides: dict) -> dict:
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
-  from trainer import config as config_lib, experiment, meshes, plan, flops
+  from trainer import config as config_lib, experiment, meshes, flops
+  from planner import plan
   from trainer.data import base
   spec = importlib.util.spec_from_file_location("cfg", CONFIG)
   module = importlib.util.module_from_spec(spec)

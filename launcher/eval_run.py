@@ -144,7 +144,8 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=import-outside-toplevel
 
   # pylint: disable-next=import-outside-toplevel
-  from trainer import checkpoint, config as config_lib, experiment, loop, meshes, step_memory
+  from trainer import checkpoint, config as config_lib, experiment, loop, meshes
+  from planner import step_memory
   exp = experiment.build(config_lib.parse(cfg), meshes.select("auto"))
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   batches = exp.source.eval_batches(batch_size=exp.run.eval.batch_size,

@@ -15,7 +15,7 @@ jax-cuda12 plugin's compile-only GPUs), Trainium entries for as many CPU devices
 analytic memory model. A plan that does not fit is a report like any other (exit 0).
 --ops adds where the train step's time goes: its ops' bytes, FLOPs and roofline time by
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
-module (trainer/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
+module (planner/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
 matmuls and their collectives apart, so that every op is counted once.
 """
 
@@ -150,7 +150,8 @@ def main(argv: list[str]) -> int:
 
 def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   # pylint: disable-next=import-outside-toplevel
-  from trainer import config as config_lib, plan as plan_lib, plan_report, plan_sweep
+  from trainer import config as config_lib
+  from planner import plan as plan_lib, plan_report, plan_sweep
   cfg = fv["config"].value
   rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)

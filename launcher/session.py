@@ -23,7 +23,8 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
-from trainer import loop, meshes, schedules, step_memory
+from trainer import loop, meshes, schedules
+from planner import step_memory
 from trainer.progress import Progress
 
 

@@ -171,7 +171,7 @@ def restore_across_meshes(devices, tmp: pathlib.Path) -> dict:
 def plans(devices) -> dict:
   """`axtrain plan`'s report of the pipelined and context-parallel `test` model on gpu-h100-8
   (8 CPU stand-ins), and the same without stages."""
-  from trainer import plan as plan_lib, plan_report  # pylint: disable=import-outside-toplevel
+  from planner import plan as plan_lib, plan_report  # pylint: disable=import-outside-toplevel
   entry = meshes.lookup("gpu-h100-8")
   out = {}
   for name, mesh in (("stage=2,context=2,fsdp=2", {"stage": 2, "context": 2, "fsdp": 2}),

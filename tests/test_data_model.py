@@ -52,14 +52,15 @@ def _structure(batch) -> dict:
 
 def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
   """`axtrain plan` (and bench-tpu, the TPU efficiency test) compile the step for
-  trainer/plan.py:abstract_inputs's batch: the same arrays, shapes and dtypes as the batches
+  planner/plan.py:abstract_inputs's batch: the same arrays, shapes and dtypes as the batches
   the data pipeline gives the step, train and eval, for every data kind."""
   import pyarrow as pa  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
   from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
   import configs.llama  # pylint: disable=import-outside-toplevel
   from launcher import tokenize  # pylint: disable=import-outside-toplevel
-  from trainer import config as config_lib, experiment, meshes, plan  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
+  from planner import plan  # pylint: disable=import-outside-toplevel
   from trainer.data.mixture import component  # pylint: disable=import-outside-toplevel
 
   texts = [f"document {i}: " + "abc " * (i % 17) for i in range(200)]

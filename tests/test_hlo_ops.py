@@ -1,4 +1,4 @@
-"""trainer/hlo_ops.py: per-op bytes, FLOPs and names of compiled HLO, against hand counts."""
+"""planner/hlo_ops.py: per-op bytes, FLOPs and names of compiled HLO, against hand counts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from trainer import hlo_ops
+from planner import hlo_ops
 
 PEAK, HBM, LINK = 100e12, 1e12, 1e11
 

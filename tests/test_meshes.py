@@ -12,7 +12,8 @@ import pytest
 from configs import tiny
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli_batch
-from trainer import meshes, meshes_doc, sharding
+from trainer import meshes, sharding
+from planner import meshes_doc
 from trainer.config import MeshConfig
 
 
@@ -98,7 +99,7 @@ def test_docs_table_is_generated_from_the_registry():
   if os.environ.get("UPDATE_GOLDEN") and text != expected:
     path.write_text(expected)
     text = expected
-  assert text == expected, "docs/meshes.md is stale: run python -m trainer.meshes_doc --write"
+  assert text == expected, "docs/meshes.md is stale: run python -m planner.meshes_doc --write"
   for name in meshes.MESHES:
     assert f"| `{name}` |" in text
 

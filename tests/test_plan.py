@@ -15,8 +15,8 @@ import configs.llm_1b
 import configs.tiny
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, experiment, flops, hlo_collectives, meshes, plan
-from trainer import plan_report, plan_sweep
+from trainer import config as config_lib, experiment, flops, meshes
+from planner import hlo_collectives, plan, plan_report, plan_sweep
 from trainer.data.packing import PACKED_FIELDS
 
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"

@@ -17,8 +17,8 @@ import configs.tiny
 from launcher import main as main_lib
 from launcher.plan import GPU_PLUGIN_DIR
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, experiment, gpu_targets, hlo_collectives, meshes, plan
-from trainer import plan_sweep
+from trainer import config as config_lib, experiment, meshes
+from planner import gpu_targets, hlo_collectives, plan, plan_sweep
 
 GPU_ENTRIES = [e for e in meshes.MESHES.values()
                if e.hardware.platform == "gpu" and e.num_devices is not None]
@@ -52,7 +52,7 @@ def test_a_gpu_row_without_a_target_is_one_line_naming_the_table():
   entry = dataclasses.replace(meshes.lookup("gpu-h100-8"), hardware=dataclasses.replace(
       meshes.lookup("gpu-h100-8").hardware, device_kind=r"\bV100"))
   with pytest.raises(plan.ConfigError, match=r"no GPU target description for device kind "
-                     r"'\\bV100' .*trainer/gpu_targets.py:TARGETS"):
+                     r"'\\bV100' .*planner/gpu_targets.py:TARGETS"):
     plan.target_devices(entry)
 
 

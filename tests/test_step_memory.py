@@ -8,7 +8,7 @@ import pytest
 from core.registry import ConfigError
 from launcher import main as main_lib
 from tests.test_run_dirs import QUICK, snapshot
-from trainer import step_memory
+from planner import step_memory
 
 
 @pytest.fixture

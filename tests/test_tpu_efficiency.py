@@ -16,7 +16,9 @@ import pytest
 
 import configs.tiny
 from tests.conftest import ROOT
-from trainer import config as config_lib, meshes, plan
+from trainer import config as config_lib, meshes
+
+from planner import plan
 
 RECORD = ROOT / "tests" / "testdata" / "tpu_efficiency" / "tiny_v5e-4.json"
 

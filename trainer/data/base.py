@@ -10,7 +10,7 @@ per-process slices of each global batch as numpy arrays:
 and, from sources that pack documents into rows (trainer/data/packing.py), positions and
 segment_ids; where B is the global batch, P the number of JAX processes. Each source
 declares the arrays its batches hold (`Source.fields`): `axtrain plan` compiles the step for
-them (trainer/plan.py:abstract_inputs). The order is a
+them (planner/plan.py:abstract_inputs). The order is a
 function of the seed and the step alone, and `DataIterator.get_state()` is
 JSON-able so that a checkpoint can hold it.
 """

@@ -11,7 +11,7 @@ and called computations; the insides of a fusion are one op. Per op:
     flops     2 x multiply-adds of every dot or convolution inside (a convolution counts the
               input features and window taps that meet real input, not padding or dilation).
     seconds   a roofline: max(flops / peak FLOP/s, bytes / HBM bandwidth); a collective adds
-              what it sends over the links (trainer/hlo_collectives.py) at the link bandwidth.
+              what it sends over the links (planner/hlo_collectives.py) at the link bandwidth.
     category  matmul (a dot or convolution inside), collective, copy/convert (copies, layout
               changes, dtype conversions and nothing else), elementwise (any other fusion or
               op), kernel (custom calls such as Pallas kernels).
@@ -30,7 +30,7 @@ import dataclasses
 import math
 import re
 
-from trainer import hlo_collectives
+from planner import hlo_collectives
 
 _LINE = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<out>.+?) (?P<op>[a-z][\w-]*)\("
                    r"(?P<rest>.*)$")

@@ -2,7 +2,7 @@
 
 Parameter and optimizer-state bytes are exact (abstract shapes under their shardings); gradients,
 activations (by remat policy) and logits are a model read from the parameters' logical axis
-names. `axtrain plan` (trainer/plan.py) bases the fit on it where no compiler of the target
+names. `axtrain plan` (planner/plan.py) bases the fit on it where no compiler of the target
 runs (Trainium entries) and shows it next to the TPU and GPU compilers' figures;
 `axtrain plan --sweep` screens candidates with it.
 """

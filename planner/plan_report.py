@@ -1,4 +1,4 @@
-"""The `axtrain plan` report: a Plan (trainer/plan.py) as text, every figure labelled with its
+"""The `axtrain plan` report: a Plan (planner/plan.py) as text, every figure labelled with its
 source, or as JSON; and the byte, time and count formats it and the sweep's ranking share.
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer.plan import GiB, Plan
+from planner.plan import GiB, Plan
 
 
 def gib(n: float) -> str:

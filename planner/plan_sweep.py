@@ -1,5 +1,5 @@
 """`axtrain plan --sweep`: try mesh axes, remat policies and gradient accumulation that keep the
-global batch; screen them with the analytic memory model, compile the likeliest (trainer/plan.py)
+global batch; screen them with the analytic memory model, compile the likeliest (planner/plan.py)
 and rank those that fit by estimated step time.
 
 The layouts of multi-host GPU and Trainium entries keep tensor parallelism (`model`) inside a
@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from core.registry import ConfigError
-from trainer import experiment as experiment_lib, flops as flops_lib, memory_model
-from trainer import plan as plan_lib, plan_report, sharding
+from planner import memory_model, plan as plan_lib, plan_report
+from trainer import experiment as experiment_lib, flops as flops_lib, sharding
 from trainer.config import RunConfig
 from trainer.meshes import AXES, Entry
 

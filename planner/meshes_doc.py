@@ -1,7 +1,7 @@
 """docs/meshes.md's table of every mesh entry, generated from trainer/meshes.py.
 
-    python -m trainer.meshes_doc           # print the table
-    python -m trainer.meshes_doc --write   # rewrite it between the markers in docs/meshes.md
+    python -m planner.meshes_doc           # print the table
+    python -m planner.meshes_doc --write   # rewrite it between the markers in docs/meshes.md
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from trainer.meshes import GB, MESHES, GiB
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "meshes.md"
-START = "<!-- mesh-table:start (generated: python -m trainer.meshes_doc --write) -->\n"
+START = "<!-- mesh-table:start (generated: python -m planner.meshes_doc --write) -->\n"
 END = "<!-- mesh-table:end -->"
 
 

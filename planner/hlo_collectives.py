@@ -1,6 +1,6 @@
 """Collectives in compiled HLO: the bytes each device sends per step, by kind, loops unrolled.
 
-`axtrain plan` (trainer/plan.py) reads them from the compiled train step; its roofline estimate
+`axtrain plan` (planner/plan.py) reads them from the compiled train step; its roofline estimate
 divides them by the entry's link (and host) bandwidth.
 """
 

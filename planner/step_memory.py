@@ -1,7 +1,7 @@
 """Does the step fit in device memory? Checked on the compiled step before anything runs.
 
 The train step (and the eval step) are compiled with abstract, sharded inputs, the way
-`axtrain plan` compiles them (trainer/plan.py); the executable's memory analysis gives the
+`axtrain plan` compiles them (planner/plan.py); the executable's memory analysis gives the
 bytes one device needs: arguments + outputs not aliased to them + temporaries. The compile is
 the one the run would make anyway: jit's cache hands the same executable to the first real
 step. A step that needs more than the device has is refused in one line that says by how much,

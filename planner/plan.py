@@ -2,16 +2,16 @@
 
     devices  TPU entries: libtpu's compile-only topology (the real TPU compiler, exact bytes);
              GPU entries: the jax-cuda12 plugin's compile-only topology (XLA's GPU compiler,
-             told what the GPU is by trainer/gpu_targets.py); Trainium entries: as many CPU
+             told what the GPU is by planner/gpu_targets.py); Trainium entries: as many CPU
              devices (exact sharding and argument bytes, the CPU compiler's temporaries) plus
-             the analytic memory model (trainer/memory_model.py).
+             the analytic memory model (planner/memory_model.py).
     compile  jit(train_step).lower(abstract sharded state and batch).compile(): nothing allocated.
     plan     per-device memory (compiler and analytic), fit against the entry's memory, model
              FLOPs (trainer.flops) next to the compiler's, and a roofline estimate of step time,
              tokens/s and MFU from the entry's peak FLOP/s, HBM and link bandwidth and the
-             collectives found in the compiled HLO (trainer/hlo_collectives.py).
+             collectives found in the compiled HLO (planner/hlo_collectives.py).
 
-The report is trainer/plan_report.py; the layout sweep, trainer/plan_sweep.py.
+The report is planner/plan_report.py; the layout sweep, planner/plan_sweep.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from core.registry import ConfigError
 from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib
-from trainer import gpu_targets, hlo_collectives, hlo_ops, memory_model
+from planner import gpu_targets, hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
 from trainer.meshes import Entry
 
@@ -157,7 +157,7 @@ class Compiled:
   cost_model_s: float | None = None
   ops: hlo_ops.Report | None = None  # per-op bytes and FLOPs (`axtrain plan --ops`), if asked
   # Matmul FLOPs per step per device counted in the compiled HLO, loop bodies times their
-  # trips (trainer/hlo_ops.py): the remat policy's recompute and the compiler's own
+  # trips (planner/hlo_ops.py): the remat policy's recompute and the compiler's own
   # rematerialisation included. GPU compiles only (no windowed-einsum loops to count twice).
   hlo_matmul_flops: float | None = None
 
@@ -327,7 +327,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device.
 
   `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF).
-  `with_ops`: also the train step's per-op report (`plan --ops`, trainer/hlo_ops.py)."""
+  `with_ops`: also the train step's per-op report (`plan --ops`, planner/hlo_ops.py)."""
   if devices is None:
     devices, compiler = target_devices(entry)
   else:

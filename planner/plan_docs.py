@@ -1,8 +1,8 @@
 """Regenerates docs/plan.md: `axtrain plan` of the shipped LLM configs on their meshes.
 
-    python -m launcher.plan_docs            # every report (hours on a 2-core machine)
-    python -m launcher.plan_docs llm_1b     # only the reports of configs/llm_1b.py
-    python -m launcher.plan_docs llm_1b@gpu-h100-8   # only this report
+    python -m planner.plan_docs            # every report (hours on a 2-core machine)
+    python -m planner.plan_docs llm_1b     # only the reports of configs/llm_1b.py
+    python -m planner.plan_docs llm_1b@gpu-h100-8   # only this report
 
 Each report runs `axtrain plan ... --noeval` in a subprocess (GPU and Trainium entries need
 their own count of CPU devices) and is written to docs/plan.md as soon as it is done.
@@ -28,7 +28,7 @@ PLANS = (
     ("llm_70b", "tpu-v5p-512"), ("llm_70b", "gpu-h100-8x16"), ("llm_70b", "neuron-trn2-64x8"),
     ("llm_70b", "tpu-v5p-1024"),
 )
-START = "<!-- plan-reports:start (generated: python -m launcher.plan_docs) -->\n"
+START = "<!-- plan-reports:start (generated: python -m planner.plan_docs) -->\n"
 END = "<!-- plan-reports:end -->"
 
 

@@ -93,7 +93,7 @@ def for_entry(entry: Entry) -> GpuTarget:
     known = ", ".join(t.name for t in TARGETS)
     raise ConfigError(f"--mesh={entry.name}: no GPU target description for device kind "
                       f"'{hw.device_kind}' (known: {known}); add its row to "
-                      f"trainer/gpu_targets.py:TARGETS")
+                      f"planner/gpu_targets.py:TARGETS")
   return found[0]
 
 
