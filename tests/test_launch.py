@@ -17,8 +17,8 @@ import subprocess
 import pytest
 import yaml
 
-from launcher import launch_layout
-from launcher.launch_job import default_name
+from launcher.launch import layout as launch_layout
+from launcher.launch.job import default_name
 from launcher.errors import UserError
 from tests.conftest import ROOT, cli, cli_batch
 
@@ -36,6 +36,11 @@ def written(tmp_path) -> list[str]:
 def mistakes(out: str) -> list[tuple[list[str], str]]:
   """(launch arguments, a part of the one error line)."""
   run = [CONFIG, f"--output_dir={out}"]
+  return _launch_flag_mistakes(run) + _backend_mistakes(run)
+
+
+def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
+  """Mistakes in launch's own flags, the layout and the training arguments."""
   return [
       (["--backend=slurmm", "--", *run, "--mesh=gpu-h100-8x2"], "did you mean 'slurm'"),
       (["--backend=ssh", "--", *run], "unknown --backend=ssh"),
@@ -57,6 +62,24 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
       (["--backend=local", "--submit", "--num_processes=2", "--", *run], "--submit is for"),
       (["--backend=slurm", "--image=r/a:1", "--", *run, "--mesh=gpu-h100-8x2"],
        "--image is a --backend=k8s flag"),
+      (["--backend=slurm", "--num_procs=2", "--", *run], "unknown flag --num_procs"),
+      (["--backend=local", "--num_processes=0", "--", *run, "--mesh=cpu"], "must be at least 1"),
+      (["--backend=local", "--num_processes=2", "--", *run, "--process_id=1"],
+       "drop --process_id from the axtrain arguments"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h100-8x2", "--config.trainer.max_stepz=3"],
+       "max_stepz"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
+      (["--backend=slurm", "--", "--config=configs/nope.py", run[1]], "nope.py"),
+      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
+       "--job_name=a b: letters, digits"),
+      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
+       "give an absolute --output_dir"),
+  ]
+
+
+def _backend_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
+  """Mistakes in one backend's flags, or a layout that backend cannot start."""
+  return [
       (["--backend=k8s", "--", *run, "--mesh=gpu-h100-8x2"], "needs --image=IMAGE"),
       (["--backend=k8s", "--image=r/a:1", "--", *run, "--mesh=tpu-v5e-16x2"],
        "takes a JobSet per slice"),
@@ -82,18 +105,6 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
        "is not shorter than --time=5 (300 s)"),
       (["--backend=slurm", "--sbatch=qos=high", "--", *run, "--mesh=gpu-h100-8"],
        "give one sbatch option"),
-      (["--backend=slurm", "--num_procs=2", "--", *run], "unknown flag --num_procs"),
-      (["--backend=local", "--num_processes=0", "--", *run, "--mesh=cpu"], "must be at least 1"),
-      (["--backend=local", "--num_processes=2", "--", *run, "--process_id=1"],
-       "drop --process_id from the axtrain arguments"),
-      (["--backend=slurm", "--", *run, "--mesh=gpu-h100-8x2", "--config.trainer.max_stepz=3"],
-       "max_stepz"),
-      (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
-      (["--backend=slurm", "--", "--config=configs/nope.py", f"--output_dir={out}"], "nope.py"),
-      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
-       "--job_name=a b: letters, digits"),
-      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
-       "give an absolute --output_dir"),
   ]
 
 

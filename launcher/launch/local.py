@@ -27,7 +27,7 @@ import time
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
 FAILURE_GRACE_S = 5.0  # after one process fails, the others' time to exit before SIGKILL

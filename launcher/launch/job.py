@@ -1,8 +1,8 @@
 """What every `axtrain launch` backend is handed: the job (`Job`) and the backend's own hooks.
 
-A backend (launch_local.py, launch_slurm.py, launch_k8s.py, launch_tpu_vm.py) is one
-`Backend`: its flags, its checks, the files it writes into the run directory's launch/, and how
-it starts them. launch.py parses, checks what all backends share, and calls these in order.
+A backend (local.py, slurm.py, k8s.py, tpu_vm.py) is one `Backend`: its flags, its checks, the
+files it writes into the run directory's launch/, and how it starts them. command.py parses,
+checks what all backends share, and calls these in order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 from absl import flags
 
-from launcher.launch_layout import Layout
+from launcher.launch.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ import subprocess
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 
 MEGASCALE_PORT = 8080  # the slices' coordinator port on NAME-0 worker 0
 _TPU_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -26,17 +26,17 @@ import re
 import shlex
 import shutil
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from absl import flags
 
 from launcher import config_loading, run_dir as run_dir_lib
 from launcher.errors import UserError, suggest
-from launcher.launch_job import Backend, Job, default_name
-from launcher import launch_k8s, launch_layout, launch_local, launch_slurm, launch_tpu_vm
+from launcher.launch.job import Backend, Job, default_name
+from launcher.launch import k8s, layout as layout_lib, local, slurm, tpu_vm
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (launch_local.BACKEND, launch_slurm.BACKEND,
-                                                    launch_k8s.BACKEND, launch_tpu_vm.BACKEND)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (local.BACKEND, slurm.BACKEND, k8s.BACKEND,
+                                                    tpu_vm.BACKEND)}
 # Training flags that launch sets for every process itself.
 _OWNED = ("coordinator_address", "num_processes", "process_id", "distributed")
 
@@ -84,8 +84,12 @@ def help_text(fv: flags.FlagValues) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
-  """argv without the `launch` word: [prog, launch flags..., --, axtrain arguments...]."""
+def main(argv: list[str], *, parse_train: Callable[[list[str]], flags.FlagValues]) -> int:
+  """argv without the `launch` word: [prog, launch flags..., --, axtrain arguments...].
+
+  `parse_train`: training's own flag parser (launcher/main.py:parse_flags), handed down by the
+  dispatch so that this package never imports the module above it.
+  """
   fv = _define_flags()
   if "--" in argv:
     cut = argv.index("--")
@@ -98,11 +102,11 @@ def main(argv: list[str]) -> int:
   _parse(fv, ours)
   backend = _backend(fv.backend)
   starts = _check_modes(fv, backend)
-  train = _check_train_args(train_args)
-  layout = launch_layout.resolve(
+  train = _check_train_args(train_args, parse_train)
+  layout = layout_lib.resolve(
       train.mesh, num_processes=fv.num_processes, devices_per_process=fv.devices_per_process,
       process_per=fv.process_per, nodes=fv.nodes,
-      local_platform=launch_local.this_machine_platform() if backend.runs_by_default else None,
+      local_platform=local.this_machine_platform() if backend.runs_by_default else None,
       sized_by_flags=backend.sized_by_flags)
   if fv.max_restarts < 0:
     raise UserError(f"--max_restarts={fv.max_restarts}: must be >= 0")
@@ -187,7 +191,7 @@ class _Train:
   config: Any  # the resolved ml_collections.ConfigDict of the training arguments
 
 
-def _check_train_args(train_args: list[str]) -> _Train:
+def _check_train_args(train_args: list[str], parse_train) -> _Train:
   if not train_args:
     raise UserError("launch: give the axtrain arguments after `--`, e.g. axtrain launch "
                     "--backend=local --num_processes=2 -- --config=configs/tiny.py")
@@ -198,8 +202,7 @@ def _check_train_args(train_args: list[str]) -> _Train:
                       f"every process")
     if arg.startswith("--") and name == "print_config":
       raise UserError("launch: --print_config runs no training; run it without launch")
-  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
-  train = main_lib.parse_flags(["axtrain", *train_args])
+  train = parse_train(["axtrain", *train_args])
   return _Train(mesh=train.mesh, output_dir=train.output_dir, config=train["config"].value)
 
 

@@ -29,7 +29,7 @@ import subprocess
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
