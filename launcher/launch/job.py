@@ -26,11 +26,13 @@ class Job:
   axtrain: tuple[str, ...]  # the command that runs axtrain where the job runs
   workdir: str | None  # where it runs (--workdir, or this directory); None: the image's (k8s)
   run_dir: pathlib.Path  # the run directory, as the processes see it
+  record_dir: pathlib.Path  # where this machine keeps the launch record (command.py)
   command: str  # the `axtrain launch ...` command line, recorded in what is written
   coordinator_port: int | None = None  # process 0's port, where the backend chooses it
 
   @property
   def launch_dir(self) -> pathlib.Path:
+    """The run directory's launch/, as the processes see it (Slurm writes its log there)."""
     return self.run_dir / "launch"
 
   def argv(self, *extra: str) -> list[str]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import posixpath
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -47,7 +49,7 @@ def _define(fv: flags.FlagValues) -> None:
                             "(repeat for several; TPU entries add GKE's TPU labels).",
                             flag_values=fv)
   flags.DEFINE_multi_string("volume", [], "CLAIM:MOUNT_PATH: a PersistentVolumeClaim every pod "
-                            "mounts, e.g. for the run directory (repeat for several).",
+                            "mounts (repeat for several); the run directory must be under one.",
                             flag_values=fv)
   flags.DEFINE_integer("coordinator_port", DEFAULT_PORT, "k8s: the coordinator's port on pod 0.",
                        flag_values=fv)
@@ -103,7 +105,25 @@ def _check(job: Job, fv: flags.FlagValues) -> None:
   if layout.platform == "tpu" and _family(layout.mesh) not in GKE_TPU_ACCELERATORS:
     raise UserError(f"--mesh={layout.mesh}: no GKE TPU node label known for it")
   _selectors(fv.node_selector)
-  _volumes(fv.volume)
+  _check_shared(job, _volumes(fv.volume))
+
+
+def _check_shared(job: Job, volumes: list[tuple[str, str]]) -> None:
+  """Refuses a run directory that is not under a --volume mount: it would be on each pod's own
+  disk, a copy per pod (several hosts cannot share a checkpoint) that goes with the pod."""
+  run_dir = pathlib.PurePosixPath(job.run_dir)
+  if not run_dir.is_absolute() and job.workdir:
+    run_dir = pathlib.PurePosixPath(job.workdir) / run_dir
+  mounts = [pathlib.PurePosixPath(path) for _, path in volumes]
+  if run_dir.is_absolute():
+    run_dir = pathlib.PurePosixPath(posixpath.normpath(run_dir))
+    if any(run_dir.is_relative_to(mount) for mount in mounts):
+      return
+  where = (f"not under a --volume mount ({', '.join(map(str, mounts))})" if mounts else
+           "on no --volume")
+  raise UserError(f"--backend=k8s: the run directory {job.run_dir} is {where}, so it would be on "
+                  f"each pod's own disk and go with the pod; mount shared storage and give the "
+                  f"run directory under it, e.g. --volume=runs:/runs with --output_dir=/runs/NAME")
 
 
 def _family(mesh: str) -> str:
@@ -234,7 +254,8 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
   del job
   have = "" if shutil.which("kubectl") else " (kubectl is not on PATH here)"
-  return f"apply it with: kubectl apply -f {files['k8s.yaml']}{have}  (or add --submit)"
+  return (f"apply it with: kubectl apply -f {shlex.quote(str(files['k8s.yaml']))}{have}  "
+          f"(or add --submit)")
 
 
 BACKEND = Backend(name="k8s", summary="an Indexed Job + headless Service (pod failure policy "

@@ -167,7 +167,7 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 
 def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
   del job
-  return f"submit it with: sbatch {files['slurm.sbatch']}  (or add --submit)"
+  return f"submit it with: sbatch {shlex.quote(str(files['slurm.sbatch']))}  (or add --submit)"
 
 
 BACKEND = Backend(name="slurm", summary="an sbatch script running `srun axtrain ...` (requeued "
