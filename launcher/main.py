@@ -102,7 +102,7 @@ def help_text(fv: flags.FlagValues) -> str:
 
 # `axtrain COMMAND ...` -> the launcher module whose main(argv) runs it (imported on use).
 COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "generate": "generate",
-            "runs": "runs", "eval": "eval_run", "launch": "launch"}
+            "runs": "runs", "eval": "eval_run", "launch": "launch.command"}
 # Commands that run on this machine's devices: like training, they take the CPU backend
 # outright on a machine without accelerators (launcher/platforms.py). `plan` compiles for
 # other machines' devices and must keep libtpu's TPU topologies reachable.
@@ -123,6 +123,8 @@ def main(argv: list[str], *, callbacks=()) -> int:
         platforms.cpu_when_no_accelerator()
         platforms.check_backend()
       module = importlib.import_module(f"launcher.{COMMANDS[command]}")
+      if command == "launch":  # it checks the training arguments with this file's parser
+        return module.main(argv[:1] + argv[2:], parse_train=parse_flags)
       return module.main(argv[:1] + argv[2:])
     return train_main(argv, callbacks=callbacks)
   except ConfigError as e:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from launcher.launch_local import FAILURE_GRACE_S
+from launcher.launch.local import FAILURE_GRACE_S
 from tests import ckpt_util as cu
 from tests.conftest import ROOT
 

@@ -17,14 +17,15 @@ import subprocess
 import pytest
 import yaml
 
-from launcher import launch_layout
-from launcher.launch_job import default_name
+from launcher.launch import layout as launch_layout
+from launcher.launch.job import default_name
 from launcher.errors import UserError
 from tests.conftest import ROOT, cli, cli_batch
 
 GOLDEN = ROOT / "tests" / "testdata" / "launch"
 CONFIG = "--config=configs/llm_1b.py"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+REMOTE = pathlib.Path(f"/axtrain-test-remote-{os.getpid()}")  # a path only the cluster has
 
 
 def written(tmp_path) -> list[str]:
@@ -36,6 +37,11 @@ def written(tmp_path) -> list[str]:
 def mistakes(out: str) -> list[tuple[list[str], str]]:
   """(launch arguments, a part of the one error line)."""
   run = [CONFIG, f"--output_dir={out}"]
+  return _launch_flag_mistakes(run) + _backend_mistakes(run)
+
+
+def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
+  """Mistakes in launch's own flags, the layout and the training arguments."""
   return [
       (["--backend=slurmm", "--", *run, "--mesh=gpu-h100-8x2"], "did you mean 'slurm'"),
       (["--backend=ssh", "--", *run], "unknown --backend=ssh"),
@@ -57,6 +63,32 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
       (["--backend=local", "--submit", "--num_processes=2", "--", *run], "--submit is for"),
       (["--backend=slurm", "--image=r/a:1", "--", *run, "--mesh=gpu-h100-8x2"],
        "--image is a --backend=k8s flag"),
+      (["--backend=slurm", "--num_procs=2", "--", *run], "unknown flag --num_procs"),
+      (["--backend=local", "--num_processes=0", "--", *run, "--mesh=cpu"], "must be at least 1"),
+      (["--backend=local", "--num_processes=2", "--", *run, "--process_id=1"],
+       "drop --process_id from the axtrain arguments"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h100-8x2", "--config.trainer.max_stepz=3"],
+       "max_stepz"),
+      (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
+      (["--backend=slurm", "--", "--config=configs/nope.py", run[1]], "nope.py"),
+      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
+       "--job_name=a b: letters, digits"),
+      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
+       "give an absolute --output_dir"),
+      (["--backend=local", "--num_processes=2", "--", *run, "--mesh=cpu", "--dry_run"],
+       "--dry_run is a launch flag, not an axtrain one: put it before `--`"),
+      (["--backend=local", "--dry_run", "--num_processes=2", "--", CONFIG, "--output_dir=",
+        "--mesh=cpu"], "--output_dir is empty"),
+      (["--backend=local", "--dry_run", "--", *run, "--mesh=gpu-h100-8"],
+       "--mesh=gpu-h100-8 is a gpu mesh but this machine runs cpu"),
+      (["--backend=slurm", "--record_dir=/tmp", "--", *run, "--mesh=gpu-h100-8"],
+       "--record_dir is for k8s and tpu-vm"),
+  ]
+
+
+def _backend_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
+  """Mistakes in one backend's flags, or a layout that backend cannot start."""
+  return [
       (["--backend=k8s", "--", *run, "--mesh=gpu-h100-8x2"], "needs --image=IMAGE"),
       (["--backend=k8s", "--image=r/a:1", "--", *run, "--mesh=tpu-v5e-16x2"],
        "takes a JobSet per slice"),
@@ -66,6 +98,13 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
        "--volume=runs: expected CLAIM:MOUNT_PATH"),
       (["--backend=k8s", "--image=r/a:1", "--job_name=My_Job", "--", *run,
         "--mesh=gpu-h100-8"], "--job_name=My_Job: Kubernetes needs lowercase"),
+      (["--backend=k8s", "--image=r/a:1", "--", *run, "--mesh=gpu-h100-8"],
+       "is on no --volume, so it would be on each pod's own disk"),
+      (["--backend=k8s", "--image=r/a:1", "--volume=runs:/runs", "--", *run, "--mesh=gpu-h100-8"],
+       "is not under a --volume mount (/runs)"),
+      (["--backend=tpu-vm", "--tpu_name=t", "--zone=us-west4-a", "--", CONFIG,
+        "--output_dir=runs/llm_1b/x", "--mesh=tpu-v5e-16"],
+       "the run directory runs/llm_1b/x is relative, so each of the 4 workers"),
       (["--backend=tpu-vm", "--zone=us-west4-a", "--", *run, "--mesh=tpu-v5e-16"],
        "needs --tpu_name=NAME"),
       (["--backend=tpu-vm", "--tpu_name=t", "--", *run, "--mesh=tpu-v5e-16"], "needs --zone"),
@@ -82,18 +121,6 @@ def mistakes(out: str) -> list[tuple[list[str], str]]:
        "is not shorter than --time=5 (300 s)"),
       (["--backend=slurm", "--sbatch=qos=high", "--", *run, "--mesh=gpu-h100-8"],
        "give one sbatch option"),
-      (["--backend=slurm", "--num_procs=2", "--", *run], "unknown flag --num_procs"),
-      (["--backend=local", "--num_processes=0", "--", *run, "--mesh=cpu"], "must be at least 1"),
-      (["--backend=local", "--num_processes=2", "--", *run, "--process_id=1"],
-       "drop --process_id from the axtrain arguments"),
-      (["--backend=slurm", "--", *run, "--mesh=gpu-h100-8x2", "--config.trainer.max_stepz=3"],
-       "max_stepz"),
-      (["--backend=slurm", "--", *run, "--mesh=gpu-h200-8x"], "--mesh=gpu-h200-8x: unknown mesh"),
-      (["--backend=slurm", "--", "--config=configs/nope.py", f"--output_dir={out}"], "nope.py"),
-      (["--backend=slurm", "--job_name=a b", "--", *run, "--mesh=gpu-h100-8"],
-       "--job_name=a b: letters, digits"),
-      (["--backend=slurm", "--workdir=/elsewhere", "--", CONFIG, "--mesh=gpu-h100-8"],
-       "give an absolute --output_dir"),
   ]
 
 
@@ -111,12 +138,97 @@ def batch(tmp_path_factory) -> dict:
   commands["foreign"] = (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={foreign}",
                           "--mesh=gpu-h100-8x2"], foreign)
   for name, (flags_, train) in GOLDEN_CASES.items():
-    commands[name] = (["launch", "--dry_run", "--job_name=llm-1b", *flags_, "--", CONFIG,
-                       f"--output_dir={root / name}", *train], root / name)
+    commands[name] = (["launch", "--dry_run", "--job_name=llm-1b", *flags_,
+                       f"--record_dir={root / name}", "--", CONFIG, "--output_dir=/runs/llm_1b",
+                       *train], root / name)
   for name, args in SCRIPTS.items():
     commands[name] = (["launch", *args(root / name)], root / name)
+  commands.update(run_dir_states(root / "l2"))
+  commands.update(records(root))
   results = cli_batch([argv for argv, _ in commands.values()])
   return {name: (result, where) for (name, (_, where)), result in zip(commands.items(), results)}
+
+
+def run_dir_states(l2: pathlib.Path) -> dict[str, tuple[list[str], pathlib.Path]]:
+  """A completed 1-step run in `l2`, then launches into it (in this order): a changed learning
+  rate, the same config, a run nested in it, and --overwrite."""
+  train = ["--config=tests/testdata/ckpt_lm.py", "--config.trainer.max_steps=1", "--mesh=cpu"]
+  launch = ["launch", "--backend=local", "--dry_run", "--num_processes=2",
+            "--devices_per_process=1", "--", *train]
+  return {
+      "l2-train": ([*train, f"--output_dir={l2}", "--progress=false"], l2),
+      "l2-changed-lr": ([*launch, f"--output_dir={l2}", "--config.optimizer.learning_rate=1e-3"],
+                        l2),
+      "l2-completed": ([*launch, f"--output_dir={l2}"], l2),
+      "l2-nested": ([*launch, f"--output_dir={l2 / 'inner'}"], l2),
+      "l2-overwrite": ([*launch, f"--output_dir={l2}", "--overwrite"], l2),
+  }
+
+
+def test_launch_checks_the_run_directory_as_the_run_does_before_writing(batch):
+  """A launch that its processes would refuse (a changed config, a nested run) is refused before
+  it writes its record; a completed run is left alone; --overwrite then finds nothing foreign."""
+  assert batch["l2-train"][0].returncode == 0, batch["l2-train"][0].stderr
+  changed, completed, nested, overwrite = (batch[f"l2-{name}"][0] for name in (
+      "changed-lr", "completed", "nested", "overwrite"))
+  l2 = batch["l2-train"][1]
+  [line] = changed.stderr.strip().splitlines()
+  assert changed.returncode == 2 and line.startswith(f"axtrain: error: {l2} holds a run with a "
+                                                     f"different config"), line
+  assert "optimizer.learning_rate" in line
+  assert completed.returncode == 0 and "already completed; nothing to do" in completed.stderr
+  assert completed.stdout == ""  # nothing printed as written
+  assert nested.returncode == 2 and "runs never nest" in nested.stderr
+  assert not (l2 / "inner").exists()
+  assert overwrite.returncode == 0, overwrite.stderr
+  # Only the --overwrite launch left a record: the refused and the completed ones wrote nothing.
+  [record] = (l2 / "launch").iterdir()
+  assert record.name == "001-local.sh" and "--overwrite" in record.read_text()
+
+
+def records(root: pathlib.Path) -> dict[str, tuple[list[str], pathlib.Path]]:
+  """Launches whose records land beside earlier ones, one outside the cluster's run directory,
+  and one into a directory whose name needs quoting."""
+  tpu = ["launch", "--backend=tpu-vm", "--dry_run", "--tpu_name=t", "--zone=us-west4-a",
+         f"--record_dir={root / 'tpu-records'}", "--", CONFIG, "--output_dir=/runs/llm_1b"]
+  quoted = root / "it's a run"
+  return {
+      "tpu-16x2": ([*tpu, "--mesh=tpu-v5e-16x2"], root / "tpu-records"),
+      "tpu-16": ([*tpu, "--mesh=tpu-v5e-16"], root / "tpu-records"),
+      "k8s-remote": (["launch", "--backend=k8s", "--dry_run", "--image=r/a:1",
+                      f"--volume=runs:{REMOTE}", f"--record_dir={root / 'k8s-remote'}", "--",
+                      CONFIG, f"--output_dir={REMOTE / '1b'}", "--mesh=gpu-h100-8"],
+                     root / "k8s-remote"),
+      "slurm-quoted": (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={quoted}",
+                        "--mesh=gpu-h100-8"], quoted),
+  }
+
+
+def test_each_launch_keeps_its_own_record(batch):
+  first, second = batch["tpu-16x2"][0], batch["tpu-16"][0]
+  assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+  where = batch["tpu-16"][1]
+  assert sorted(p.name for p in where.iterdir()) == ["001-tpu-vm.sh", "002-tpu-vm.sh"]
+  assert "--mesh=tpu-v5e-16x2" in (where / "001-tpu-vm.sh").read_text()
+  assert "--mesh=tpu-v5e-16 " in (where / "002-tpu-vm.sh").read_text()
+  assert f"wrote {where / '002-tpu-vm.sh'}" in second.stderr
+
+
+def test_a_cluster_run_directory_is_not_created_here(batch):
+  """The k8s run directory names the pods' volume: the record goes to --record_dir here."""
+  result, where = batch["k8s-remote"]
+  assert result.returncode == 0, result.stderr
+  assert not REMOTE.exists()
+  assert [p.name for p in where.iterdir()] == ["001-k8s.yaml"]
+  assert f"--output_dir={REMOTE / '1b'}" in (where / "001-k8s.yaml").read_text()
+
+
+def test_printed_commands_are_shell_quoted(batch):
+  result, quoted = batch["slurm-quoted"]
+  assert result.returncode == 0, result.stderr
+  hint = result.stderr.split("submit it with: ", 1)[1].split("  (or add --submit)")[0]
+  assert shlex.split(hint) == ["sbatch", str(quoted / "launch" / "001-slurm.sbatch")]
+  assert (quoted / "launch" / "001-slurm.sbatch").is_file()
 
 
 def test_mistakes_are_one_line_exit_2_and_write_nothing(batch):
@@ -192,7 +304,8 @@ GOLDEN_CASES = {
                                "--volume=runs:/runs", "--node_selector=pool=h100"],
                               ["--mesh=gpu-h100-8x2"]),
     "k8s-tpu-v5e-16.yaml": (["--backend=k8s", "--image=registry.example.com/axtrain:v1",
-                             "--namespace=train", "--max_restarts=3"], ["--mesh=tpu-v5e-16"]),
+                             "--volume=runs:/runs", "--namespace=train", "--max_restarts=3"],
+                            ["--mesh=tpu-v5e-16"]),
     "tpu-vm-tpu-v5e-16.sh": (["--backend=tpu-vm", "--tpu_name=my-tpu", "--zone=us-west4-a",
                               "--workdir=/home/me/axtrain"], ["--mesh=tpu-v5e-16"]),
     "tpu-vm-tpu-v5e-16x2.sh": (["--backend=tpu-vm", "--tpu_name=my-tpu", "--zone=us-west4-a",
@@ -203,15 +316,17 @@ GOLDEN_CASES = {
 
 @pytest.fixture(scope="module")
 def rendered(batch) -> dict[str, str]:
-  """Each golden case's written file, with its run directory as /runs/llm_1b."""
+  """Each golden case's written file (run directory /runs/llm_1b), its --record_dir written as
+  launches/llm-1b."""
   out = {}
   for name in GOLDEN_CASES:
     result, where = batch[name]
     assert result.returncode == 0, result.stderr
-    [path] = (where / "launch").iterdir()
+    [path] = where.iterdir()
+    assert path.name in ("001-k8s.yaml", "001-tpu-vm.sh")
     text = path.read_text()
     assert text in result.stdout  # printed as written
-    out[name] = text.replace(str(where), "/runs/llm_1b")
+    out[name] = text.replace(str(where), "launches/llm-1b")
   return out
 
 
@@ -332,7 +447,7 @@ def test_slurm_script_and_local_dry_run(batch):
   gpu, per_gpu, cpu = (batch[name][1] for name in SCRIPTS)
   for result in results:
     assert result.returncode == 0, result.stderr
-  script = (gpu / "launch" / "slurm.sbatch").read_text()
+  script = (gpu / "launch" / "001-slurm.sbatch").read_text()
   options = re.findall(r"^#SBATCH (\S+)$", script, re.M)
   assert options == [f"--job-name={default_name(gpu)}", "--nodes=2", "--ntasks-per-node=1",
                      "--gpus-per-node=8", "--time=2-00:00:00", "--signal=TERM@300",
@@ -341,12 +456,12 @@ def test_slurm_script_and_local_dry_run(batch):
   assert "export JAX_LOCAL_DEVICE_IDS=0,1,2,3,4,5,6,7\n" in script
   assert "srun --kill-on-bad-exit=1 " in script and "${SLURM_RESTART_COUNT:-0}\" -lt 7" in script
   assert 'scontrol requeue "$SLURM_JOB_ID"' in script
-  assert subprocess.run(["bash", "-n", gpu / "launch" / "slurm.sbatch"]).returncode == 0
-  per_device = (per_gpu / "launch" / "slurm.sbatch").read_text()
+  assert subprocess.run(["bash", "-n", gpu / "launch" / "001-slurm.sbatch"]).returncode == 0
+  per_device = (per_gpu / "launch" / "001-slurm.sbatch").read_text()
   assert "#SBATCH --ntasks-per-node=8\n" in per_device and "JAX_LOCAL_DEVICE_IDS" not in per_device
   assert "#SBATCH --time" not in per_device and "#SBATCH --signal" not in per_device
   # local --dry_run: the two commands, one coordinator, nothing started.
-  local = (cpu / "launch" / "local.sh").read_text()
+  local = (cpu / "launch" / "001-local.sh").read_text()
   lines = [shlex.split(line.removesuffix(" &")) for line in local.splitlines()
            if "--process_id=" in line]
   assert [words[0] for words in lines] == ["XLA_FLAGS=--xla_force_host_platform_device_count=3"] * 2
@@ -354,5 +469,5 @@ def test_slurm_script_and_local_dry_run(batch):
   assert [w for w in lines[1] if w.startswith("--process_id")] == ["--process_id=1"]
   address = {w for words in lines for w in words if w.startswith("--coordinator_address=127.0.0.1:")}
   assert len(address) == 1
-  assert sorted(p.name for p in cpu.iterdir()) == ["launch"]
+  assert sorted(p.name for p in cpu.iterdir()) == [".lock", "launch"]  # as a run leaves it
   assert "run it with: axtrain launch --backend=local --num_processes=2" in results[2].stderr

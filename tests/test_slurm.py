@@ -60,7 +60,7 @@ def submit(slurm, cache, run_dir, *launch_flags: str) -> str:
   assert done.returncode == 0, done.stderr[-3000:]
   m = re.search(r"submitted Slurm job (\d+)", done.stdout)
   assert m, done.stdout[-2000:]
-  assert (run_dir / "launch" / "slurm.sbatch").is_file()
+  assert [p.name for p in (run_dir / "launch").glob("*.sbatch")] == ["001-slurm.sbatch"]
   return m[1]
 
 

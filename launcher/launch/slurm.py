@@ -29,7 +29,7 @@ import subprocess
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -167,7 +167,7 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 
 def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
   del job
-  return f"submit it with: sbatch {files['slurm.sbatch']}  (or add --submit)"
+  return f"submit it with: sbatch {shlex.quote(str(files['slurm.sbatch']))}  (or add --submit)"
 
 
 BACKEND = Backend(name="slurm", summary="an sbatch script running `srun axtrain ...` (requeued "

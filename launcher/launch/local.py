@@ -27,7 +27,7 @@ import time
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
 FAILURE_GRACE_S = 5.0  # after one process fails, the others' time to exit before SIGKILL
@@ -87,10 +87,17 @@ def _define(fv: flags.FlagValues) -> None:
 
 def _check(job: Job, fv: flags.FlagValues) -> None:
   del fv
-  if job.layout.num_hosts != 1:
+  layout = job.layout
+  if layout.num_hosts != 1:
     raise UserError(f"--backend=local starts processes on this machine only; "
-                    f"--mesh={job.layout.mesh} spans {job.layout.num_hosts} hosts: use "
+                    f"--mesh={layout.mesh} spans {layout.num_hosts} hosts: use "
                     f"--backend=slurm or --backend=k8s")
+  here = this_machine_platform()
+  if layout.platform != here:  # what a run's trainer/meshes.py:check_present refuses, found
+    # without starting JAX's backend here (it would hold the GPUs that the processes need)
+    raise UserError(f"--mesh={layout.mesh} is a {layout.platform} mesh but this machine runs "
+                    f"{here}; launch here with --mesh={here} (or --mesh=auto), or plan for "
+                    f"that hardware with `axtrain plan --mesh={layout.mesh}`")
 
 
 def _render(job: Job, fv: flags.FlagValues) -> dict[str, str]:

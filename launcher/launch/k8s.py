@@ -17,15 +17,18 @@ The run directory must be on storage that every pod mounts at the same path (--v
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+import posixpath
 import re
+import shlex
 import shutil
 import subprocess
 
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
 
 DEFAULT_PORT = 8476  # the coordinator's port on pod 0
@@ -46,7 +49,7 @@ def _define(fv: flags.FlagValues) -> None:
                             "(repeat for several; TPU entries add GKE's TPU labels).",
                             flag_values=fv)
   flags.DEFINE_multi_string("volume", [], "CLAIM:MOUNT_PATH: a PersistentVolumeClaim every pod "
-                            "mounts, e.g. for the run directory (repeat for several).",
+                            "mounts (repeat for several); the run directory must be under one.",
                             flag_values=fv)
   flags.DEFINE_integer("coordinator_port", DEFAULT_PORT, "k8s: the coordinator's port on pod 0.",
                        flag_values=fv)
@@ -102,75 +105,114 @@ def _check(job: Job, fv: flags.FlagValues) -> None:
   if layout.platform == "tpu" and _family(layout.mesh) not in GKE_TPU_ACCELERATORS:
     raise UserError(f"--mesh={layout.mesh}: no GKE TPU node label known for it")
   _selectors(fv.node_selector)
-  _volumes(fv.volume)
+  _check_shared(job, _volumes(fv.volume))
+
+
+def _check_shared(job: Job, volumes: list[tuple[str, str]]) -> None:
+  """Refuses a run directory that is not under a --volume mount: it would be on each pod's own
+  disk, a copy per pod (several hosts cannot share a checkpoint) that goes with the pod."""
+  run_dir = pathlib.PurePosixPath(job.run_dir)
+  if not run_dir.is_absolute() and job.workdir:
+    run_dir = pathlib.PurePosixPath(job.workdir) / run_dir
+  mounts = [pathlib.PurePosixPath(path) for _, path in volumes]
+  if run_dir.is_absolute():
+    run_dir = pathlib.PurePosixPath(posixpath.normpath(run_dir))
+    if any(run_dir.is_relative_to(mount) for mount in mounts):
+      return
+  where = (f"not under a --volume mount ({', '.join(map(str, mounts))})" if mounts else
+           "on no --volume")
+  raise UserError(f"--backend=k8s: the run directory {job.run_dir} is {where}, so it would be on "
+                  f"each pod's own disk and go with the pod; mount shared storage and give the "
+                  f"run directory under it, e.g. --volume=runs:/runs with --output_dir=/runs/NAME")
 
 
 def _family(mesh: str) -> str:
   return mesh.rsplit("-", 1)[0]
 
 
-def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
-  """The Service and the Job, as Kubernetes objects (dicts)."""
-  layout = job.layout
-  n = layout.num_processes
-  def labels() -> dict:  # a fresh dict each time: YAML would write a shared one as an anchor
-    return {"app.kubernetes.io/name": "axtrain", "axtrain/job": job.name}
-  service = {
+def _labels(job: Job) -> dict:
+  """The objects' labels: a fresh dict each call, since YAML writes a shared one as an anchor."""
+  return {"app.kubernetes.io/name": "axtrain", "axtrain/job": job.name}
+
+
+def _service(job: Job, fv: flags.FlagValues) -> dict:
+  """The headless Service that gives pod i the DNS name <name>-i.<name>.<namespace>.svc."""
+  return {
       "apiVersion": "v1", "kind": "Service",
-      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels()},
+      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": _labels(job)},
       "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                "selector": {"axtrain/job": job.name},
                "ports": [{"name": "coordinator", "port": fv.coordinator_port}]},
   }
-  selectors = {}
-  resources = {}
-  env = []
-  extra_args = []
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Devices:
+  """What a pod of the entry's platform asks for and is given to join the others."""
+  resources: dict  # the device resource per pod
+  selectors: dict  # node labels the platform needs (GKE's TPU labels)
+  env: list  # JAX_* variables (GPU pods of several processes)
+  args: tuple[str, ...]  # extra axtrain flags (TPU pods of several hosts)
+
+
+def _devices(job: Job, fv: flags.FlagValues) -> _Devices:
+  layout, n = job.layout, job.layout.num_processes
   if layout.platform == "gpu":
-    resources = {"nvidia.com/gpu": layout.devices_per_process}
-    if n > 1:
-      env = [{"name": "JAX_COORDINATOR_ADDRESS",
-              "value": f"{job.name}-0.{job.name}.{fv.namespace}.svc:{fv.coordinator_port}"},
-             {"name": "JAX_NUM_PROCESSES", "value": str(n)},
-             {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {
-                 "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
-  else:
-    selectors = {"cloud.google.com/gke-tpu-accelerator": GKE_TPU_ACCELERATORS[_family(layout.mesh)],
-                 "cloud.google.com/gke-tpu-topology": layout.topology.split(":", 1)[1]}
-    resources = {"google.com/tpu": layout.devices_per_process}
-    if n > 1:
-      extra_args = ["--distributed=tpu"]
-  selectors.update(_selectors(fv.node_selector))
-  volumes = _volumes(fv.volume)
-  container = {
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    env = [{"name": "JAX_COORDINATOR_ADDRESS",
+            "value": f"{job.name}-0.{job.name}.{fv.namespace}.svc:{fv.coordinator_port}"},
+           {"name": "JAX_NUM_PROCESSES", "value": str(n)},
+           {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {"fieldPath": index}}}]
+    return _Devices(resources={"nvidia.com/gpu": layout.devices_per_process}, selectors={},
+                    env=env if n > 1 else [], args=())
+  selectors = {"cloud.google.com/gke-tpu-accelerator": GKE_TPU_ACCELERATORS[_family(layout.mesh)],
+               "cloud.google.com/gke-tpu-topology": layout.topology.split(":", 1)[1]}
+  return _Devices(resources={"google.com/tpu": layout.devices_per_process},
+                  selectors=selectors, env=[], args=("--distributed=tpu",) if n > 1 else ())
+
+
+def _container(job: Job, fv: flags.FlagValues, devices: _Devices,
+               volumes: list[tuple[str, str]]) -> dict:
+  tpu = job.layout.platform == "tpu"  # TPU workers also talk on the tpu-runtime port
+  return {
       "name": "axtrain",
       "image": fv.image,
-      "command": job.argv(*extra_args),
+      "command": job.argv(*devices.args),
       **({"workingDir": job.workdir} if job.workdir else {}),
-      **({"env": env} if env else {}),
+      **({"env": devices.env} if devices.env else {}),
       "ports": [{"name": "coordinator", "containerPort": fv.coordinator_port},
-                *([{"name": "tpu-runtime", "containerPort": 8471}]  # TPU workers talk on it
-                  if layout.platform == "tpu" else [])],
-      "resources": {"limits": resources, "requests": dict(resources)},
+                *([{"name": "tpu-runtime", "containerPort": 8471}] if tpu else [])],
+      "resources": {"limits": devices.resources, "requests": dict(devices.resources)},
       **({"volumeMounts": [{"name": f"volume-{i}", "mountPath": path}
                            for i, (_, path) in enumerate(volumes)]} if volumes else {}),
   }
-  pod = {
-      "metadata": {"labels": labels()},
+
+
+def _pod(job: Job, fv: flags.FlagValues) -> dict:
+  """The pod template: one axtrain container, its devices, node selectors and volumes."""
+  devices, volumes = _devices(job, fv), _volumes(fv.volume)
+  selectors = {**devices.selectors, **_selectors(fv.node_selector)}
+  return {
+      "metadata": {"labels": _labels(job)},
       "spec": {
           "subdomain": job.name,  # pod i is <name>-i.<name>.<namespace>.svc
           "restartPolicy": "Never",
           # SIGTERM (eviction, drain) lets the processes agree on a step and checkpoint it.
           "terminationGracePeriodSeconds": 300,
           **({"nodeSelector": selectors} if selectors else {}),
-          "containers": [container],
+          "containers": [_container(job, fv, devices, volumes)],
           **({"volumes": [{"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": claim}}
                           for i, (claim, _) in enumerate(volumes)]} if volumes else {}),
       },
   }
+
+
+def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
+  """The Service and the Job, as Kubernetes objects (dicts)."""
+  n = job.layout.num_processes
   job_object = {
       "apiVersion": "batch/v1", "kind": "Job",
-      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": labels()},
+      "metadata": {"name": job.name, "namespace": fv.namespace, "labels": _labels(job)},
       "spec": {
           "completionMode": "Indexed",
           "completions": n,
@@ -182,10 +224,10 @@ def manifest(job: Job, fv: flags.FlagValues) -> list[dict]:
                                                    "values": [EXIT_PREEMPTED]}},
               {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
           ]},
-          "template": pod,
+          "template": _pod(job, fv),
       },
   }
-  return [service, job_object]
+  return [_service(job, fv), job_object]
 
 
 def _render(job: Job, fv: flags.FlagValues) -> dict[str, str]:
@@ -212,7 +254,8 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
   del job
   have = "" if shutil.which("kubectl") else " (kubectl is not on PATH here)"
-  return f"apply it with: kubectl apply -f {files['k8s.yaml']}{have}  (or add --submit)"
+  return (f"apply it with: kubectl apply -f {shlex.quote(str(files['k8s.yaml']))}{have}  "
+          f"(or add --submit)")
 
 
 BACKEND = Backend(name="k8s", summary="an Indexed Job + headless Service (pod failure policy "

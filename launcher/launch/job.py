@@ -1,8 +1,8 @@
 """What every `axtrain launch` backend is handed: the job (`Job`) and the backend's own hooks.
 
-A backend (launch_local.py, launch_slurm.py, launch_k8s.py, launch_tpu_vm.py) is one
-`Backend`: its flags, its checks, the files it writes into the run directory's launch/, and how
-it starts them. launch.py parses, checks what all backends share, and calls these in order.
+A backend (local.py, slurm.py, k8s.py, tpu_vm.py) is one `Backend`: its flags, its checks, the
+files it writes into the run directory's launch/, and how it starts them. command.py parses,
+checks what all backends share, and calls these in order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 from absl import flags
 
-from launcher.launch_layout import Layout
+from launcher.launch.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,11 +26,13 @@ class Job:
   axtrain: tuple[str, ...]  # the command that runs axtrain where the job runs
   workdir: str | None  # where it runs (--workdir, or this directory); None: the image's (k8s)
   run_dir: pathlib.Path  # the run directory, as the processes see it
+  record_dir: pathlib.Path  # where this machine keeps the launch record (command.py)
   command: str  # the `axtrain launch ...` command line, recorded in what is written
   coordinator_port: int | None = None  # process 0's port, where the backend chooses it
 
   @property
   def launch_dir(self) -> pathlib.Path:
+    """The run directory's launch/, as the processes see it (Slurm writes its log there)."""
     return self.run_dir / "launch"
 
   def argv(self, *extra: str) -> list[str]:

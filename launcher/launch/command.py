@@ -7,45 +7,48 @@ examples:
   axtrain launch --backend=local --num_processes=2 --devices_per_process=2 -- --config=configs/tiny.py --mesh=cpu
   axtrain launch --backend=slurm --time=4:00:00 --partition=gpu --submit -- --config=configs/llm_1b.py --mesh=gpu-h100-8x2
   axtrain launch --backend=k8s --image=REGISTRY/axtrain:v1 --volume=runs:/runs -- --config=configs/llm_1b.py --mesh=gpu-h100-8x4 --output_dir=/runs/1b
-  axtrain launch --backend=tpu-vm --tpu_name=my-tpu --zone=us-west4-a -- --config=configs/llm_1b.py --mesh=tpu-v5e-16
+  axtrain launch --backend=tpu-vm --tpu_name=my-tpu --zone=us-west4-a -- --config=configs/llm_1b.py --mesh=tpu-v5e-16 --output_dir=/mnt/runs/1b
 
-Writes what starts the run into the run directory's launch/ (local.sh, slurm.sbatch, k8s.yaml,
-tpu-vm.sh), prints it, then: local runs the processes (unless --dry_run); slurm, k8s and
-tpu-vm submit only with --submit (sbatch, kubectl apply, gcloud ssh). The mesh entry
+First it makes the checks the processes would make before they touch the disk (the config;
+the run directory: a different config, completed, inside another run; local: the mesh entry
+against this machine). Then it writes what starts the run as a new record, never replacing an
+earlier one (the highest NNN is the newest): launch/NNN-local.sh or launch/NNN-slurm.sbatch in
+the run directory, NNN-k8s.yaml or NNN-tpu-vm.sh in --record_dir (the cluster's run directory
+is not created here). It prints it, then: local runs the processes (unless --dry_run); slurm,
+k8s and tpu-vm submit only with --submit (sbatch, kubectl apply, gcloud ssh). The mesh entry
 (--mesh after `--`, docs/meshes.md) sets the hosts and devices; a generic entry (cpu, gpu,
-auto) takes --num_processes. Exit codes: those of the run (0 done, 1 failed, 2 usage error,
-75 preempted: re-run to resume); mistakes print one line and write nothing. docs/launch.md.
+auto) takes --num_processes. Exit codes: those of the run (0 done, 1 failed, 2 usage error, 75
+preempted: re-run to resume); mistakes print one line and write nothing. docs/launch.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import os
 import pathlib
 import re
 import shlex
 import shutil
 import sys
-from typing import Any
+from typing import Callable
 
 from absl import flags
 
 from launcher import config_loading, run_dir as run_dir_lib
 from launcher.errors import UserError, suggest
-from launcher.launch_job import Backend, Job, default_name
-from launcher import launch_k8s, launch_layout, launch_local, launch_slurm, launch_tpu_vm
+from launcher.launch.job import Backend, Job, default_name
+from launcher.launch import checks, k8s, layout as layout_lib, local, slurm, tpu_vm
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (launch_local.BACKEND, launch_slurm.BACKEND,
-                                                    launch_k8s.BACKEND, launch_tpu_vm.BACKEND)}
-# Training flags that launch sets for every process itself.
-_OWNED = ("coordinator_address", "num_processes", "process_id", "distributed")
+BACKENDS: dict[str, Backend] = {b.name: b for b in (local.BACKEND, slurm.BACKEND, k8s.BACKEND,
+                                                    tpu_vm.BACKEND)}
+_RECORD = re.compile(r"^(\d+)-")  # a launch record: NNN-<file>, numbered in launch order
 
 
 def _define_flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("backend", None, "local, slurm, k8s or tpu-vm (required).", flag_values=fv)
-  flags.DEFINE_boolean("dry_run", False, "Only write (and print) the script or manifest into "
-                       "the run directory's launch/.", flag_values=fv)
+  flags.DEFINE_boolean("dry_run", False, "Only write (and print) the launch record, the script "
+                       "or manifest; start nothing.", flag_values=fv)
   flags.DEFINE_boolean("submit", False, "slurm, k8s, tpu-vm: also submit it (sbatch, kubectl "
                        "apply, gcloud ssh).", flag_values=fv)
   flags.DEFINE_integer("num_processes", None, "Processes in all (a generic mesh entry; a named "
@@ -63,6 +66,9 @@ def _define_flags() -> flags.FlagValues:
                       "slurm and tpu-vm, the image's for k8s).", flag_values=fv)
   flags.DEFINE_integer("max_restarts", 5, "slurm: requeues after exit 75; k8s: failures per "
                        "pod counted by backoffLimit.", flag_values=fv)
+  flags.DEFINE_string("record_dir", None, "k8s, tpu-vm: where this machine keeps the launch "
+                      "record (default: launches/<job name>); local and slurm keep it in the run "
+                      "directory's launch/.", flag_values=fv)
   for backend in BACKENDS.values():
     backend.define(fv)
   return fv
@@ -84,52 +90,81 @@ def help_text(fv: flags.FlagValues) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
-  """argv without the `launch` word: [prog, launch flags..., --, axtrain arguments...]."""
+def main(argv: list[str], *, parse_train: Callable[[list[str]], flags.FlagValues]) -> int:
+  """argv without the `launch` word: [prog, launch flags..., --, axtrain arguments...].
+
+  `parse_train`: training's own flag parser (launcher/main.py:parse_flags), handed down by the
+  dispatch so that this package never imports the module above it.
+  """
   fv = _define_flags()
-  if "--" in argv:
-    cut = argv.index("--")
-    ours, train_args = argv[:cut], argv[cut + 1:]
-  else:
-    ours, train_args = argv, []
+  cut = argv.index("--") if "--" in argv else len(argv)
+  ours, train_args = argv[:cut], argv[cut + 1:]
   if any(a in ("-h", "--help", "-help", "--helpfull") for a in ours[1:]):
     sys.stdout.write(help_text(fv))
     return 0
   _parse(fv, ours)
   backend = _backend(fv.backend)
   starts = _check_modes(fv, backend)
-  train = _check_train_args(train_args)
-  layout = launch_layout.resolve(
-      train.mesh, num_processes=fv.num_processes, devices_per_process=fv.devices_per_process,
+  train_fv = checks.parse(train_args, parse_train, launch_flags=set(fv))
+  layout = layout_lib.resolve(
+      train_fv.mesh, num_processes=fv.num_processes, devices_per_process=fv.devices_per_process,
       process_per=fv.process_per, nodes=fv.nodes,
-      local_platform=launch_local.this_machine_platform() if backend.runs_by_default else None,
+      local_platform=local.this_machine_platform() if backend.runs_by_default else None,
       sized_by_flags=backend.sized_by_flags)
   if fv.max_restarts < 0:
     raise UserError(f"--max_restarts={fv.max_restarts}: must be >= 0")
-  run_dir = (pathlib.Path(os.path.expanduser(train.output_dir)) if train.output_dir
-             else _default_dir(train_args, train))
-  _check_run_dir(run_dir)
-  _check_names(fv, backend, run_dir)
-  job = Job(name=fv.job_name or default_name(run_dir), layout=layout,
-            train_args=tuple(train_args), axtrain=_axtrain(fv, backend),
-            workdir=fv.workdir or (None if backend.own_workdir else os.getcwd()),
-            run_dir=run_dir, command=shlex.join(["axtrain", "launch", *argv[1:]]),
-            coordinator_port=backend.port(fv))
+  train = checks.resolve(train_args, train_fv)
+  job = _job(fv, backend, argv=argv, train=train, layout=layout)
   backend.check(job, fv)
+  if backend.runs_here:
+    checks.check_place(job.run_dir)
   texts = backend.render(job, fv)
   reason = backend.preflight(texts) if starts else None
   if reason:
     raise UserError(f"{backend.tool} would refuse this job: {reason}")
-  say(f"{backend.name}: {layout.describe()}; run directory {run_dir}")
-  for text in texts.values():
-    sys.stdout.write(text)
-  sys.stdout.flush()
-  files = _write(job.launch_dir, texts)
+  with checks.claimed(train) if backend.runs_here else contextlib.nullcontext() as state:
+    if state == "completed":
+      say(checks.completed_note(job.run_dir))
+      return 0
+    say(f"{backend.name}: {layout.describe()}; run directory {job.run_dir}")
+    for text in texts.values():
+      sys.stdout.write(text)
+    sys.stdout.flush()
+    files = write_record(job.record_dir, texts)
   say(f"wrote {', '.join(str(p) for p in files.values())}")
   if not starts:
     say(backend.submit_hint(job, files))
     return 0
   return backend.start(job, fv, files)
+
+
+def _job(fv: flags.FlagValues, backend: Backend, *, argv: list[str], train: checks.Train,
+         layout: layout_lib.Layout) -> Job:
+  run_dir = train.run_dir
+  _check_names(fv, backend, run_dir)
+  name = fv.job_name or default_name(run_dir)
+  return Job(name=name, layout=layout, train_args=train.args, axtrain=_axtrain(fv, backend),
+             workdir=fv.workdir or (None if backend.own_workdir else os.getcwd()),
+             run_dir=run_dir, record_dir=_record_dir(fv, backend, run_dir, name),
+             command=shlex.join(["axtrain", "launch", *argv[1:]]),
+             coordinator_port=backend.port(fv))
+
+
+def _record_dir(fv: flags.FlagValues, backend: Backend, run_dir: pathlib.Path,
+                name: str) -> pathlib.Path:
+  """Where the launch record goes: the run directory's launch/ where the processes share this
+  filesystem; else --record_dir or launches/<job name> here, never the cluster's path."""
+  if backend.runs_here:
+    if fv.record_dir is not None:
+      raise UserError(f"launch: --record_dir is for k8s and tpu-vm; --backend={backend.name} "
+                      f"keeps its record in the run directory's launch/")
+    return run_dir / "launch"
+  if fv.record_dir is not None and not fv.record_dir.strip():
+    raise UserError("launch: --record_dir is empty; give a directory, or leave it out for "
+                    f"launches/{name}")
+  where = pathlib.Path(os.path.expanduser(fv.record_dir or f"launches/{name}"))
+  run_dir_lib.check_writable(where, flag="--record_dir")
+  return where
 
 
 def say(text: str) -> None:
@@ -179,51 +214,6 @@ def _check_modes(fv: flags.FlagValues, backend: Backend) -> bool:
   return starts
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Train:
-  """What launch reads of the training arguments (parsed and checked as training would)."""
-  mesh: str
-  output_dir: str | None
-  config: Any  # the resolved ml_collections.ConfigDict of the training arguments
-
-
-def _check_train_args(train_args: list[str]) -> _Train:
-  if not train_args:
-    raise UserError("launch: give the axtrain arguments after `--`, e.g. axtrain launch "
-                    "--backend=local --num_processes=2 -- --config=configs/tiny.py")
-  for arg in train_args:
-    name = arg.lstrip("-").split("=", 1)[0]
-    if arg.startswith("--") and name in _OWNED:
-      raise UserError(f"launch: drop --{name} from the axtrain arguments; launch sets it for "
-                      f"every process")
-    if arg.startswith("--") and name == "print_config":
-      raise UserError("launch: --print_config runs no training; run it without launch")
-  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
-  train = main_lib.parse_flags(["axtrain", *train_args])
-  return _Train(mesh=train.mesh, output_dir=train.output_dir, config=train["config"].value)
-
-
-def _default_dir(train_args: list[str], train: _Train) -> pathlib.Path:
-  """The run directory the training processes will name (launcher/run_names.py:directory)."""
-  from launcher import run_names  # pylint: disable=import-outside-toplevel
-  value, items = config_loading.config_file_arg(train_args), config_loading.overrides(train_args)
-  named = None if train.mesh == "auto" else train.mesh  # `auto` resolves where the processes run
-  if named is not None:
-    from trainer import meshes  # pylint: disable=import-outside-toplevel
-    meshes.apply_rules(train.config, named, {path for path, _ in items})
-  return run_names.directory(value, items, resolved=train.config, mesh=named)
-
-
-def _check_run_dir(run_dir: pathlib.Path) -> None:
-  run_dir_lib.check_writable(run_dir)
-  if run_dir.is_dir():
-    foreign = run_dir_lib.RunDir(run_dir).foreign()
-    if foreign:
-      raise UserError(f"{run_dir} holds files that axtrain did not write ({', '.join(foreign[:3])}"
-                      f"{' ...' if len(foreign) > 3 else ''}); it is not a run directory, "
-                      f"choose another --output_dir")
-
-
 def _check_names(fv: flags.FlagValues, backend: Backend, run_dir: pathlib.Path) -> None:
   if fv.job_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", fv.job_name):
     raise UserError(f"--job_name={fv.job_name}: letters, digits, '.', '_' and '-', starting with "
@@ -251,15 +241,20 @@ def _axtrain(fv: flags.FlagValues, backend: Backend) -> tuple[str, ...]:
   return (sys.executable, "-m", "launcher")
 
 
-def _write(directory: pathlib.Path, texts: dict[str, str]) -> dict[str, pathlib.Path]:
+def write_record(directory: pathlib.Path, texts: dict[str, str]) -> dict[str, pathlib.Path]:
+  """Writes `texts` (file name -> text) into `directory` as NNN-<name>, NNN one above the highest
+  record there, so that no launch replaces an earlier one's record; returns name -> path."""
   directory.mkdir(parents=True, exist_ok=True)
-  out = {}
-  for name, text in texts.items():
-    path = directory / name
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    if text.startswith("#!"):
-      tmp.chmod(0o755)
-    os.replace(tmp, path)
-    out[name] = path
-  return out
+  numbers = [int(m[1]) for p in directory.iterdir() if (m := _RECORD.match(p.name))]
+  number = max(numbers, default=0) + 1
+  while True:
+    paths = {name: directory / f"{number:03d}-{name}" for name in texts}
+    try:
+      for name, text in texts.items():
+        with open(paths[name], "x", encoding="utf-8") as f:  # never over an existing file
+          f.write(text)
+        if text.startswith("#!"):
+          paths[name].chmod(0o755)
+      return paths
+    except FileExistsError:  # another launch took this number meanwhile
+      number += 1

@@ -22,7 +22,7 @@ import subprocess
 from absl import flags
 
 from launcher.errors import UserError
-from launcher.launch_job import Backend, Job, header
+from launcher.launch.job import Backend, Job, header
 
 MEGASCALE_PORT = 8080  # the slices' coordinator port on NAME-0 worker 0
 _TPU_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -58,6 +58,11 @@ def _check(job: Job, fv: flags.FlagValues) -> None:
     raise UserError(f"--zone={fv.zone}: expected a zone like us-west4-a")
   if fv.project is not None and not _PROJECT.match(fv.project):
     raise UserError(f"--project={fv.project}: not a Google Cloud project id")
+  if not job.run_dir.is_absolute() and layout.num_hosts > 1:
+    raise UserError(f"--backend=tpu-vm: the run directory {job.run_dir} is relative, so each of "
+                    f"the {layout.num_hosts} workers would write its own copy under --workdir on "
+                    f"its own disk; give an absolute --output_dir on storage every worker mounts "
+                    f"(e.g. Filestore or a gcsfuse bucket)")
 
 
 def slice_names(job: Job, fv: flags.FlagValues) -> list[str]:
@@ -117,7 +122,7 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 
 def _hint(job: Job, files: dict[str, pathlib.Path]) -> str:
   del job
-  return f"run it with: bash {files['tpu-vm.sh']}  (or add --submit)"
+  return f"run it with: bash {shlex.quote(str(files['tpu-vm.sh']))}  (or add --submit)"
 
 
 BACKEND = Backend(name="tpu-vm", summary="gcloud ssh to every worker of a Cloud TPU VM slice "
