@@ -169,7 +169,8 @@ def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_pa
   (run / "config.json").write_text(json.dumps(cfg))
   code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")
   assert code == 2 and err == ("axtrain: error: the model cannot be written as GPT2LMHeadModel: "
-                               "block kind 'parallel' (needs pre_norm)\n")
+                               "model.block.kind is 'parallel' (GPT2LMHeadModel takes only "
+                               "'pre_norm')\n"), err
   (tmp_path / "empty_run").mkdir()
   (tmp_path / "empty_run" / "config.json").write_text(json.dumps(cfg))
   code, err = _convert(capsys, f"--to_hf={tmp_path / 'empty_run'}",
