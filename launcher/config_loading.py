@@ -1,6 +1,9 @@
 """Loading `--config=FILE[:arg]` with config_flags (locked), with one-line errors.
 
-Between loading the file and applying the `--config.*` overrides, every kind switch
+Before the file is loaded, every package that registers components is imported
+(`register_components`), so that whatever the file imports, each registry that the kind
+switches and override checks look up exists. Between loading the file and applying the
+`--config.*` overrides, every kind switch
 `--config.<path>.kind=K` replaces the node at <path> by K's node (parents before
 children, whatever the order on the command line; trainer.config.switch_kind), so
 that the other overrides may then set K's fields. Every override path is checked
@@ -86,6 +89,7 @@ class _SwitchingParser(ConfigFileFlagParser):
     self._argv = argv
 
   def parse(self, path):
+    register_components()
     returned_none = logging.Filter()  # config_flags warns of it; the refusal below says it
     returned_none.filter = lambda record: "get_config() returned None" not in str(record.msg)
     logging.getLogger("absl").addFilter(returned_none)
@@ -108,6 +112,18 @@ class _SwitchingParser(ConfigFileFlagParser):
       raise Refused(str(e)) from None
     cfg.lock()
     return cfg
+
+
+def register_components() -> None:
+  """Imports the packages whose modules register every component: the layer library
+  (modules), data sources and tokenizers (trainer.data), optimizers and schedules
+  (trainer.optimizer). A config file that builds its config from plain data (the config.py
+  that `axtrain convert` writes) imports none of them, and without them the override checks
+  and kind switches find no `data`, `optimizer` or `model` registry. Imported here, not at
+  the top: `axtrain --help` and the subcommands need no jax."""
+  import modules  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import trainer.data  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import trainer.optimizer  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
 
 def _get_config_line() -> str:

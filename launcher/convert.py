@@ -1,6 +1,6 @@
 """`axtrain convert`: Hugging Face <-> axtrain run directory.
 
-    axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR
+    axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes]
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
@@ -9,7 +9,12 @@ config.json (the resolved run config), config.py (whose get_config() returns
 that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
 source's config, reused by --to_hf) and a step-0 checkpoint. Training in
-RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included. --to_hf writes config.json + model.safetensors from the
+RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included.
+config.py's docstring gives the command that trains on a corpus, with the model's
+tokenizer: --tokenizer (a tokenizer.json, a SentencePiece .model or `bytes`, checked
+against the model's vocabulary), else HF_DIR/tokenizer.json, else UTF-8 bytes for a
+256-id model; for any other model a note asks for it, since no other vocabulary is the
+bytes tokenizer's. --to_hf writes config.json + model.safetensors from the
 latest checkpoint of a run directory. The vocabulary rows that pad the embedding and
 LM head to model.vocab_multiple are added (zeros) on import and dropped on export.
 Output goes to a temporary directory that is renamed into place at the end, so a
@@ -18,6 +23,7 @@ mistake writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -27,13 +33,13 @@ import tempfile
 
 import numpy as np
 
-from launcher.errors import UserError, suggest
+from launcher.errors import ConfigError, UserError, suggest
 from trainer.data.tokenizers import BytesTokenizer
 from trainer.run_files import Manifest
 
-USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR | "
+USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] | "
          "axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--no_scan_layers]")
-_FLAGS = ("from_hf", "to_hf", "output_dir", "scan_layers", "no_scan_layers")
+_FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers")
 
 CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
@@ -65,28 +71,73 @@ def get_config(arg=None):
 '''
 
 
-def _tokenizer(source: pathlib.Path, vocab_size: int) -> tuple[str, str]:
-  """What the docstring's corpus command reads text with, and its flags: the folder's own
+@dataclasses.dataclass(frozen=True)
+class _Tokenizer:
+  """The tokenizer that config.py's corpus command names: `text` for its docstring, `flags`
+  for the command, and `note`, one line for stderr when none could be chosen."""
+  text: str
+  flags: str
+  note: str | None = None
+
+
+def _flags(node: dict) -> str:
+  return " ".join(f"--config.data.tokenizer.{k}={v}" for k, v in node.items())
+
+
+def _tokenizer(source: pathlib.Path, vocab_size: int, named: str | None) -> _Tokenizer:
+  """What the corpus command reads text with: --tokenizer, else the folder's own
   tokenizer.json, else bytes for a model of the bytes tokenizer's vocabulary (what
-  `convert --to_hf` of a bytes-tokenizer run writes), else a tokenizer.json the user names."""
+  `convert --to_hf` of a bytes-tokenizer run writes), else none: the note asks for it, as the
+  bytes tokenizer cannot serve any other vocabulary (ids past the model's, or ids it never
+  learned)."""
+  if named is not None:
+    node = _named(named, vocab_size)
+    what = "UTF-8 bytes" if node["kind"] == BytesTokenizer.name else f"the tokenizer {named}"
+    return _Tokenizer(f"{what} (convert --tokenizer={named})", _flags(node))
   if (source / "tokenizer.json").is_file():
-    return ("the model's own tokenizer", "--config.data.tokenizer.kind=huggingface "
-            f"--config.data.tokenizer.path={source}/tokenizer.json")
+    return _Tokenizer("the model's own tokenizer", _flags(
+        {"kind": "huggingface", "path": f"{source}/tokenizer.json"}))
   if vocab_size == BytesTokenizer.vocab_size:
-    return (f"UTF-8 bytes ({vocab_size} ids, as the model's vocabulary; the folder has no "
-            "tokenizer.json)", f"--config.data.tokenizer.kind={BytesTokenizer.name}")
-  return (f"the model's tokenizer ({source} has no tokenizer.json: name the one the model was "
-          "trained with)", "--config.data.tokenizer.kind=huggingface "
-          "--config.data.tokenizer.path=PATH/TO/tokenizer.json")
+    return _Tokenizer(f"UTF-8 bytes ({vocab_size} ids, as the model's vocabulary; the folder has"
+                      " no tokenizer.json)", _flags({"kind": BytesTokenizer.name}))
+  return _Tokenizer(
+      f"the model's tokenizer ({source} has no tokenizer.json: name the one the model was "
+      "trained with)", _flags({"kind": "huggingface", "path": "PATH/TO/tokenizer.json"}),
+      note=f"axtrain: note: {source} has no tokenizer.json and the model's {vocab_size} ids are "
+           f"not the {BytesTokenizer.name} tokenizer's {BytesTokenizer.vocab_size}: no tokenizer "
+           f"chosen; to train on text, convert again with --tokenizer=PATH/TO/tokenizer.json "
+           f"(the model's own)")
 
 
-def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path) -> str:
-  tokenizer_text, tokenizer_flags = _tokenizer(source, resolved["model"]["vocab_size"])
+def _named(value: str, vocab_size: int) -> dict:
+  """The tokenizer node of --tokenizer=VALUE (a tokenizer.json, a SentencePiece .model or
+  `bytes`), loaded to check that it is one and that its ids fit the model's vocabulary."""
+  from trainer.data import tokenizers  # pylint: disable=import-outside-toplevel
+  if value == BytesTokenizer.name:
+    node = {"kind": BytesTokenizer.name}
+  elif not pathlib.Path(value).is_file():
+    raise UserError(f"convert: --tokenizer={value}: no such file; give the model's "
+                    f"tokenizer.json (or SentencePiece .model), or {BytesTokenizer.name}")
+  else:
+    node = {"kind": "huggingface" if value.endswith(".json") else "sentencepiece",
+            "path": value}
+  try:
+    tok = tokenizers.build(**node)
+  except ConfigError as e:
+    raise UserError(f"convert: --tokenizer={value}: {' '.join(str(e).split())}") from None
+  if tok.vocab_size > vocab_size:
+    raise UserError(f"convert: --tokenizer={value} has {tok.vocab_size} ids but the model's "
+                    f"vocabulary has {vocab_size}; name the tokenizer the model was trained with")
+  return node
+
+
+def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path,
+               tokenizer: _Tokenizer) -> str:
   text = json.dumps(resolved, indent=2, sort_keys=True)
   quote = "'" * 3
   literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
   return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal,
-                          tokenizer_text=tokenizer_text, tokenizer_flags=tokenizer_flags,
+                          tokenizer_text=tokenizer.text, tokenizer_flags=tokenizer.flags,
                           max_steps=resolved["trainer"]["max_steps"],
                           batch_size=resolved["data"]["batch_size"],
                           seq_len=resolved["data"]["seq_len"])
@@ -109,6 +160,9 @@ def parse_args(argv: list[str]) -> dict:
       out[name] = os.path.expanduser(value)  # `--output_dir=~/x`: the shell leaves ~ alone
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
+  if "tokenizer" in out and "to_hf" in out:
+    raise UserError(f"convert: --tokenizer goes with --from_hf (the tokenizer the model was "
+                    f"trained with); {USAGE}")
   return out
 
 
@@ -120,7 +174,7 @@ def main(argv: list[str]) -> int:
   _check_empty(output)
   if "from_hf" in args:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
-            argv=argv)
+            tokenizer=args.get("tokenizer"), argv=argv)
   else:
     to_hf(pathlib.Path(args["to_hf"]), output)
   print(f"axtrain: wrote {output}", file=sys.stderr)
@@ -333,7 +387,7 @@ def _load_params(run_dir: pathlib.Path, abstract_params):
 # -- the two directions --------------------------------------------------------------------
 
 def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
-            argv: list[str]) -> None:
+            tokenizer: str | None, argv: list[str]) -> None:
   if not hf_dir.is_dir():
     raise UserError(f"--from_hf {hf_dir} is not a directory")
   hf_cfg = _read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
@@ -356,6 +410,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   cfg = lm_config(node, max_steps=1000, learning_rate=1e-5, batch_size=8,
                   seq_len=min(1024, max_length), warmup_steps=100, data_kind="synthetic")
   resolved = json.loads(cfg.to_json_best_effort())
+  chosen = _tokenizer(hf_dir, node.vocab_size, tokenizer)
   exp = experiment_of(resolved)
   abstract = abstract_params(exp)
 
@@ -371,7 +426,8 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   with _Staging(output) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
-    (tmp / "config.py").write_text(_config_py(resolved, source=hf_dir, run_dir=output))
+    (tmp / "config.py").write_text(_config_py(resolved, source=hf_dir, run_dir=output,
+                                              tokenizer=chosen))
     Manifest(tmp).add(*(tmp / n for n in ("config.json", "hf_config.json", "config.py",
                                           "run.json")))
     run_dir_lib.write_json(tmp / "run.json", {
@@ -380,6 +436,8 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
         "num_params": num_params, "command": " ".join(["axtrain", "convert", *argv[1:]]),
         "versions": run_dir_lib.versions()})
     _write_initial(tmp, state)
+  if chosen.note:
+    print(chosen.note, file=sys.stderr)
 
 
 _NUMPY_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}

@@ -13,12 +13,22 @@ HF config implies must be read by the map from it; otherwise the conversion refu
 names what is unmapped. So a layer that adds a parameter cannot be dropped silently by a
 conversion written before it existed.
 
+Settings are checked the same way (`FieldMap`, `write_config`): each family's map says, for
+every field of the model config tree, which HF config key it becomes (`Key`), that HF cannot
+hold it except at some values (`Fixed`), that it shares another field's key (`Same`), or that
+it is not part of the model's math (`LAYOUT`, `INIT`); and, for every component slot, which
+kinds HF has. Export walks the model's config: a field or kind the map does not mention, or
+one HF cannot hold, refuses the export by its path (`model.block.attention.norm.eps`), so a
+setting added later (a soft-cap with no parameters) cannot export silently as plain LLaMA.
+tests/test_hf_export_fields.py enumerates every field from the registries against each map.
+
 Our vocabulary is padded (model.vocab_multiple): `pad_vocab` adds zero rows on import,
 `drop_vocab_padding` removes them on export.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,9 +36,65 @@ from typing import Any
 import numpy as np
 
 from modules import gpt2, llama
-from core.registry import ConfigError, registry
+from core.registry import ConfigError, child_registry, registry
 
 Tensors = Mapping[str, np.ndarray]
+
+
+# -- settings: what each model config field becomes in a Hugging Face config.json ----------
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """Written as HF config key `key` ('a.b': key b of the dict at a): the field's value, or
+  `to(value, model)` (the parsed model config), or `values[value]` where HF names our values
+  its own way; a value that `values` does not hold cannot be written."""
+  key: str
+  to: Callable[[Any, Any], Any] | None = None
+  values: Mapping[Any, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+  """Not a setting of the HF class: only values that `allowed(value, model)` accepts (what
+  the class computes anyway), described by `what`, can be written."""
+  allowed: Callable[[Any, Any], bool]
+  what: str
+
+
+def only(value: Any) -> Fixed:
+  """Fixed at `value`."""
+  return Fixed(lambda v, _: v == value, repr(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Same:
+  """Written through the key of field `other` (HF has one setting for both): must equal it."""
+  other: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NotWritten:
+  """Not part of the model's math, so nothing to write: `why`."""
+  why: str
+
+
+# How the model is computed or stored (scan, remat, kernels, compute dtypes, vocabulary padding).
+LAYOUT = NotWritten("layout")
+# How fresh parameters are drawn; converted parameters are the checkpoint's.
+INIT = NotWritten("initialisation")
+
+Rule = Key | Fixed | Same | NotWritten
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldMap:
+  """A family's settings. `kinds`: for each component slot ('' the model, 'block.ffn', ...),
+  the kinds HF has there (None: the optional slot off), each with the HF keys it implies
+  (a value, or a function of the parsed model). `fields`: a rule for every field of those
+  kinds, by path ('block.attention.num_heads'); a rule NotWritten on a slot covers its whole
+  subtree."""
+  kinds: Mapping[str, Mapping[str | None, Mapping[str, Any]]]
+  fields: Mapping[str, Rule]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +106,108 @@ class Family:
   ignored: tuple[str, ...]  # suffixes of HF buffers that are not parameters
   from_hf: Callable[[Callable[[str], np.ndarray], dict], dict]  # (get tensor, HF config) -> params
   to_hf: Callable[[dict, Any], dict]  # (params, parsed model config) -> {name: tensor}
-  hf_config: Callable[[Any], dict]  # parsed model config -> HF config.json fields
+  settings: FieldMap  # model config fields -> HF config.json keys
+
+  def problems(self, m) -> list[str]:
+    """What in parsed model config `m` this family's HF class cannot hold, one phrase each."""
+    return _Writer(self, m).run().problems
+
+  def hf_config(self, m) -> dict:
+    """The HF config.json fields of parsed model config `m`; ConfigError naming every field
+    (by its path) that this family's HF class cannot hold."""
+    writer = _Writer(self, m).run()
+    if writer.problems:
+      raise ConfigError(f"the model cannot be written as {self.architecture}: "
+                        f"{'; '.join(writer.problems)}")
+    return writer.out
+
+
+def _shown(value: Any) -> str:
+  return "off (None)" if value is None else repr(value)
+
+
+def _alternatives(values) -> str:
+  shown = [_shown(v) for v in values]
+  return " or ".join(shown) if len(shown) < 3 else ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
+def _at(m, path: str) -> Any:
+  """The value at dotted `path` of parsed model config `m` (None where a slot is off)."""
+  node = m
+  for part in path.split("."):
+    node = getattr(node, part, None)
+  return node
+
+
+class _Writer:
+  """One walk of a parsed model config against a family's FieldMap: `out` (the HF keys)
+  and `problems` (what cannot be written, by path)."""
+
+  def __init__(self, family: Family, m):
+    self.family, self.m, self.map = family, m, family.settings
+    self.out: dict = {}
+    self.problems: list[str] = []
+
+  def run(self) -> "_Writer":
+    self._slot(self.m, "")
+    return self
+
+  def _put(self, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    target = self.out
+    for part in parents:
+      target = target.setdefault(part, {})
+    target[last] = value(self.m) if callable(value) else copy.deepcopy(value)
+
+  def _slot(self, node, slot: str) -> None:
+    where, arch = f"model.{slot}" if slot else "model", self.family.architecture
+    kinds = self.map.kinds.get(slot)
+    kind = None if node is None else node.kind
+    if kinds is None:
+      self.problems.append(f"{where} has no entry in the {arch} map (modules/hf_maps.py)")
+      return
+    if kind not in kinds:
+      what = where if node is None else f"{where}.kind"
+      self.problems.append(f"{what} is {_shown(kind)} ({arch} takes only "
+                           f"{_alternatives(kinds)})")
+      return
+    for key, value in kinds[kind].items():
+      self._put(key, value)
+    for f in dataclasses.fields(node) if node is not None else ():
+      path = f"{slot}.{f.name}" if slot else f.name
+      if f.name == "kind" or isinstance(self.map.fields.get(path), NotWritten):
+        continue
+      if child_registry(f) is not None:
+        self._slot(getattr(node, f.name), path)
+      else:
+        self._field(path, getattr(node, f.name))
+
+  def _field(self, path: str, value: Any) -> None:
+    rule, arch = self.map.fields.get(path), self.family.architecture
+    if rule is None:
+      self.problems.append(f"model.{path} has no entry in the {arch} map (modules/hf_maps.py)")
+    elif isinstance(rule, Key) and rule.values is not None and value not in rule.values:
+      self.problems.append(f"model.{path} is {value!r} ({arch} takes only "
+                           f"{_alternatives(rule.values)})")
+    elif isinstance(rule, Key):
+      self._put(rule.key, rule.values[value] if rule.values is not None
+                else rule.to(value, self.m) if rule.to is not None else value)
+    elif isinstance(rule, Fixed) and not rule.allowed(value, self.m):
+      self.problems.append(f"model.{path} is {value!r} ({arch} takes only {rule.what})")
+    elif isinstance(rule, Same) and value != _at(self.m, rule.other):
+      key = getattr(self.map.fields.get(rule.other), "key", rule.other)
+      self.problems.append(f"model.{path} is {value!r} but model.{rule.other} is "
+                           f"{_at(self.m, rule.other)!r} ({arch} has one {key} for both)")
+
+
+# Fields that are not the model's math, in every family.
+_NOT_MATH = {
+    "vocab_multiple": LAYOUT, "scan_layers": LAYOUT, "pipeline_microbatches": LAYOUT,
+    "remat": LAYOUT, "block.attention.implementation": LAYOUT,
+    "block.attention.query_chunk_size": LAYOUT, "block.attention.logits_dtype": LAYOUT,
+    "block.attention.splash_block_size": LAYOUT, "embedding.init_std": INIT,
+    "block.attention.init_std": INIT, "block.ffn.init_std": INIT,
+}
 
 
 # -- LLaMA --------------------------------------------------------------------------------
@@ -55,7 +222,8 @@ def _llama_rope(c: dict):
     raise ConfigError(f"config.json: rope type '{kind}' is not supported (default, llama3)")
   return theta, (float(rope["factor"]), float(rope["low_freq_factor"]),
                  float(rope["high_freq_factor"]),
-                 int(rope.get("original_max_position_embeddings", c["max_position_embeddings"])))
+                 int(rope["original_max_position_embeddings"] if "original_max_position_embeddings"
+                     in rope else c["max_position_embeddings"]))
 
 
 def _llama_dims(c: dict):
@@ -163,35 +331,37 @@ def _llama_to_hf(params: dict, m) -> dict:
   return out
 
 
-def _llama_hf_config(m) -> dict:
-  b = m.block
-  a, f = b.attention, b.ffn
-  problems = [what for bad, what in (
-      (b.kind != "pre_norm", f"block kind '{b.kind}' (needs pre_norm)"),
-      (b.norm.kind != "rmsnorm" or m.final_norm.kind != "rmsnorm", "norms other than rmsnorm"),
-      (m.final_norm.eps != b.norm.eps, "different eps in final_norm and block norm"),
-      (m.position_embedding.kind != "none", "learned position embeddings"),
-      (a.position.kind not in ("rope", "rope_llama3"), f"position '{a.position.kind}'"),
-      (a.qkv_bias != a.out_bias, "qkv_bias != out_bias"),
-      (f.kind != "mlp" or not f.gated or f.activation != "silu", "an ffn other than SwiGLU"),
-  ) if bad]
-  if problems:
-    raise ConfigError(f"the model cannot be written as LlamaForCausalLM: {'; '.join(problems)}")
-  heads, kv, head_dim = a.heads(m.dim)
-  out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-         "hidden_size": m.dim, "intermediate_size": f.hidden_dim,
-         "num_hidden_layers": m.num_layers, "num_attention_heads": heads,
-         "num_key_value_heads": kv, "head_dim": head_dim, "vocab_size": m.vocab_size,
-         "rms_norm_eps": b.norm.eps, "rope_theta": a.position.theta, "rope_scaling": None,
-         "tie_word_embeddings": m.tie_embeddings, "attention_bias": a.qkv_bias,
-         "mlp_bias": f.use_bias}
-  if a.position.kind == "rope_llama3":
-    p = a.position
-    out["rope_scaling"] = {"rope_type": "llama3", "factor": p.factor,
-                           "low_freq_factor": p.low_freq_factor,
-                           "high_freq_factor": p.high_freq_factor,
-                           "original_max_position_embeddings": p.original_max_position}
-  return out
+def _heads(m):
+  return m.block.attention.heads(m.dim)
+
+
+_LLAMA = FieldMap(
+    kinds={"": {"decoder_lm": {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}},
+           "embedding": {"token": {}}, "position_embedding": {"none": {}},
+           "block": {"pre_norm": {}}, "block.attention": {"attention": {}},
+           "block.attention.position": {"rope": {"rope_scaling": None},
+                                        "rope_llama3": {"rope_scaling.rope_type": "llama3"}},
+           "block.attention.norm": {None: {}}, "block.ffn": {"mlp": {}},
+           "block.norm": {"rmsnorm": {}}, "final_norm": {"rmsnorm": {}}},
+    fields={**_NOT_MATH,
+            "vocab_size": Key("vocab_size"), "dim": Key("hidden_size"),
+            "num_layers": Key("num_hidden_layers"), "tie_embeddings": Key("tie_word_embeddings"),
+            "block.attention.num_heads": Key("num_attention_heads"),
+            "block.attention.num_kv_heads": Key("num_key_value_heads",
+                                                to=lambda _, m: _heads(m)[1]),
+            "block.attention.head_dim": Key("head_dim", to=lambda _, m: _heads(m)[2]),
+            "block.attention.qkv_bias": Key("attention_bias"),
+            "block.attention.out_bias": Same("block.attention.qkv_bias"),
+            "block.attention.position.theta": Key("rope_theta"),
+            "block.attention.position.factor": Key("rope_scaling.factor"),
+            "block.attention.position.low_freq_factor": Key("rope_scaling.low_freq_factor"),
+            "block.attention.position.high_freq_factor": Key("rope_scaling.high_freq_factor"),
+            "block.attention.position.original_max_position": Key(
+                "rope_scaling.original_max_position_embeddings"),
+            "block.ffn.hidden_dim": Key("intermediate_size"),
+            "block.ffn.activation": Key("hidden_act", values={"silu": "silu"}),
+            "block.ffn.gated": only(True), "block.ffn.use_bias": Key("mlp_bias"),
+            "block.norm.eps": Key("rms_norm_eps"), "final_norm.eps": Same("block.norm.eps")})
 
 
 # -- Qwen3: LLaMA with QK-norm (attention.norm, RMSNorm over each head before RoPE) ----------
@@ -233,21 +403,16 @@ def _qwen3_to_hf(params: dict, m) -> dict:
   return out
 
 
-def _qwen3_hf_config(m) -> dict:
-  b = m.block
-  norm = b.attention.norm
-  problems = [what for bad, what in (
-      (norm is None or norm.kind != "rmsnorm", "QK-norm other than rmsnorm"),
-      (norm is not None and norm.eps != b.norm.eps, "different eps in QK-norm and block norm"),
-      (b.ffn.kind == "mlp" and b.ffn.use_bias, "MLP biases"),
-  ) if bad]
-  if problems:
-    raise ConfigError(f"the model cannot be written as Qwen3ForCausalLM: {'; '.join(problems)}")
-  out = _llama_hf_config(m)
-  del out["mlp_bias"]
-  return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-          "use_sliding_window": False, "sliding_window": None,
-          "layer_types": ["full_attention"] * m.num_layers, "max_window_layers": m.num_layers}
+_QWEN3 = FieldMap(
+    kinds={**_LLAMA.kinds,
+           "": {"decoder_lm": {
+               "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+               "use_sliding_window": False, "sliding_window": None,
+               "layer_types": lambda m: ["full_attention"] * m.num_layers,
+               "max_window_layers": lambda m: m.num_layers}},
+           "block.attention.norm": {"rmsnorm": {}}},
+    fields={**_LLAMA.fields, "block.attention.norm.eps": Same("block.norm.eps"),
+            "block.ffn.use_bias": only(False)})
 
 
 # -- GPT-2 --------------------------------------------------------------------------------
@@ -352,30 +517,32 @@ def _gpt2_to_hf(params: dict, m) -> dict:
   return out
 
 
-def _gpt2_hf_config(m) -> dict:
-  b = m.block
-  a, f = b.attention, b.ffn
-  activation = {v: k for k, v in reversed(_GPT2_ACTIVATIONS.items())}.get(f.activation)
-  problems = [what for bad, what in (
-      (b.kind != "pre_norm", f"block kind '{b.kind}' (needs pre_norm)"),
-      (b.norm.kind != "layernorm" or m.final_norm.kind != "layernorm"
-       or not (b.norm.use_bias and m.final_norm.use_bias), "norms other than layernorm with bias"),
-      (m.final_norm.eps != b.norm.eps, "different eps in final_norm and block norm"),
-      (m.position_embedding.kind != "learned", "no learned position embeddings"),
-      (a.position.kind != "none", f"position '{a.position.kind}' in attention"),
-      (not (a.qkv_bias and a.out_bias), "attention without biases"),
-      (a.heads(m.dim)[1] != a.num_heads or a.heads(m.dim)[2] * a.num_heads != m.dim,
-       "grouped-query heads or a head_dim other than dim / num_heads"),
-      (f.kind != "mlp" or f.gated or not f.use_bias or activation is None,
-       "an ffn other than a plain MLP with biases"),
-  ) if bad]
-  if problems:
-    raise ConfigError(f"the model cannot be written as GPT2LMHeadModel: {'; '.join(problems)}")
-  return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": m.dim,
-          "n_layer": m.num_layers, "n_head": a.num_heads, "n_inner": f.hidden_dim,
-          "n_positions": m.position_embedding.max_length, "vocab_size": m.vocab_size,
-          "layer_norm_epsilon": b.norm.eps, "activation_function": activation,
-          "tie_word_embeddings": m.tie_embeddings}
+_GPT2 = FieldMap(
+    kinds={"": {"decoder_lm": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}},
+           "embedding": {"token": {}}, "position_embedding": {"learned": {}},
+           "block": {"pre_norm": {}}, "block.attention": {"attention": {}},
+           "block.attention.position": {"none": {}}, "block.attention.norm": {None: {}},
+           "block.ffn": {"mlp": {}}, "block.norm": {"layernorm": {}},
+           "final_norm": {"layernorm": {}}},
+    fields={**_NOT_MATH,
+            "vocab_size": Key("vocab_size"), "dim": Key("n_embd"), "num_layers": Key("n_layer"),
+            "tie_embeddings": Key("tie_word_embeddings"),
+            "position_embedding.max_length": Key("n_positions"),
+            "position_embedding.init_std": INIT,
+            "block.attention.num_heads": Key("n_head"),
+            "block.attention.num_kv_heads": Fixed(
+                lambda v, m: v in (None, m.block.attention.num_heads),
+                "None or num_heads (no grouped-query heads)"),
+            "block.attention.head_dim": Fixed(
+                lambda v, m: (v or m.dim // m.block.attention.num_heads)
+                * m.block.attention.num_heads == m.dim, "None or dim / num_heads"),
+            "block.attention.qkv_bias": only(True), "block.attention.out_bias": only(True),
+            "block.ffn.hidden_dim": Key("n_inner"),
+            "block.ffn.activation": Key("activation_function", values={
+                ours: theirs for theirs, ours in reversed(_GPT2_ACTIVATIONS.items())}),
+            "block.ffn.gated": only(False), "block.ffn.use_bias": only(True),
+            "block.norm.eps": Key("layer_norm_epsilon"), "block.norm.use_bias": only(True),
+            "final_norm.eps": Same("block.norm.eps"), "final_norm.use_bias": only(True)})
 
 
 # -- completeness ----------------------------------------------------------------------------
@@ -464,16 +631,15 @@ def import_params(family: Family, get: Callable[[str], np.ndarray], hf_cfg: dict
   return params
 
 
+# In the order that breaks a tie in family_of_model: Qwen3 before LLaMA, the family it extends.
 FAMILIES = {
-    "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
-                               (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf,
-                               _llama_hf_config),
     "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", _qwen3_node, _qwen3_hf_shapes,
-                               (".rotary_emb.inv_freq",), _qwen3_from_hf, _qwen3_to_hf,
-                               _qwen3_hf_config),
+                               (".rotary_emb.inv_freq",), _qwen3_from_hf, _qwen3_to_hf, _QWEN3),
+    "LlamaForCausalLM": Family("llama", "LlamaForCausalLM", _llama_node, _llama_hf_shapes,
+                               (".rotary_emb.inv_freq",), _llama_from_hf, _llama_to_hf, _LLAMA),
     "GPT2LMHeadModel": Family("gpt2", "GPT2LMHeadModel", _gpt2_node, _gpt2_hf_shapes,
                               (".attn.bias", ".attn.masked_bias"), _gpt2_from_hf, _gpt2_to_hf,
-                              _gpt2_hf_config),
+                              _GPT2),
 }
 
 
@@ -501,9 +667,7 @@ def drop_vocab_padding(params: dict, vocab_size: int) -> dict:
 
 
 def family_of_model(m) -> Family:
-  """The family a parsed model config can be written as: GPT-2 with learned positions,
-  Qwen3 with QK-norm, else LLaMA."""
-  if m.position_embedding.kind == "learned":
-    return FAMILIES["GPT2LMHeadModel"]
-  return FAMILIES["Qwen3ForCausalLM" if m.block.attention.norm is not None
-                  else "LlamaForCausalLM"]
+  """The family a parsed model config is written as: the one whose map finds the fewest
+  settings it cannot hold (none, where any can), so that a refusal names what keeps the model
+  from its nearest HF class (a Qwen3 with MLP biases is refused as Qwen3, not LLaMA)."""
+  return min(FAMILIES.values(), key=lambda family: len(family.problems(m)))

@@ -169,7 +169,8 @@ def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_pa
   (run / "config.json").write_text(json.dumps(cfg))
   code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")
   assert code == 2 and err == ("axtrain: error: the model cannot be written as GPT2LMHeadModel: "
-                               "block kind 'parallel' (needs pre_norm)\n")
+                               "model.block.kind is 'parallel' (GPT2LMHeadModel takes only "
+                               "'pre_norm')\n"), err
   (tmp_path / "empty_run").mkdir()
   (tmp_path / "empty_run" / "config.json").write_text(json.dumps(cfg))
   code, err = _convert(capsys, f"--to_hf={tmp_path / 'empty_run'}",
@@ -227,24 +228,40 @@ def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
                                "the run)\n"), err
 
 
-@pytest.mark.parametrize("vocab", [256, V])
+def _gpt2_with_vocab(tmp_path, tensors, vocab: int) -> pathlib.Path:
+  wte = np.random.default_rng(1).normal(size=(vocab, D)).astype(np.float32)
+  return _write_hf(tmp_path / "hf", {**tensors, "wte.weight": wte}, vocab_size=vocab)
+
+
+def _corpus_line(run: pathlib.Path) -> str:
+  doc = (run / "config.py").read_text().split('"""')[1]
+  return next(l.strip() for l in doc.splitlines() if "--config.data.kind=jsonl" in l)
+
+
+@pytest.mark.parametrize("vocab", [256, 121, 300])
 def test_converted_config_without_a_tokenizer_json_names_a_tokenizer_that_exists(
     tmp_path, capsys, tensors, vocab, monkeypatch):
   """A folder with no tokenizer.json (what `convert --to_hf` of a bytes-tokenizer run writes):
-  a 256-id model reads UTF-8 bytes, and the line works as written; any other asks for the
-  model's tokenizer.json instead of naming a file that is not there."""
-  wte = np.random.default_rng(1).normal(size=(vocab, D)).astype(np.float32)
-  hf = _write_hf(tmp_path / "hf", {**tensors, "wte.weight": wte}, vocab_size=vocab)
+  a 256-id model reads UTF-8 bytes, and the line works as written; the bytes tokenizer cannot
+  serve any other vocabulary (121: ids past the model's; 300: not the model's ids), so convert
+  chooses none and says so in one line that names the fix."""
+  hf = _gpt2_with_vocab(tmp_path, tensors, vocab)
   run = tmp_path / "run"
-  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")
+  assert code == 0, err
   doc = (run / "config.py").read_text().split('"""')[1]
-  line = next(l.strip() for l in doc.splitlines() if "--config.data.kind=jsonl" in l)
+  line = _corpus_line(run)
   assert f"{hf}/tokenizer.json" not in doc
   if vocab != 256:
+    assert err == (f"axtrain: note: {hf} has no tokenizer.json and the model's {vocab} ids are "
+                   f"not the bytes tokenizer's 256: no tokenizer chosen; to train on text, "
+                   f"convert again with --tokenizer=PATH/TO/tokenizer.json (the model's own)\n"
+                   f"axtrain: wrote {run}\n"), err
     assert line.endswith("--config.data.tokenizer.kind=huggingface "
                          "--config.data.tokenizer.path=PATH/TO/tokenizer.json"), line
     assert f"{hf} has no tokenizer.json" in " ".join(doc.split()), doc
     return
+  assert err == f"axtrain: wrote {run}\n", err
   assert line.endswith("--config.data.path=corpus.jsonl --config.data.tokenizer.kind=bytes"), line
   (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
   monkeypatch.chdir(tmp_path)
@@ -252,6 +269,88 @@ def test_converted_config_without_a_tokenizer_json_names_a_tokenizer_that_exists
   out, err = capsys.readouterr()
   assert code == 0, err
   assert "data.kind: jsonl\n" in out and "data.tokenizer.kind: bytes\n" in out
+
+
+def test_tokenizer_flag_names_the_models_tokenizer_and_is_checked(tmp_path, capsys, tensors,
+                                                                   monkeypatch):
+  """--tokenizer names the tokenizer of a folder without one: the corpus line reads with it
+  (and works); a tokenizer whose ids the model does not have, a missing file and --to_hf are
+  refused in one line, writing nothing."""
+  hf = _write_hf(tmp_path / "hf", tensors)  # 16 ids
+  _word_tokenizer(tmp_path / "words.json")
+  for value, message in (
+      ("bytes", "convert: --tokenizer=bytes has 256 ids but the model's vocabulary has 16; name "
+                "the tokenizer the model was trained with"),
+      (str(tmp_path / "nowhere.json"), f"convert: --tokenizer={tmp_path / 'nowhere.json'}: no "
+                                       f"such file; give the model's tokenizer.json (or "
+                                       f"SentencePiece .model), or bytes"),
+      (str(hf / "config.json"), f"convert: --tokenizer={hf / 'config.json'}: tokenizer file "
+                                f"'{hf / 'config.json'}' is not a Hugging Face tokenizer.json")):
+    err = _refused(tmp_path, capsys, hf, f"--tokenizer={value}")
+    assert err.startswith(f"axtrain: error: {message}"), err
+  code, err = _convert(capsys, f"--to_hf={tmp_path}", f"--output_dir={tmp_path / 'out'}",
+                       "--tokenizer=bytes")
+  assert code == 2 and "--tokenizer goes with --from_hf" in err, err
+
+  run = tmp_path / "run"
+  code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}",
+                       f"--tokenizer={tmp_path / 'words.json'}")
+  assert code == 0 and err == f"axtrain: wrote {run}\n", err
+  line = _corpus_line(run)
+  assert line.endswith("--config.data.tokenizer.kind=huggingface "
+                       f"--config.data.tokenizer.path={tmp_path / 'words.json'}"), line
+  (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
+  monkeypatch.chdir(tmp_path)
+  code = main_lib.main([*line.split(), "--print_config"])
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  assert "data.tokenizer.kind: huggingface\n" in out
+
+
+def _write_qwen3(path: pathlib.Path) -> pathlib.Path:
+  """A tiny Qwen3ForCausalLM folder (1 layer, QK-norm, GQA, 256 ids, no tokenizer.json), its
+  tensors named and shaped by the Qwen3 map, random."""
+  from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
+  cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 256,
+         "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+         "max_position_embeddings": 16, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+  path.mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps(cfg))
+  rng = np.random.default_rng(0)
+  save_file({k: (0.1 * rng.normal(size=s)).astype(np.float32)
+             for k, s in FAMILIES["Qwen3ForCausalLM"].hf_shapes(cfg).items()},
+            str(path / "model.safetensors"))
+  return path
+
+
+def test_a_converted_model_fine_tunes_on_a_jsonl_corpus_with_its_docstring_command(tmp_path,
+                                                                                   capsys):
+  """The corpus command that config.py prints, run as printed in a fresh `axtrain` process
+  (one that has imported no registry before the config file), trains the converted weights on
+  a JSONL file: the file imports nothing that registers components, and the loader must."""
+  from tests.conftest import cli  # pylint: disable=import-outside-toplevel
+  hf = _write_qwen3(tmp_path / "hf")
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+  rng = np.random.default_rng(0)
+  (tmp_path / "corpus.jsonl").write_text("".join(
+      json.dumps({"text": " ".join(rng.choice(words, 30))}) + "\n" for _ in range(200)))
+  line = _corpus_line(run)
+  assert line == (f"axtrain --config={run}/config.py --output_dir={run} --config.data.kind=jsonl "
+                  f"--config.data.path=corpus.jsonl --config.data.tokenizer.kind=bytes")
+  done = cli(*line.split()[1:], cwd=tmp_path)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "resumed from checkpoint step 0" in done.stderr  # the converted weights
+  info = json.loads((run / "run.json").read_text())
+  assert info["status"] == "completed" and info["architecture"] == "Qwen3ForCausalLM"
+  data = json.loads((run / "config.json").read_text())["data"]
+  assert (data["kind"], data["path"], data["tokenizer"]["kind"]) == ("jsonl", "corpus.jsonl",
+                                                                     "bytes")
+  records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert records[-2]["step"] == 1000 and losses[-1] < losses[0], losses
 
 
 def test_from_hf_of_an_axtrain_run_says_it_is_not_a_hugging_face_folder(tmp_path, capsys):

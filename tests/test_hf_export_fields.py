@@ -1,0 +1,277 @@
+"""HF export covers every model config field, not only parameters (modules/hf_maps.py:FieldMap).
+
+The model config tree is enumerated from the registries, not from a list: every slot, every kind
+of its registry, every field of each kind. Each family's map must decide every field its HF class
+can reach, and changing any field of a converted model away from its value must either reach the
+HF config (a round trip through the family's import gives the value back), refuse the export by
+the field's path, or, for a field declared not to be math (layout, initialisation), leave the
+HF config as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import typing
+
+import pytest
+
+import modules  # noqa: F401  (registers the layer library)
+from core.registry import ConfigError, child_registry, optional_child, registry
+from modules import hf_maps
+from modules.hf_maps import FAMILIES, NotWritten
+
+MODEL = registry("model")
+
+# Tiny HF configs, one per family; the base models are what `convert --from_hf` makes of them.
+HF_CONFIGS = {
+    "LlamaForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+                         "num_hidden_layers": 2, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                         "max_position_embeddings": 64},
+    "Qwen3ForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+                         "num_hidden_layers": 2, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "head_dim": 24, "rms_norm_eps": 1e-6,
+                         "max_position_embeddings": 64},
+    "GPT2LMHeadModel": {"vocab_size": 121, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                        "n_positions": 32},
+}
+
+
+def _base(arch: str) -> dict:
+  return FAMILIES[arch].model_node(HF_CONFIGS[arch]).to_dict()
+
+
+def _join(slot: str, name: str) -> str:
+  return f"{slot}.{name}" if slot else name
+
+
+def _config_cls(reg, kind: str) -> type:
+  return reg.entry(kind).config_cls
+
+
+# -- every family decides every field it can reach -------------------------------------------
+
+def _reachable(fmap) -> tuple[dict, set, set]:
+  """From the registries, through the kinds the map allows: {slot: its field (None for the
+  model)}, the leaf field paths, and the subtrees the map declares NotWritten."""
+  slots, leaves, covered = {}, set(), set()
+
+  def walk(reg, slot: str, field) -> None:
+    slots[slot] = (reg, field)
+    for kind in fmap.kinds.get(slot, {}):
+      if kind is None or kind not in reg.kinds():
+        continue
+      for f in dataclasses.fields(_config_cls(reg, kind)):
+        path = _join(slot, f.name)
+        if f.name == "kind":
+          continue
+        if child_registry(f) is not None and isinstance(fmap.fields.get(path), NotWritten):
+          covered.add(path)
+        elif child_registry(f) is not None:
+          walk(child_registry(f), path, f)
+        else:
+          leaves.add(path)
+
+  walk(MODEL, "", None)
+  return slots, leaves, covered
+
+
+def undecided(fmap) -> list[str]:
+  """What the map leaves undecided or names wrongly, one line each."""
+  slots, leaves, covered = _reachable(fmap)
+  out = [f"field {p}: no rule" for p in sorted(leaves - set(fmap.fields))]
+  out += [f"slot {s}: no kinds" for s in sorted(set(slots) - set(fmap.kinds))]
+  out += [f"rule {p}: names no field" for p in sorted(set(fmap.fields) - leaves - covered)]
+  out += [f"kinds {s}: names no slot" for s in sorted(set(fmap.kinds) - set(slots))]
+  for slot, kinds in fmap.kinds.items():
+    reg, field = slots.get(slot, (None, None))
+    for kind in kinds if reg is not None else ():
+      if kind is None and not (field is not None and optional_child(field)):
+        out.append(f"kinds {slot}: None, but the slot is not optional")
+      elif kind is not None and kind not in reg.kinds():
+        out.append(f"kinds {slot}: '{kind}' is no {reg.name} kind")
+  return out
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_family_map_decides_every_model_field(arch):
+  assert undecided(FAMILIES[arch].settings) == []
+
+
+# -- every field changed: carried, refused by name, or not math --------------------------------
+
+def _get(tree: dict, path: str):
+  for part in path.split(".") if path else ():
+    tree = tree[part]
+  return tree
+
+
+def _with(tree: dict, path: str, value) -> dict:
+  out = copy.deepcopy(tree)
+  *parents, last = path.split(".")
+  _get(out, ".".join(parents))[last] = value
+  return out
+
+
+def _changed(value, hint):
+  """A value of type `hint` other than `value`."""
+  args = typing.get_args(hint)
+  if typing.get_origin(hint) is typing.Literal:
+    return next(a for a in args if a != value)
+  base = next((a for a in args if a is not type(None)), hint)
+  if base is bool:
+    return not value
+  if base is int:
+    return 1 if value is None else (value * 2 or 2)
+  if base is float:
+    return 0.5 if value is None else (value * 2 or 0.5)
+  if base is str:
+    return f"{value or ''}_changed"  # not checked before build: any other text serves
+  pytest.fail(f"no generic change for a field of type {hint} (value {value!r}): extend _changed")
+
+
+def _switched(reg, node, kind):
+  """`node` switched to `kind` as `--config.<slot>.kind=K` does, required fields filled."""
+  if kind is None:
+    return None
+  out = reg.switched(node, kind).to_dict()
+  hints = typing.get_type_hints(_config_cls(reg, kind))
+  for f in dataclasses.fields(_config_cls(reg, kind)):
+    if out.get(f.name) is None and f.default is dataclasses.MISSING:
+      out[f.name] = _changed(None, hints[f.name])
+  return out
+
+
+@dataclasses.dataclass
+class Change:
+  label: str  # what changed, as `--config.model.<label>`
+  tree: dict  # the model node with the change
+  names: tuple[str, ...]  # paths a refusal may name ('x.kind' for a kind switch)
+  compare: str  # the path whose value a carried change must bring back
+
+
+def _changes(base: dict) -> list[Change]:
+  """One change per slot kind and per field, enumerated from the registries."""
+  out: list[Change] = []
+
+  def visit(reg, slot: str, node, optional: bool) -> None:
+    current = None if node is None else node["kind"]
+    others = [k for k in reg.kinds() if k != current]
+    for kind in others + ([None] if optional and current is not None else []):
+      switched = _switched(reg, node, kind)
+      out.append(Change(f"{slot}.kind={kind}", _with(base, slot, switched),
+                        (f"{slot}.kind", slot), slot))
+      if kind is None:
+        continue
+      hints = typing.get_type_hints(_config_cls(reg, kind))
+      current_fields = ({f.name for f in dataclasses.fields(_config_cls(reg, current))}
+                        if current else set())
+      for f in dataclasses.fields(_config_cls(reg, kind)):
+        if f.name == "kind" or f.name in current_fields or child_registry(f) is not None:
+          continue  # a field the current kind has too is changed below
+        path = _join(slot, f.name)
+        out.append(Change(f"{slot}.kind={kind}, {f.name}",
+                          _with(base, slot, {**switched,
+                                             f.name: _changed(switched[f.name], hints[f.name])}),
+                          (f"{slot}.kind", slot, path), path))
+    if node is None:
+      return
+    hints = typing.get_type_hints(_config_cls(reg, current))
+    for f in dataclasses.fields(_config_cls(reg, current)):
+      path = _join(slot, f.name)
+      if f.name == "kind":
+        continue
+      if child_registry(f) is not None:
+        visit(child_registry(f), path, node[f.name], optional_child(f))
+      else:
+        out.append(Change(path, _with(base, path, _changed(node[f.name], hints[f.name])),
+                          (path,), path))
+
+  visit(MODEL, "", base, False)
+  return out
+
+
+def _not_math(family, path: str) -> bool:
+  parts = path.split(".")
+  return any(isinstance(family.settings.fields.get(".".join(parts[:i])), NotWritten)
+             for i in range(1, len(parts) + 1))
+
+
+def _without_not_math(family, tree, slot: str):
+  """`tree` (the node at `slot`) without the fields the family does not write."""
+  if not isinstance(tree, dict):
+    return tree
+  return {k: _without_not_math(family, v, _join(slot, k)) for k, v in tree.items()
+          if not _not_math(family, _join(slot, k))}
+
+
+def _outcome(change: Change, base_hf: dict) -> str | None:
+  """None when the change is carried, refused by name or (not math) leaves the export alone;
+  else what went wrong."""
+  m = MODEL.parse(change.tree, "model")
+  family = hf_maps.family_of_model(m)
+  try:
+    hf = family.hf_config(m)
+  except ConfigError as e:
+    named = any(re.search(rf"model\.{re.escape(p)} is ", str(e)) for p in change.names)
+    return None if named else f"refused without naming it: {e}"
+  if _not_math(family, change.compare):
+    return None if hf == base_hf else f"not math, but the export changed: {hf}"
+  back = MODEL.parse(family.model_node(hf), "model")
+  want = _without_not_math(family, _get(change.tree, change.compare), change.compare)
+  got = _get(dataclasses.asdict(back), change.compare)
+  got = _without_not_math(family, got, change.compare)
+  return None if got == want else f"exported as {family.architecture}, read back {got!r}"
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_model_field_changed_is_carried_or_refused_by_name(arch):
+  base = _base(arch)
+  base_hf = FAMILIES[arch].hf_config(MODEL.parse(base, "model"))
+  changes = _changes(base)
+  assert len(changes) > 40  # every slot's kinds and every field: not a vacuous walk
+  wrong = {c.label: why for c in changes if (why := _outcome(c, base_hf)) is not None}
+  assert wrong == {}
+
+
+# -- the cases the issue names -------------------------------------------------------------
+
+def _refusal(tree: dict) -> str:
+  m = MODEL.parse(tree, "model")
+  with pytest.raises(ConfigError) as e:
+    hf_maps.family_of_model(m).hf_config(m)
+  return str(e.value)
+
+
+def test_a_qwen3_refusal_names_qwen3():
+  base = _base("Qwen3ForCausalLM")
+  parallel = _with(base, "block", {**base["block"], "kind": "parallel", "separate_norms": False})
+  assert _refusal(parallel) == ("the model cannot be written as Qwen3ForCausalLM: model.block.kind"
+                                " is 'parallel' (Qwen3ForCausalLM takes only 'pre_norm')")
+  assert _refusal(_with(base, "block.ffn.use_bias", True)) == (
+      "the model cannot be written as Qwen3ForCausalLM: model.block.ffn.use_bias is True "
+      "(Qwen3ForCausalLM takes only False)")
+
+
+def test_a_setting_no_map_knows_refuses_export_and_fails_the_map_check(monkeypatch):
+  """A field added later with no parameters (a soft-cap of the attention logits) exports as
+  nothing until the maps decide it: every family's check lists it, and export refuses it."""
+  from core.registry import Component  # pylint: disable=import-outside-toplevel
+  attention = registry("attention")
+  entry = attention.entry("attention")
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class WithSoftCap(entry.config_cls):
+    logit_soft_cap: float = 0.0  # 0 = off
+
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", WithSoftCap, entry.target))
+  for family in FAMILIES.values():
+    assert undecided(family.settings) == ["field block.attention.logit_soft_cap: no rule"]
+  base = _base("LlamaForCausalLM")
+  assert base["block"]["attention"]["logit_soft_cap"] == 0.0
+  assert _refusal(_with(base, "block.attention.logit_soft_cap", 30.0)) == (
+      "the model cannot be written as LlamaForCausalLM: model.block.attention.logit_soft_cap has "
+      "no entry in the LlamaForCausalLM map (modules/hf_maps.py)")
