@@ -1,16 +1,21 @@
 """Causal self-attention with MHA / GQA / MQA, optional biases, and a position child.
 
+The attention itself is one of the registered implementations (modules/attn_registry.py:
+IMPLEMENTATIONS, one file `modules/attn_<name>.py` each), named by `implementation`; the layer
+dispatches through the registry, which refuses in one line what an implementation does not
+declare, and hands it this layer's config as the one node its options come in.
+
 With `decode=True` attention keeps its own key/value cache in the flax "cache"
 collection ([B, S, G, K] per layer, S = the cache length): each call writes the
 keys and values of its tokens at their positions (`positions_BxL`, consecutive
 per row) and attends to every cached slot at or before each query's position.
 The first call is the prefill (the prompt), the following ones decode a token
-each; rows may stand at different positions (prompts of unequal length). The
+each; rows may stand at different positions (prompts of unequal length). It attends
+with the configured implementation if that one declares decoding, else with `xla`. The
 rest of the model only passes the flag through. See trainer/generate.py.
 """
 
 import dataclasses
-import functools
 import math
 from typing import Any, Literal
 
@@ -19,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from modules import context, splash
+from modules import attn_registry, context
+from modules.attn_registry import Context, Mask
 from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
@@ -35,12 +41,13 @@ class AttentionConfig:
   head_dim: int | None = None  # per-head width; None = dim // num_heads
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
-  # `xla`: reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention (its XLA
-  # path on every platform in jax 0.10.2; cuDNN's needs cuDNN, docs/plan.md); `chunked`: the
-  # `xla` math over blocks of query_chunk_size queries, one block's [queries, keys] logits at a
-  # time; `splash`: the Pallas TPU splash-attention kernel (modules/splash.py), sharded over
-  # batch and heads, in Pallas interpret mode off TPU (slow: for tests).
-  implementation: Literal["xla", "dot_product", "chunked", "splash"] = "xla"
+  # A name of modules/attn_registry.py:IMPLEMENTATIONS, each in modules/attn_<name>.py. `xla`:
+  # reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention (its XLA path on every
+  # platform in jax 0.10.2; cuDNN's needs cuDNN, docs/plan.md); `chunked`: the `xla` math over
+  # blocks of query_chunk_size queries, one block's [queries, keys] logits at a time; `splash`:
+  # the Pallas TPU splash-attention kernel, sharded over batch and heads, in Pallas interpret
+  # mode off TPU (slow: for tests).
+  implementation: str = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`
   # (the matmul's output in the compute dtype, bfloat16 on TPU/GPU, as MaxText's default) or
@@ -76,15 +83,7 @@ class AttentionConfig:
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
-
-
-def causal_mask(segment_ids_BxL, length: int):
-  """[B, 1, L, L] boolean: attend to earlier-or-same positions of the same segment."""
-  causal_LxL = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-  if segment_ids_BxL is None:
-    return causal_LxL[None, None]
-  same_BxLxL = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-  return (causal_LxL[None] & same_BxLxL)[:, None]
+    attn_registry.choose(self)  # a registered implementation that supports the options set
 
 
 # The cache holds keys/values like the activations they come from (same logical axes).
@@ -100,84 +99,6 @@ def write_cache(cache_BxSxGxK, new_BxLxGxK, start_B):
   """Writes each row's L new entries at slots start..start+L-1 of that row."""
   return jax.vmap(lambda c, x, s: jax.lax.dynamic_update_slice(c, x, (s, 0, 0)))(
       cache_BxSxGxK, new_BxLxGxK.astype(cache_BxSxGxK.dtype), start_B)
-
-
-def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, logits_dtype=None):
-  """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
-
-  Heads are moved ahead of length so that both products are plain batched
-  matmuls over (B, G); the R query heads of a group go one at a time (a [B, G, L, S] logits
-  tensor live, not R of them: on llm_1b packed, v5e:4x4, 3.9 against 5.50 GiB of
-  temporaries). The packed mask is recomputed with the layer under remat, not saved: saving
-  it cost 0.36 GiB more temporaries at the same step and bytes.
-
-  What is written to memory at [queries, keys] size is in the compute dtype: the logits as
-  the first matmul leaves them (`logits_dtype`, None: the inputs' dtype) and the softmax's
-  numerators exp(logit - max), which the second matmul reads. The float32 max and exponent
-  happen inside the fusions that read them; the row sums come out of the second matmul, from
-  a column of ones after the values (no pass of its own over [queries, keys]: on llm_1b packed,
-  369 -> 355 GB accessed, 0.697 -> 0.672 s cost-model step), and the output is divided by
-  them after it (as flash attention does), not the [queries, keys] weights.
-  """
-  b, length, h, k = q_BxLxHxK.shape
-  g = k_BxSxGxK.shape[2]
-  r = h // g
-  q_RxBxGxLxK = q_BxLxHxK.reshape(b, length, g, r, k).transpose(3, 0, 2, 1, 4)
-  k_BxGxSxK = k_BxSxGxK.transpose(0, 2, 1, 3)
-  v_BxGxSxK = v_BxSxGxK.transpose(0, 2, 1, 3)
-  ones_BxGxSx1 = jnp.ones((*v_BxGxSxK.shape[:3], 1), v_BxGxSxK.dtype)
-  v_BxGxSxK1 = jnp.concatenate([v_BxGxSxK, ones_BxGxSx1], axis=-1)  # the last column: row sums
-  outs = []
-  for q_BxGxLxK in q_RxBxGxLxK:  # the R query heads of each kv group, one at a time
-    logits = jnp.einsum("bgqk,bgsk->bgqs", q_BxGxLxK, k_BxGxSxK,
-                        preferred_element_type=logits_dtype)
-    # The mask is applied in the logits' dtype, so that the matmul's fusion writes them in it
-    # (a float32 cast right after the matmul would be folded into it: float32 logits in memory).
-    logits_BxGxLxS = jnp.where(mask_Bx1xLxS, logits,
-                               jnp.finfo(logits.dtype).min).astype(jnp.float32) * (k ** -0.5)
-    top = jax.lax.stop_gradient(jnp.max(logits_BxGxLxS, axis=-1, keepdims=True))
-    exp_BxGxLxS = jnp.exp(logits_BxGxLxS - top)
-    out_BxLxGxK1 = jnp.einsum("bgqs,bgsk->bqgk", exp_BxGxLxS.astype(v_BxSxGxK.dtype), v_BxGxSxK1,
-                              preferred_element_type=jnp.float32)
-    out, sums_BxLxGx1 = out_BxLxGxK1[..., :-1], out_BxLxGxK1[..., -1:]
-    outs.append((out / sums_BxLxGx1).astype(v_BxSxGxK.dtype))
-  return jnp.stack(outs, axis=3).reshape(b, length, h, k)
-
-
-def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, chunk: int,
-                      logits_dtype=None):
-  """`xla_attention` over blocks of `chunk` queries, one block at a time (lax.map), each
-  block recomputed in the backward pass: the float32 [queries, keys] logits and probabilities
-  exist for one block, not the whole length (memory-efficient attention, Rabe & Staats 2021).
-  The result equals xla_attention's; a length that `chunk` does not divide runs unchunked."""
-  b, length, h, k = q_BxLxHxK.shape
-  if length <= chunk or length % chunk:
-    return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS,
-                         logits_dtype=logits_dtype)
-  n = length // chunk
-  q_NxBxCxHxK = q_BxLxHxK.reshape(b, n, chunk, h, k).swapaxes(0, 1)
-  mask_NxBx1xCxS = mask_Bx1xLxS.reshape(mask_Bx1xLxS.shape[0], 1, n, chunk, -1).transpose(
-      2, 0, 1, 3, 4)
-
-  @jax.checkpoint
-  def block(args):
-    q_BxCxHxK, mask_Bx1xCxS = args
-    return xla_attention(q_BxCxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xCxS,
-                         logits_dtype=logits_dtype)
-
-  out_NxBxCxHxK = jax.lax.map(block, (q_NxBxCxHxK, mask_NxBx1xCxS))
-  return out_NxBxCxHxK.swapaxes(0, 1).reshape(b, length, h, k)
-
-
-def masked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, *, implementation: str,
-                     chunk: int, logits_dtype=None):
-  """Attention under an explicit mask by `implementation` (any but `splash`)."""
-  if implementation == "chunked":
-    return chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, chunk=chunk,
-                             logits_dtype=logits_dtype)
-  if implementation == "dot_product":
-    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask=mask_Bx1xLxS)
-  return xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_Bx1xLxS, logits_dtype=logits_dtype)
 
 
 @ATTENTION.register("attention", AttentionConfig)
@@ -208,26 +129,7 @@ class Attention(nn.Module):
       kk = NORMS.build(cfg.norm, dim=k, name="k_norm")(kk)
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
-    length = x_BxLxD.shape[1]
-    logits_dtype = jnp.float32 if cfg.logits_dtype == "float32" else None
-    if decode:
-      kk, v = self._cached(kk, v, positions_BxL)
-      out = xla_attention(q, kk, v, decode_mask(positions_BxL, kk.shape[1]))
-    elif cfg.implementation != "splash" and context.shards()[1] > 1:
-      out = context.attention(q, kk, v, segment_ids_BxL, attend=functools.partial(
-          masked_attention, implementation=cfg.implementation, chunk=cfg.query_chunk_size,
-          logits_dtype=logits_dtype))
-    elif cfg.implementation == "xla":
-      out = xla_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
-                          logits_dtype=logits_dtype)
-    elif cfg.implementation == "chunked":
-      out = chunked_attention(q, kk, v, causal_mask(segment_ids_BxL, length),
-                              chunk=cfg.query_chunk_size, logits_dtype=logits_dtype)
-    elif cfg.implementation == "splash":
-      out = splash.splash_attention(q, kk, v, segment_ids_BxL, block=cfg.splash_block_size)
-    else:
-      mask = None if segment_ids_BxL is None else causal_mask(segment_ids_BxL, length)
-      out = jax.nn.dot_product_attention(q, kk, v, mask=mask, is_causal=mask is None)
+    out = self._attend(q, kk, v, positions_BxL, segment_ids_BxL, decode=decode)
     out = checkpoint_name(out, "attn_out")
     w_o = self.param("o", nn.with_logical_partitioning(init, ("heads", "head_dim", "embed")),
                      (h, k, self.dim))
@@ -236,6 +138,27 @@ class Attention(nn.Module):
       y = y + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
                          (self.dim,)).astype(y.dtype)
     return y
+
+  def _attend(self, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, positions_BxL, segment_ids_BxL, *,
+              decode: bool):
+    """The configured implementation, chosen through the registry (attn_registry.choose), on
+    the mask of the call: a decode step's cache mask; under context parallelism, each shard's
+    mask over the gathered keys (context.attention) unless the implementation splits the work
+    itself; else causal by segment ids."""
+    cfg = self.cfg
+    shards = 1 if decode else context.shards()[1]
+    impl = attn_registry.choose(cfg, segments=segment_ids_BxL is not None and not decode,
+                                context=shards, decode=decode)
+    if decode:
+      k_BxSxGxK, v_BxSxGxK = self._cached(k_BxLxGxK, v_BxLxGxK, positions_BxL)
+      mask = Mask(explicit_Bx1xLxS=decode_mask(positions_BxL, k_BxSxGxK.shape[1]))
+      return impl.attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg)
+    if shards > 1 and impl.supports.context is Context.GATHERED:
+      return context.attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL,
+                               attend=lambda q, k, v, mask: impl.attend(
+                                   q, k, v, Mask(explicit_Bx1xLxS=mask), cfg))
+    return impl.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, Mask(segment_ids_BxL=segment_ids_BxL),
+                       cfg)
 
   def _cached(self, k_BxLxGxK, v_BxLxGxK, positions_BxL):
     """(keys, values) of the whole cache after writing this call's; made on first use.

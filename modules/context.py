@@ -1,7 +1,7 @@
 """Context parallelism: each sequence's positions split over the mesh axes of `act_length`.
 
 Which mesh axes those are (the `context` axis in trainer/meshes.py) comes from the logical
-rules and the mesh in force (`jax.set_mesh`), as in modules/splash.py; with none, or one of
+rules and the mesh in force (`jax.set_mesh`), as in modules/attn_splash.py; with none, or one of
 size 1, nothing here changes the computation.
 
 Layout. Under the causal mask the last positions of a sequence see the most keys. Cut into
@@ -14,10 +14,12 @@ positions, and everything between the two is per position except attention.
 
 Attention. Each shard keeps its queries and all-gathers keys, values and segment ids over the
 context axes inside `jax.shard_map` (the gradient of the gather is a reduce-scatter), then
-attends with any implementation that takes an explicit mask (`xla`, `chunked`,
-`dot_product`): a key is visible to a query at an earlier or equal original index of the same
-segment, exactly the mask of the unsplit sequence. Costs per layer and shard: the keys and
-values of the whole sequence (2 x L x kv_heads x head_dim), and [L/C, L] logits.
+attends with the implementation, if it declares `Context.GATHERED` (modules/attn_registry.py:
+`xla`, `chunked`, `dot_product`), under an explicit mask: a key is visible to a query at an
+earlier or equal original index of the same segment, exactly the mask of the unsplit sequence.
+An implementation that declares `Context.OWN` (`splash`) splits the work itself. Costs per
+layer and shard: the keys and values of the whole sequence (2 x L x kv_heads x head_dim), and
+[L/C, L] logits.
 """
 
 from __future__ import annotations

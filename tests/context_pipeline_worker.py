@@ -223,7 +223,11 @@ def splash_context(devices) -> dict:
   """The splash kernel under context=2 (x data=4) against `xla` attention on one device: value
   and gradients of [4, 512] packed rows, 4 query heads over 2 kv heads (Pallas interpret mode)."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  from modules import attention, context, splash  # pylint: disable=import-outside-toplevel
+  from modules import context  # pylint: disable=import-outside-toplevel
+  from modules.attention import AttentionConfig  # pylint: disable=import-outside-toplevel
+  from modules.attn_registry import Mask  # pylint: disable=import-outside-toplevel
+  from modules.attn_splash import splash_attention  # pylint: disable=import-outside-toplevel
+  from modules.attn_xla import xla_attention  # pylint: disable=import-outside-toplevel
   from trainer import sharding  # pylint: disable=import-outside-toplevel
   length = 512
   q, k, v = (jax.random.normal(key, (4, length, heads, 64))
@@ -234,12 +238,13 @@ def splash_context(devices) -> dict:
   def loss(fn):
     return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))),
                                       argnums=(0, 1, 2)))
-  want = loss(lambda q, k, v: attention.xla_attention(q, k, v, attention.causal_mask(
-      seg, length)))(q, k, v)
+  cfg = AttentionConfig(num_heads=4, position=None, splash_block_size=128)
+  want = loss(lambda q, k, v: xla_attention(q, k, v, Mask(segment_ids_BxL=seg), cfg))(q, k, v)
 
   def split(q, k, v):
     z = lambda a: context.zigzag(a, 2)
-    return context.unzigzag(splash.splash_attention(z(q), z(k), z(v), z(seg), block=128), 2)
+    return context.unzigzag(
+        splash_attention(z(q), z(k), z(v), Mask(segment_ids_BxL=z(seg)), cfg), 2)
   mesh = sharding.make_mesh({"data": 4, "stage": 1, "fsdp": 1, "context": 2, "model": 1},
                             devices)
   with jax.set_mesh(mesh), nn.logical_axis_rules(meshes.DEFAULT_RULES):

@@ -186,6 +186,7 @@ def test_scan_and_unrolled_agree_on_outputs_and_gradients():
 
 
 def _attention(implementation, **fields):
+  """The attention layer with `implementation`, 4 query heads over 2 kv heads of width 8."""
   from modules.attention import ATTENTION
   node = registry("attention").node("attention", num_heads=4, num_kv_heads=2,
                                     implementation=implementation,
@@ -204,16 +205,25 @@ def test_attention_implementations_agree():
                                jax.jit(other.apply)(params, x, pos, seg), rtol=1e-4, atol=1e-5)
 
 
+def _attention_cfg(**fields):
+  """The node an implementation reads its settings from (the layer's AttentionConfig)."""
+  from modules.attention import AttentionConfig
+  return AttentionConfig(num_heads=4, position=None, **fields)
+
+
 def test_xla_attention_gradients_equal_jax_dot_product_attention():
   """The softmax normalised after the second matmul, differentiated, against jax's own."""
-  from modules.attention import causal_mask, xla_attention
+  from modules.attn_registry import Mask, causal_mask
+  from modules.attn_xla import xla_attention
   q, k, v = (jax.random.normal(key, (2, 16, heads, 8))
              for key, heads in zip(jax.random.split(jax.random.key(1), 3), (4, 2, 2)))
   segments = jnp.repeat(jnp.array([[0, 1, 1, 2]]), 4, axis=1).repeat(2, axis=0)
   mask = causal_mask(segments, 16)
   def loss(fn):
     return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)))
-  ours = jax.grad(loss(lambda q, k, v: xla_attention(q, k, v, mask)), argnums=(0, 1, 2))(q, k, v)
+  cfg = _attention_cfg()
+  ours = jax.grad(loss(lambda q, k, v: xla_attention(q, k, v, Mask(explicit_Bx1xLxS=mask), cfg)),
+                  argnums=(0, 1, 2))(q, k, v)
   theirs = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask)),
                     argnums=(0, 1, 2))(q, k, v)
   for a, b in zip(ours, theirs):
@@ -223,14 +233,15 @@ def test_xla_attention_gradients_equal_jax_dot_product_attention():
 def test_bfloat16_attention_with_float32_logits_on_request():
   """bfloat16 inputs: logits_dtype=float32 keeps the logits' float32 (closer to the float32
   result); the default writes them in bfloat16, within bfloat16's rounding of it."""
-  from modules.attention import causal_mask, xla_attention
+  from modules.attn_registry import Mask
+  from modules.attn_xla import xla_attention
   q, k, v = (jax.random.normal(key, (2, 64, heads, 16)) * 2
              for key, heads in zip(jax.random.split(jax.random.key(2), 3), (4, 2, 2)))
-  mask = causal_mask(None, 64)
-  want = xla_attention(q, k, v, mask)
+  mask, cfg = Mask(), _attention_cfg()
+  want = xla_attention(q, k, v, mask, cfg)
   bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-  compute = xla_attention(*bf, mask).astype(jnp.float32)
-  wide = xla_attention(*bf, mask, logits_dtype=jnp.float32).astype(jnp.float32)
+  compute = xla_attention(*bf, mask, cfg).astype(jnp.float32)
+  wide = xla_attention(*bf, mask, _attention_cfg(logits_dtype="float32")).astype(jnp.float32)
   err_compute, err_wide = (float(jnp.abs(x - want).max()) for x in (compute, wide))
   assert err_wide < err_compute < 0.1
 
@@ -269,16 +280,18 @@ def _splash_case(packed):
 def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
   """Pallas interpret mode on CPU, blocks of 128; with `mesh`, through shard_map on a
   one-device mesh with the trainer's logical rules."""
-  from modules import attention, splash
+  from modules.attn_registry import Mask
+  from modules.attn_splash import splash_attention
+  from modules.attn_xla import xla_attention
   from trainer import meshes
   q, k, v, seg = _splash_case(packed)
-  mask = attention.causal_mask(seg, 256)
+  mask, cfg = Mask(segment_ids_BxL=seg), _attention_cfg(splash_block_size=128)
 
   def loss(fn):
     return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))),
                                       argnums=(0, 1, 2)))
-  want, want_grads = loss(lambda q, k, v: attention.xla_attention(q, k, v, mask))(q, k, v)
-  run = loss(lambda q, k, v: splash.splash_attention(q, k, v, seg, block=128))
+  want, want_grads = loss(lambda q, k, v: xla_attention(q, k, v, mask, cfg))(q, k, v)
+  run = loss(lambda q, k, v: splash_attention(q, k, v, mask, cfg))
   if mesh:
     devices = np.array(jax.devices()[:1]).reshape((1,) * len(meshes.AXES))
     with (jax.set_mesh(jax.sharding.Mesh(devices, meshes.AXES)),
@@ -292,12 +305,12 @@ def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
 
 
 def test_splash_blocks_are_multiples_of_128_that_divide_the_length():
-  from modules import splash
+  from modules.attn_splash import block_sizes
   with pytest.raises(ConfigError, match="positive multiple of 128"):
     _attention("splash", splash_block_size=100)
-  assert splash.block_sizes(256, 512).block_kv == 256  # clipped to the length
+  assert block_sizes(256, 512).block_kv == 256  # clipped to the length
   with pytest.raises(ConfigError, match="length 384 must be a multiple of the block 256"):
-    splash.block_sizes(384, 256)
+    block_sizes(384, 256)
 
 
 def test_parallel_block_sums_both_branches_of_one_input():

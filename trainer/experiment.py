@@ -21,7 +21,7 @@ import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers the data sources)
 from modules.decoder import MODELS
 from core.registry import ConfigError
-from modules import splash
+from modules import attn_registry
 from trainer import flops as flops_lib, sharding
 from trainer.config import RunConfig
 from trainer.data.base import DATA, Source
@@ -133,12 +133,11 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
       raise ConfigError(f"{name} splits each sequence into 2 x {shards} chunks (the "
                         f"load-balanced layout, docs/parallelism.md): data.seq_len {seq} must be "
                         f"a multiple of {2 * shards}")
-    attention = flops_lib.find_field(model, "implementation")
-    if attention == "splash":
-      try:
-        splash.check_context(seq, flops_lib.find_field(model, "splash_block_size"), shards)
-      except ConfigError as e:
-        raise ConfigError(f"{name}: {e}") from None
+    try:
+      attn_registry.check_context(flops_lib.find_field(model, "attention"), length=seq,
+                                  count=shards)
+    except ConfigError as e:
+      raise ConfigError(f"{name}: {e}") from None
   name, stages = mesh_size(mesh, rules, "layers")
   if stages > 1:
     layers = getattr(model, "num_layers", None)

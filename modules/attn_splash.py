@@ -1,4 +1,4 @@
-"""Splash attention: JAX's Pallas TPU flash-attention kernel, sharded over batch and heads.
+"""`splash` attention: JAX's Pallas TPU flash-attention kernel, sharded over batch and heads.
 
 The kernel (jax.experimental.pallas.ops.tpu.splash_attention) computes causal attention of one
 sequence over [heads, length, head_dim], skipping the key blocks the causal mask hides, with
@@ -7,6 +7,12 @@ h // (H/G)). A Pallas kernel cannot be partitioned by the compiler, so it runs u
 `jax.shard_map`: each device gets its slice of the batch (`act_batch`) and heads (`act_heads`),
 mapped to mesh axes by flax's logical rules and the mesh set with `jax.set_mesh`, and loops
 over its rows with vmap. Off TPU the kernel runs in Pallas interpret mode (slow: for tests).
+
+The kernel's whole setup is in this file: `block_sizes` (its tiles, from
+`attention.splash_block_size`) and `_kernel` (its mask and `make_splash_mha`), which gets the
+layer's AttentionConfig as every implementation does. It declares packed documents and context
+parallelism (its own: `_context_kernel`, laid out by `check_context`); it cannot attend under
+a KV cache's mask, so a decode step runs `xla` in its place (attn_registry.REFERENCE).
 """
 
 import functools
@@ -18,6 +24,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from core.registry import ConfigError
 from modules import context
+from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
 
 LANES = 128  # the kernel's key blocks are multiples of the TPU's 128 lanes
 
@@ -35,9 +42,10 @@ def block_sizes(length: int, block: int, *, kv_length: int | None = None) -> sa.
                        block_kv_dq=bkv)
 
 
-def check_context(length: int, block: int, count: int) -> None:
+def check_context(cfg, *, length: int, count: int) -> None:
   """Under context parallelism over `count` shards each kernel call takes one chunk of
   length / (2 x count) queries (modules/context.py's layout): it must hold whole blocks."""
+  block = cfg.splash_block_size
   context.check_length(length, count)
   chunk = length // (2 * count)
   b = min(block, chunk)
@@ -50,23 +58,24 @@ def check_context(length: int, block: int, count: int) -> None:
                       f"context shards or change attention.splash_block_size")
 
 
-def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, *, block: int,
+def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, cfg, *,
             interpret: bool, offset: int = 0):
   """The kernel on local arrays: one causal mask per local head (query i sees keys up to
-  i + offset), vmapped over the rows."""
+  i + offset), vmapped over the rows; blocks of `cfg.splash_block_size`."""
   _, h, q_length, _ = q_BxHxQxK.shape
   kv_length = k_BxGxSxK.shape[2]
   mask = sa.MultiHeadMask([sa.CausalMask((q_length, kv_length), offset=offset)] * h)
-  kernel = sa.make_splash_mha(mask, block_sizes=block_sizes(q_length, block, kv_length=kv_length),
-                              head_shards=1, q_seq_shards=1, interpret=interpret)
+  blocks = block_sizes(q_length, cfg.splash_block_size, kv_length=kv_length)
+  kernel = sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                              interpret=interpret)
   if segment_ids_BxQ is None:
     return jax.vmap(kernel)(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK)
   return jax.vmap(lambda q, k, v, s, t: kernel(q, k, v, segment_ids=sa.SegmentIds(s, t)))(
       q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS)
 
 
-def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, *, axes, count: int,
-                    block: int, interpret: bool):
+def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, axes,
+                    count: int, interpret: bool):
   """One context shard: its two chunks of queries (zig-zag layout) against the gathered keys.
 
   Keys, values and their segment ids are all-gathered and put back in the natural order; each
@@ -87,8 +96,8 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, *, axes, c
       for half, chunk in enumerate((i, 2 * count - 1 - i)):
         part = slice(half * c, (half + 1) * c)
         outs.append(_kernel(q[:, :, part], k, v,
-                            None if segments is None else segments[:, part], kv_segments,
-                            block=block, interpret=interpret, offset=chunk * c))
+                            None if segments is None else segments[:, part], kv_segments, cfg,
+                            interpret=interpret, offset=chunk * c))
       return jnp.concatenate(outs, axis=2)
     return run
 
@@ -96,10 +105,15 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, *, axes, c
                         q_BxHxQxK, k, v, segment_ids_BxQ, kv_segments)
 
 
-def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, block: int):
+@IMPLEMENTATIONS.register("splash", Supports(segments=True, context=Context.OWN, decode=False),
+                          check_context=check_context)
+def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   """Causal attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads, packed
-  documents kept apart by `segment_ids_BxL` ([B, L] ints, or None); returns [B, L, H, K].
+  documents kept apart by `mask.segment_ids_BxL` ([B, L] ints, or None); returns [B, L, H, K].
   Under context parallelism (modules/context.py) the inputs are in its layout."""
+  if mask.explicit_Bx1xLxS is not None:
+    raise ValueError("splash attends under causal masks by segment ids, not explicit masks")
+  segment_ids_BxL = mask.segment_ids_BxL
   b, _, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   mesh = jax.sharding.get_abstract_mesh()
@@ -109,7 +123,7 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, block:
   kk, v = k_BxLxGxK.transpose(0, 2, 1, 3), v_BxLxGxK.transpose(0, 2, 1, 3)
   interpret = platform != "tpu"
   if mesh.empty:
-    return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, block=block,
+    return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, cfg,
                    interpret=interpret).transpose(0, 2, 1, 3)
   batch = context.mesh_axes("act_batch", b, mesh)
   heads = context.mesh_axes("act_heads", h, mesh)
@@ -118,12 +132,12 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, block:
     kk, v = jnp.repeat(kk, h // g, axis=1), jnp.repeat(v, h // g, axis=1)
   axes, count = context.shards()
   if count > 1:
-    check_context(q.shape[2], block, count)
-    attend = functools.partial(_context_kernel, axes=axes, count=count, block=block,
+    check_context(cfg, length=q.shape[2], count=count)
+    attend = functools.partial(_context_kernel, cfg=cfg, axes=axes, count=count,
                                interpret=interpret)
   else:
     axes = None
-    attend = lambda q, kk, v, s: _kernel(q, kk, v, s, s, block=block, interpret=interpret)
+    attend = lambda q, kk, v, s: _kernel(q, kk, v, s, s, cfg, interpret=interpret)
   spec = jax.P(batch, heads, axes, None)
   seg_spec = jax.P(batch, axes) if segment_ids_BxL is not None else None
   out = jax.shard_map(attend, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,

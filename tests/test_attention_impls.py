@@ -1,0 +1,237 @@
+"""The attention implementations' registry (modules/attn_registry.py): each registered
+implementation does what it declares, against `xla` through the attention layer, and the layer
+refuses in one line what an implementation does not declare."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import modules  # noqa: F401  (registers the layer library and the implementations)
+from core.registry import ConfigError, registry
+from modules import attn_registry
+from modules.attention import ATTENTION, Attention, AttentionConfig
+from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
+from tests.conftest import ROOT, xla_flags
+from tests.test_modules import random_params
+
+NAMES = IMPLEMENTATIONS.names()
+LENGTH = 128  # one block of `splash` (its blocks are multiples of 128)
+PREFILL = 96  # a decode test's prompt: 3 query chunks of `chunked`, then one token a step
+# A value that turns each per-layer option (an `option()` field of AttentionConfig) on, for the
+# test that every implementation declaring it agrees with `xla` and every other refuses it.
+OPTION_VALUES: dict = {}
+
+
+def _cfg(implementation: str, **fields) -> AttentionConfig:
+  node = registry("attention").node(
+      "attention", num_heads=4, num_kv_heads=2, head_dim=64, implementation=implementation,
+      query_chunk_size=32, splash_block_size=128, position=registry("position").node("rope"),
+      **fields)
+  return ATTENTION.parse(node, "attention")
+
+
+def _inputs():
+  x = jax.random.normal(jax.random.key(0), (2, LENGTH, 32))
+  pos = jnp.broadcast_to(jnp.arange(LENGTH), (2, LENGTH))
+  lengths = jnp.array([[40, 50, 38], [100, 20, 8]])  # 3 documents a row, unequal
+  seg = jax.vmap(lambda n: jnp.repeat(jnp.arange(3), n, total_repeat_length=LENGTH))(lengths)
+  return x, pos, seg
+
+
+def _value_and_grad(layer, params, x, pos, seg):
+  loss = lambda p, x: jnp.sum(jnp.sin(layer.apply(p, x, pos, seg)))
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+
+
+def _assert_agree(got, want):
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _decoded(layer, params, x, pos):
+  """The layer's outputs for a prompt of PREFILL tokens, then two tokens one at a time, through
+  its KV cache (the cache holds LENGTH slots)."""
+  cache = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, pos, None, decode=True))
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nn.meta.unbox(cache["cache"]))
+  step = jax.jit(lambda c, x, p: layer.apply({**params, "cache": c}, x, p, None, decode=True,
+                                             mutable=["cache"]))
+  outs = []
+  for start, end in ((0, PREFILL), (PREFILL, PREFILL + 1), (PREFILL + 1, PREFILL + 2)):
+    out, variables = step(cache, x[:, start:end], pos[:, start:end])
+    cache = variables["cache"]
+    outs.append(out)
+  return jnp.concatenate(outs, axis=1)
+
+
+def _one_line_refusal(call, *needles):
+  with pytest.raises(ConfigError) as e:
+    call()
+  message = str(e.value)
+  assert "\n" not in message and all(n in message for n in needles), message
+  return message
+
+
+def test_one_file_and_one_signature_each():
+  for name in NAMES:
+    attend = IMPLEMENTATIONS.get(name).attend
+    assert attend.__module__ == f"modules.attn_{name}"
+    params = list(inspect.signature(attend).parameters.values())
+    assert len(params) == 5 and [p.name for p in params[3:]] == ["mask", "cfg"], name
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params)
+
+
+def test_the_reference_supports_everything():
+  """`xla` decodes in place of an implementation that cannot, so it must support all of it."""
+  options = set(attn_registry.option_names(AttentionConfig))
+  xla = IMPLEMENTATIONS.get(attn_registry.REFERENCE).supports
+  assert xla.segments and xla.decode and xla.context is Context.GATHERED
+  assert set(xla.options) == options
+
+
+def test_every_option_has_a_value_to_test():
+  options = set(attn_registry.option_names(AttentionConfig))
+  assert set(OPTION_VALUES) == options
+  for impl in NAMES:
+    assert set(IMPLEMENTATIONS.get(impl).supports.options) <= options, impl
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_support_matches_what_it_does(name):
+  """Through the layer, against `xla`: plain and packed rows (value and gradients), decoding
+  from a KV cache (by `xla` in its place if it does not declare decoding), and each per-layer
+  option, which it either honours like `xla` or refuses in one line."""
+  supports = IMPLEMENTATIONS.get(name).supports
+  x, pos, seg = _inputs()
+  ref, layer = Attention(_cfg("xla"), dim=32), Attention(_cfg(name), dim=32)
+  params = {"params": random_params(ref, x, pos, None)}
+  for segments in (None, seg):
+    if segments is not None and not supports.segments:
+      _one_line_refusal(lambda: layer.apply(params, x, pos, segments), "packed documents")
+      continue
+    _assert_agree(_value_and_grad(layer, params, x, pos, segments),
+                  _value_and_grad(ref, params, x, pos, segments))
+  decoding = attn_registry.choose(layer.cfg, decode=True).name
+  assert decoding == (name if supports.decode else attn_registry.REFERENCE)
+  np.testing.assert_allclose(_decoded(layer, params, x, pos),
+                             ref.apply(params, x, pos, None)[:, :PREFILL + 2], atol=1e-5)
+  for option, value in OPTION_VALUES.items():
+    on, ref_on = (Attention(_cfg(n, **{option: value}), dim=32) for n in (name, "xla"))
+    if option in supports.options:
+      _assert_agree(_value_and_grad(on, params, x, pos, seg),
+                    _value_and_grad(ref_on, params, x, pos, seg))
+    else:
+      _one_line_refusal(lambda: on.cfg.check(dim=32), f"attention.{option}=", name)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _WithOption(AttentionConfig):
+  """AttentionConfig with one more per-layer option, which no implementation declares."""
+  logit_cap: float | None = attn_registry.option(None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_option_it_does_not_declare_is_refused_in_one_line(name):
+  """Set away from its default: refused by the config's check (which Registry.build runs)
+  and by the layer itself; at its default, nothing to refuse."""
+  base = dict(num_heads=4, num_kv_heads=2, head_dim=64, implementation=name,
+              position=_cfg("xla").position)
+  _WithOption(**base).check(dim=32)
+  on = _WithOption(**base, logit_cap=30.0)
+  message = _one_line_refusal(lambda: on.check(dim=32), "attention.logit_cap=30.0",
+                              f"implementation={name}")
+  assert message.endswith("; none does"), message
+  x, pos, _ = _inputs()
+  _one_line_refusal(lambda: Attention(on, dim=32).init(jax.random.key(0), x, pos, None),
+                    "attention.logit_cap=30.0")
+
+
+def _causal_only(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg):
+  """An implementation that attends causally over one sequence and nothing else."""
+  del cfg
+  assert mask.causal_only
+  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, is_causal=True)
+
+
+def test_what_an_implementation_does_not_declare_is_refused_or_stood_in_for(monkeypatch):
+  """A registry with `xla` and `causal_only`, which declares no packed documents, no context
+  parallelism, no decoding: the layer refuses the first two in one line and decodes with
+  `xla`; the plain causal case runs it."""
+  fresh = attn_registry.Implementations()
+  xla = IMPLEMENTATIONS.get("xla")
+  fresh.register("xla", xla.supports)(xla.attend)
+  fresh.register("causal_only", Supports(segments=False, context=None, decode=False))(
+      _causal_only)
+  monkeypatch.setattr(attn_registry, "IMPLEMENTATIONS", fresh)
+  x, pos, seg = _inputs()
+  ref, layer = Attention(_cfg("xla"), dim=32), Attention(_cfg("causal_only"), dim=32)
+  params = {"params": random_params(ref, x, pos, None)}
+  _assert_agree(_value_and_grad(layer, params, x, pos, None),
+                _value_and_grad(ref, params, x, pos, None))
+  _one_line_refusal(lambda: layer.apply(params, x, pos, seg),
+                    "implementation=causal_only does not support packed documents",
+                    "implementations that do: xla")
+  _one_line_refusal(lambda: attn_registry.check_context(layer.cfg, length=LENGTH, count=2),
+                    "implementation=causal_only does not support context parallelism")
+  assert attn_registry.choose(layer.cfg, decode=True).name == "xla"
+  np.testing.assert_allclose(_decoded(layer, params, x, pos),
+                             ref.apply(params, x, pos, None)[:, :PREFILL + 2], atol=1e-5)
+  _one_line_refusal(lambda: fresh.get("causal"), "did you mean 'causal_only'")
+  with pytest.raises(ValueError, match="registered twice"):
+    fresh.register("xla", xla.supports)(xla.attend)
+
+
+def context_agreement() -> dict:
+  """In a process with 4 CPU devices: each implementation that declares context parallelism,
+  through the layer on a data=2 x context=2 mesh (inputs in the load-balanced layout) against
+  `xla` on one device; {name: (relative difference of the value, largest of the gradients'
+  (each against its largest entry))}."""
+  from modules import context  # pylint: disable=import-outside-toplevel
+  from trainer import meshes, sharding  # pylint: disable=import-outside-toplevel
+  length = 512  # splash: each of the 2 x 2 chunks is one block of 128
+  x = jax.random.normal(jax.random.key(0), (2, length, 32))
+  pos = jnp.broadcast_to(jnp.arange(length), (2, length))
+  seg = jnp.repeat(jnp.array([[0, 1, 2, 2], [0, 0, 0, 1]]), length // 4, axis=1)
+  z = lambda a: context.zigzag(a, 2)
+  ref = Attention(_cfg("xla"), dim=32)
+  params = {"params": random_params(ref, x, pos, None)}
+  want = _value_and_grad(ref, params, x, pos, seg)
+  mesh = sharding.make_mesh({"data": 2, "stage": 1, "fsdp": 1, "context": 2, "model": 1},
+                            jax.devices())
+  out = {}
+  for name in NAMES:
+    if IMPLEMENTATIONS.get(name).supports.context is None:
+      continue
+    layer = Attention(_cfg(name), dim=32)
+    loss = lambda p, x: jnp.sum(jnp.sin(context.unzigzag(layer.apply(p, z(x), z(pos), z(seg)),
+                                                         2)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(meshes.DEFAULT_RULES):
+      got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+    out[name] = (float(abs(got[0] - want[0]) / abs(want[0])), max(
+        float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+        for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))))
+  return out
+
+
+def test_declared_context_parallelism_agrees_with_one_device():
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(4))
+  code = ("import json; from tests.test_attention_impls import context_agreement; "
+          "print(json.dumps(context_agreement()))")
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = json.loads(done.stdout.strip().splitlines()[-1])
+  assert set(got) == {n for n in NAMES if IMPLEMENTATIONS.get(n).supports.context is not None}
+  for name, (value, grad) in got.items():
+    assert value <= 1e-5 and grad <= 1e-5, (name, value, grad)
