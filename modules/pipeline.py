@@ -1,7 +1,7 @@
 """Pipeline parallelism: the scanned layer stack cut into stages over the mesh axes of `layers`.
 
 Which mesh axes those are (the `stage` axis in trainer/meshes.py) comes from the logical rules
-and the mesh in force (`jax.set_mesh`), as in modules/splash.py; with none, or one of size 1,
+and the mesh in force (`jax.set_mesh`), as in modules/attn_splash.py; with none, or one of size 1,
 `modules/decoder.py:DecoderLM` scans its layers as usual.
 
 The parameters keep their shape: the stack [layers, ...] that `nn.scan` makes, its leading
