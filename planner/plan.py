@@ -89,10 +89,12 @@ def _tpu_devices(entry: Entry) -> list:
                       f"compiler); install it with {LIBTPU_INSTALL}") from None
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   try:
-    slices = {"num_slices": entry.num_slices} if entry.num_slices > 1 else {}
+    options = dict(entry.topology_options)
+    if entry.num_slices > 1:
+      options["num_slices"] = entry.num_slices
     with _quiet_libtpu():
       devices = topologies.get_topology_desc(platform="tpu", topology_name=entry.topology,
-                                             **slices).devices
+                                             **options).devices
   except Exception as e:  # pylint: disable=broad-except  (libtpu raises JaxRuntimeError)
     raise ConfigError(f"--mesh={entry.name}: libtpu cannot make topology "
                       f"'{entry.topology}': {' '.join(str(e).split())[:200]}") from None

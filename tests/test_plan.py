@@ -261,3 +261,18 @@ def test_sweep_ranks_fitting_candidates():
   assert steps == sorted(steps)
   assert all(p.fits for _, p in result.ranked)
   assert "--config.mesh.fsdp=" in plan_sweep.sweep_text(result).splitlines()[-1]
+
+
+SINGLE_HOST_TPUS = sorted(n for n, e in meshes.MESHES.items()
+                          if e.topology and e.num_hosts == 1 and e.num_slices == 1)
+
+
+@pytest.mark.parametrize("name", SINGLE_HOST_TPUS)
+def test_every_single_host_tpu_entry_compiles(name):
+  """libtpu makes each single-host slice with that host's chips (a 1-chip or 8-chip host is not
+  its default 2x2x1) and one device per chip (v4's megacore): tiny compiles for every one."""
+  entry = meshes.lookup(name)
+  p = plan.plan(_run(configs.llama.get_config("size=test")), entry, config_name="test",
+                with_eval=False)
+  assert p.devices == entry.num_devices and p.compiler == plan.TPU_COMPILER
+  assert p.train.argument > 0 and p.train.temp > 0

@@ -80,6 +80,9 @@ class Entry:
   num_hosts: int = 1
   rules: tuple = DEFAULT_RULES
   topology: str | None = None  # TPU slice shape for libtpu's compiler, e.g. "v5e:4x4"
+  # More of libtpu's compile-only topology options: the chips of one host (a host of 1 or 8
+  # v5e chips is not its default 2x2x1) and, for v4, one device per chip (megacore).
+  topology_options: tuple[tuple[str, object], ...] = ()
   num_slices: int = 1  # TPU slices joined by the data-center network (NAMExSLICES)
 
   @property
@@ -130,6 +133,9 @@ class TpuFamily:
   sizes: tuple[int, ...]  # slice names' sizes
   dims: int  # torus dimensions (2 or 3), for the libtpu topology name
   libtpu_name: str  # the generation in libtpu topology names ("v5e" in "v5e:4x4")
+  # libtpu's chip config that makes one jax device per chip of a 2-core chip ("megacore"), where
+  # its default is one device per TensorCore (v4); "" where one device per chip is the default.
+  chip_config: str = ""
 
   def topology(self, chips: int) -> str:
     """Cloud TPU's slice shape: 2D a x b (a <= b); 3D from 2x2x1, doubling the smallest axis."""
@@ -148,6 +154,13 @@ class TpuFamily:
         shape.sort()
     return f"{self.libtpu_name}:{'x'.join(map(str, shape))}"
 
+  def topology_options(self, chips_per_host: int) -> tuple[tuple[str, object], ...]:
+    """libtpu's options beside the topology name: one host's chips as its x, y, z bounds (the
+    shape of a slice of that many chips), and the chip config."""
+    host = tuple(int(n) for n in self.topology(chips_per_host).split(":")[1].split("x"))
+    options = (("chips_per_host_bounds", (*host, 1)[:3]),)
+    return options + ((("chip_config_name", self.chip_config),) if self.chip_config else ())
+
 
 # Slice names follow Cloud TPU: v4 and v5p count TensorCores (2 per chip, one jax device
 # per chip), v5e and v6e count chips (v5litepod-8 / v6e-8 are one 8-chip host; larger
@@ -155,6 +168,7 @@ class TpuFamily:
 # bf16, HBM capacity and bandwidth, ICI bandwidth; ICI halved for one direction).
 _TPU = (
     TpuFamily(name="tpu-v4", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v4",
+              chip_config="megacore",
               sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
               chip=Hardware(platform="tpu", device_kind=r"TPU v4", devices_per_host=4,
                             peak_bf16_flops=275e12, hbm_bytes=32 * GiB,
@@ -232,7 +246,8 @@ def _build_table() -> dict[str, Entry]:
       hw = dataclasses.replace(family.chip, devices_per_host=per_host)
       table[f"{family.name}-{size}"] = Entry(name=f"{family.name}-{size}", hardware=hw,
                                             num_hosts=chips // per_host,
-                                            topology=family.topology(chips))
+                                            topology=family.topology(chips),
+                                            topology_options=family.topology_options(per_host))
   return table
 
 
