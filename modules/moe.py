@@ -36,14 +36,14 @@ capacity.
 
 import dataclasses
 import math
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from modules import context
-from modules.mlp import ACTIVATIONS, FFN
+from modules.mlp import ACTIVATIONS, FFN, Activation
 from core.registry import REQUIRED, ConfigError
 
 
@@ -53,7 +53,7 @@ class MoeConfig:
   num_experts: int = REQUIRED  # experts (each a dense MLP)
   top_k: int = 2  # experts per token
   hidden_dim: int = REQUIRED  # hidden width of each expert
-  activation: Literal["silu", "gelu", "gelu_tanh", "relu"] = "silu"
+  activation: Activation = "silu"  # a name of modules/mlp.py:ACTIVATIONS
   gated: bool = True  # experts are SwiGLU (act(x W_gate) * x W_up) like Mixtral
   capacity_factor: float = 1.25  # expert capacity as a multiple of an even share; 0 = dropless
   renormalize: bool = True  # top-k router weights rescaled to sum to 1 (Mixtral)
