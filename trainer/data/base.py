@@ -69,10 +69,11 @@ class Source(abc.ABC):
   @classmethod
   def example(cls, directory: pathlib.Path) -> dict:
     """A small working node of this kind: its fields besides `kind`, `seq_len` and
-    `batch_size`, with any files they name written under `directory` (which exists). Each
-    registered kind trains on its example in the tests (tests/test_data_kinds.py enumerates
-    the registry), so a new kind is tested without a list to extend; a kind that reads nothing
-    (synthetic, stdlib) keeps this default, no field."""
+    `batch_size`, with any files they name written under `directory` (which exists). The tests
+    enumerate the registry and run every kind on its example (tests/test_data_model.py: its
+    batches are the planned ones; tests/test_kinds_cli.py: it trains through the CLI), so a
+    new kind is tested without a list to extend; a kind that reads nothing (synthetic, stdlib)
+    keeps this default, no field."""
     del directory
     return {}
 
