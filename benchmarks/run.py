@@ -105,7 +105,26 @@ def main(argv=None) -> int:
 
   peak = machine.peak_matmul_flops()
   log(f"peak matmul {peak / 1e9:.1f} GFLOP/s")
+  comparisons = _compare_all(log)
+  points = _scaling_points(comparisons, log)
+  png = out_path.parent / "benchmarks" / "scaling.png"
+  png.parent.mkdir(parents=True, exist_ok=True)
+  plotted = scaling.plot(points, png, tokens=SCALING_BATCH * SCALING_SEQ)
+  mem = memory.measure_all()
+  log("memory done")
+  tiny_tps = next(c.tokens_per_step / c.ours_median_s for c, _ in comparisons if c.name == "tiny")
+  extras = _run_extras(log)
 
+  total = time.perf_counter() - started
+  text = _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps,
+                 load=(load_start, machine.load_average()), total=total, out_path=out_path)
+  _write(out_path, text)
+  log(f"wrote {out_path}")
+  return 0
+
+
+def _compare_all(log) -> list:
+  """(axtrain against plain JAX, note) for each config of `_configs`."""
   comparisons = []
   for name, (cfg, note) in _configs().items():
     exp = _build(cfg, STEPS[name])
@@ -113,46 +132,48 @@ def main(argv=None) -> int:
     comparisons.append((c, note))
     log(f"{name}: axtrain {c.ours_median_s:.3f}s/step, plain {c.plain_median_s:.3f}s/step, "
         f"ratio {c.ratio:.3f}")
+  return comparisons
 
+
+def _scaling_points(comparisons, log) -> list:
+  """Step time against model size: test, tiny, bench_lm measured here, 125m from its
+  comparison (which ran at this batch shape)."""
   points = []
   reuse = {c.name: c for c, _ in comparisons}
   for name, node in (("test", llama.model_node("test")), ("tiny", llama.model_node("tiny")),
                      ("bench_lm", bench_lm.model_node()), ("125m", None)):
-    if node is None:  # the 125m comparison above already ran at this batch shape
+    if node is None:
       c = reuse["125m"]
       points.append(scaling.Point("125m", c.params, c.flops_per_step, c.ours_median_s))
       continue
     exp = _build(_scaling_config(node), 4)
     points.append(scaling.measure(name, exp, compare.model_flops_per_step(exp)))
     log(f"scaling {name}: {points[-1].step_s:.3f}s/step")
-  png = out_path.parent / "benchmarks" / "scaling.png"
-  png.parent.mkdir(parents=True, exist_ok=True)
-  plotted = scaling.plot(points, png, tokens=SCALING_BATCH * SCALING_SEQ)
+  return points
 
-  mem = memory.measure_all()
-  log("memory done")
 
-  tiny_tps = next(c.tokens_per_step / c.ours_median_s for c, _ in comparisons if c.name == "tiny")
+def _run_extras(log) -> dict:
+  """The checkpoint, data and decode sections; one section's failure is reported in its place
+  and must not sink the rest of the report."""
   extras = {}
   for key, module in (("checkpoint", bench_checkpoint), ("data", bench_data),
                       ("decode", bench_decode)):
     try:
       extras[key] = module.run()
-    except Exception as e:  # one section's failure must not sink the rest of the report
+    except Exception as e:  # pylint: disable=broad-except
       extras[key] = f"{module.__name__}.run() failed: {type(e).__name__}: {e}"
     log(f"{key}: done")
+  return extras
 
-  total = time.perf_counter() - started
-  text = _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps,
-                 load=(load_start, machine.load_average()), total=total, out_path=out_path)
+
+def _write(out_path: pathlib.Path, text: str) -> None:
+  """Writes the report, keeping `make bench-tpu`'s section (minutes of TPU compiles) as it was
+  measured."""
   old = out_path.read_text(encoding="utf-8") if out_path.exists() else ""
   if tpu_step.BEGIN in old and tpu_step.END in old:
-    # `make bench-tpu`'s section (minutes of TPU compiles) is kept as it was measured.
     kept = old[old.index(tpu_step.BEGIN):old.index(tpu_step.END) + len(tpu_step.END)]
     text = text.rstrip("\n") + "\n\n" + kept + "\n"
   out_path.write_text(text, encoding="utf-8")
-  log(f"wrote {out_path}")
-  return 0
 
 
 def _report(info, peak, comparisons, points, plotted, png, mem, extras, tiny_tps, *, load,

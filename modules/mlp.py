@@ -12,19 +12,22 @@ from core.registry import REQUIRED, ConfigError, Registry
 
 FFN = Registry("ffn")
 
+# The activations by name, declared here once: the type of every ffn kind's `activation`
+# field (`Activation`, which the config check reads its choices from) is made of these names.
 ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
     "relu": jax.nn.relu,
 }
+Activation = Literal[tuple(ACTIVATIONS)]  # one of the names of ACTIVATIONS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MlpConfig:
   kind: str = "mlp"
   hidden_dim: int = REQUIRED  # width of the hidden layer
-  activation: Literal["silu", "gelu", "gelu_tanh", "relu"] = "silu"
+  activation: Activation = "silu"  # a name of ACTIVATIONS
   gated: bool = True  # act(x W_gate) * (x W_up), i.e. SwiGLU with silu (LLaMA)
   use_bias: bool = False  # biases on both projections (GPT-2: True)
   init_std: float = 0.02  # stddev of the normal initialiser

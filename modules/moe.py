@@ -36,14 +36,14 @@ capacity.
 
 import dataclasses
 import math
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from modules import context
-from modules.mlp import ACTIVATIONS, FFN
+from modules.mlp import ACTIVATIONS, FFN, Activation
 from core.registry import REQUIRED, ConfigError
 
 
@@ -53,7 +53,7 @@ class MoeConfig:
   num_experts: int = REQUIRED  # experts (each a dense MLP)
   top_k: int = 2  # experts per token
   hidden_dim: int = REQUIRED  # hidden width of each expert
-  activation: Literal["silu", "gelu", "gelu_tanh", "relu"] = "silu"
+  activation: Activation = "silu"  # a name of modules/mlp.py:ACTIVATIONS
   gated: bool = True  # experts are SwiGLU (act(x W_gate) * x W_up) like Mixtral
   capacity_factor: float = 1.25  # expert capacity as a multiple of an even share; 0 = dropless
   renormalize: bool = True  # top-k router weights rescaled to sum to 1 (Mixtral)
@@ -160,6 +160,47 @@ def expert_parallel(x_BxExCxD, w_in, w_up, w_out, act):
       x_BxExCxD, w_in, w_up, w_out)[:, :, :c]
 
 
+def route(x_BxLxD, router_DxE, *, top_k: int, renormalize: bool):
+  """(router probabilities [B, L, E], the top-k gates [B, L, K], the chosen experts one-hot
+  [B, L, K, E]), scored in float32."""
+  logits_BxLxE = jnp.einsum("bld,de->ble", x_BxLxD.astype(jnp.float32),
+                            router_DxE.astype(jnp.float32))
+  probs_BxLxE = jax.nn.softmax(logits_BxLxE, axis=-1)
+  gates_BxLxK, experts_BxLxK = jax.lax.top_k(probs_BxLxE, top_k)
+  if renormalize:
+    gates_BxLxK = gates_BxLxK / jnp.sum(gates_BxLxK, axis=-1, keepdims=True)
+  return probs_BxLxE, gates_BxLxK, jax.nn.one_hot(experts_BxLxK, router_DxE.shape[-1],
+                                                  dtype=jnp.float32)
+
+
+def capacity_slots(chosen_BxLxKxE, gates_BxLxK, capacity: int):
+  """(dispatch [B, L, E, C], combine [B, L, E, C], the share of (token, choice) pairs
+  dropped): each (token, choice) takes the next slot of its expert's queue, in token order, and
+  is dropped past `capacity` slots.
+
+  A token's slot depends only on earlier tokens, so routing stays causal. Under context
+  parallelism the sequence arrives in the load-balanced layout (modules/context.py): the
+  queues are counted in the original order, so the same tokens are dropped as on one device.
+  """
+  b, length, k, e = chosen_BxLxKxE.shape
+  _, shards = context.shards()
+  natural_BxLxKxE = context.unzigzag(chosen_BxLxKxE, shards) if shards > 1 else chosen_BxLxKxE
+  chosen_BxLKxE = natural_BxLxKxE.reshape(b, length * k, e)
+  slot_BxLxKxE = (jnp.cumsum(chosen_BxLKxE, axis=1) * chosen_BxLKxE - 1).reshape(
+      b, length, k, e)
+  slot_BxLxK = jnp.sum(slot_BxLxKxE * natural_BxLxKxE, axis=-1).astype(jnp.int32)
+  if shards > 1:
+    slot_BxLxK = context.zigzag(slot_BxLxK, shards)
+  kept_BxLxK = slot_BxLxK < capacity
+  # one_hot of an out-of-range slot is all zeros: dropped tokens dispatch nowhere.
+  slots_BxLxKxC = jax.nn.one_hot(jnp.where(kept_BxLxK, slot_BxLxK, capacity), capacity,
+                                 dtype=jnp.float32)
+  dispatch_BxLxExC = jnp.einsum("blke,blkc->blec", chosen_BxLxKxE, slots_BxLxKxC)
+  combine_BxLxExC = jnp.einsum("blke,blkc,blk->blec", chosen_BxLxKxE, slots_BxLxKxC,
+                               gates_BxLxK)
+  return dispatch_BxLxExC, combine_BxLxExC, 1 - jnp.mean(kept_BxLxK.astype(jnp.float32))
+
+
 @FFN.register("moe", MoeConfig)
 class Moe(nn.Module):
   cfg: MoeConfig
@@ -171,13 +212,8 @@ class Moe(nn.Module):
     e, f, d = cfg.num_experts, cfg.hidden_dim, self.dim
     init = nn.initializers.normal(cfg.init_std)
     router = self.param("router", nn.with_logical_partitioning(init, ("embed", None)), (d, e))
-    logits_BxLxE = jnp.einsum("bld,de->ble", x_BxLxD.astype(jnp.float32),
-                              router.astype(jnp.float32))
-    probs_BxLxE = jax.nn.softmax(logits_BxLxE, axis=-1)
-    gates_BxLxK, experts_BxLxK = jax.lax.top_k(probs_BxLxE, cfg.top_k)
-    if cfg.renormalize:
-      gates_BxLxK = gates_BxLxK / jnp.sum(gates_BxLxK, axis=-1, keepdims=True)
-    chosen_BxLxKxE = jax.nn.one_hot(experts_BxLxK, e, dtype=jnp.float32)
+    probs_BxLxE, gates_BxLxK, chosen_BxLxKxE = route(x_BxLxD, router, top_k=cfg.top_k,
+                                                     renormalize=cfg.renormalize)
     self.sow("losses", "moe_load_balancing",
              cfg.aux_loss_coef * load_balancing_loss(probs_BxLxE, chosen_BxLxKxE))
 
@@ -213,27 +249,9 @@ class Moe(nn.Module):
       y_BxExLxD = experts(x_BxExLxD)
       return jnp.einsum("ble,beld->bld", combine_BxLxE.astype(y_BxExLxD.dtype), y_BxExLxD)
 
-    b, length, k = experts_BxLxK.shape
-    c = cfg.capacity(length)
-    # Slot of each (token, choice) in its expert's queue, in token order: a token's slot
-    # depends only on earlier tokens, so routing stays causal. Under context parallelism the
-    # sequence arrives in the load-balanced layout (modules/context.py): the queues are
-    # counted in the original order, so the same tokens are dropped as on one device.
-    _, shards = context.shards()
-    natural_BxLxKxE = context.unzigzag(chosen_BxLxKxE, shards) if shards > 1 else chosen_BxLxKxE
-    chosen_BxLKxE = natural_BxLxKxE.reshape(b, length * k, e)
-    slot_BxLxKxE = (jnp.cumsum(chosen_BxLKxE, axis=1) * chosen_BxLKxE - 1).reshape(
-        b, length, k, e)
-    slot_BxLxK = jnp.sum(slot_BxLxKxE * natural_BxLxKxE, axis=-1).astype(jnp.int32)
-    if shards > 1:
-      slot_BxLxK = context.zigzag(slot_BxLxK, shards)
-    kept_BxLxK = slot_BxLxK < c
-    self.sow("metrics", "moe_dropped_fraction", 1 - jnp.mean(kept_BxLxK.astype(jnp.float32)))
-    # one_hot of an out-of-range slot is all zeros: dropped tokens dispatch nowhere.
-    slots_BxLxKxC = jax.nn.one_hot(jnp.where(kept_BxLxK, slot_BxLxK, c), c, dtype=jnp.float32)
-    dispatch_BxLxExC = jnp.einsum("blke,blkc->blec", chosen_BxLxKxE, slots_BxLxKxC)
-    combine_BxLxExC = jnp.einsum("blke,blkc,blk->blec", chosen_BxLxKxE, slots_BxLxKxC,
-                                 gates_BxLxK)
+    dispatch_BxLxExC, combine_BxLxExC, dropped = capacity_slots(
+        chosen_BxLxKxE, gates_BxLxK, cfg.capacity(x_BxLxD.shape[1]))
+    self.sow("metrics", "moe_dropped_fraction", dropped)
     x_BxExCxD = jnp.einsum("blec,bld->becd", dispatch_BxLxExC.astype(x_BxLxD.dtype), x_BxLxD)
     y_BxExCxD = experts(x_BxExCxD)
     return jnp.einsum("blec,becd->bld", combine_BxLxExC.astype(y_BxExCxD.dtype), y_BxExCxD)

@@ -79,13 +79,7 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   """
   m = microbatches
   rules = without(axes)
-
-  def split(a):  # [B, ...] -> [M, B/M, ...], microbatch i = rows i, i + M, ...
-    a = a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
-    names = ("act_batch", "act_length", "act_embed")[:a.ndim - 1]
-    with nn.logical_axis_rules(rules):  # the rows of every stage
-      return nn.with_logical_constraint(a, (None, *names))
-
+  split = lambda a: _microbatches(a, m, rules)
   # The input is stage 0's alone: the other stages get zeros in its place (they read what the
   # stage before them sends), so its gradient is stage 0's, with no sum over stages.
   xs = split(x_BxLxD)
@@ -94,38 +88,8 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
 
   def run(params, xs, extras):
     with nn.logical_axis_rules(rules):
-      return stages_loop(params, xs[0], extras)
-
-  def stages_loop(params, xs, extras):
-    s = jax.lax.axis_index(axes)
-    ticks = m + stage_count - 1
-
-    def stage(x, extra):
-      x, aux = jax.lax.scan(lambda x, p: layer_fn(p, x, extra), x, params)
-      return x, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
-
-    def tick(carry, t):
-      received, outputs, aux = carry
-      i = t - s  # the microbatch at this stage now
-      valid = (i >= 0) & (i < m)
-      i = jnp.clip(i, 0, m - 1)
-      take = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
-      x = jnp.where(s == 0, take(xs), received)
-      y, a = stage(x, jax.tree.map(take, extras))
-      aux = jax.tree.map(lambda total, new: total + jnp.where(valid, new, 0.0), aux, a)
-      done = valid & (s == stage_count - 1)
-      outputs = jax.lax.dynamic_update_index_in_dim(outputs, jnp.where(done, y, take(outputs)),
-                                                    i, 0)
-      sent = jax.lax.ppermute(y, axes, [(j, j + 1) for j in range(stage_count - 1)])
-      return (sent, outputs, aux), None
-
-    aux_shape = jax.eval_shape(lambda: stage(xs[0], jax.tree.map(lambda a: a[0], extras))[1])
-    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shape)
-    start = (jnp.zeros_like(xs[0]), jnp.zeros_like(xs), zeros)
-    (_, outputs, aux), _ = jax.lax.scan(tick, start, jnp.arange(ticks))
-    # Only the last stage's outputs are filled; every stage returns its own (mapped over the
-    # stage axes) and the caller keeps the last: no replication claim for autodiff to undo.
-    return outputs[None], jax.tree.map(lambda a: a[None], aux)
+      return _stages_loop(layer_fn, params, xs[0], extras, axes=axes, stage_count=stage_count,
+                          microbatches=m)
 
   spec = jax.P(axes)
   outputs, aux = jax.shard_map(run, in_specs=(spec, spec, jax.P()), out_specs=(spec, spec),
@@ -133,3 +97,48 @@ def gpipe(layer_fn, params, x_BxLxD, extras, *, axes: tuple[str, ...], stage_cou
   # The last stage's outputs, whose rows the caller's constraints spread over the stages again.
   y = outputs[-1].swapaxes(0, 1).reshape(x_BxLxD.shape)
   return y, jax.tree.map(lambda a: jnp.sum(a, axis=0) / m, aux)
+
+
+def _microbatches(a, m: int, rules):
+  """[B, ...] -> [M, B/M, ...], microbatch i = rows i, i + M, ...; under `rules` (the rows of
+  every stage)."""
+  a = a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+  names = ("act_batch", "act_length", "act_embed")[:a.ndim - 1]
+  with nn.logical_axis_rules(rules):
+    return nn.with_logical_constraint(a, (None, *names))
+
+
+def _stages_loop(layer_fn, params, xs, extras, *, axes, stage_count: int, microbatches: int):
+  """One stage's part of the GPipe schedule (inside `jax.shard_map` over the stage axes): its
+  layers `params` on microbatch t - s at tick t, what it computed sent to the next stage.
+  Returns its outputs and aux sums with a leading stage axis of 1."""
+  m = microbatches
+  s = jax.lax.axis_index(axes)
+  ticks = m + stage_count - 1
+
+  def stage(x, extra):
+    x, aux = jax.lax.scan(lambda x, p: layer_fn(p, x, extra), x, params)
+    return x, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
+
+  def tick(carry, t):
+    received, outputs, aux = carry
+    i = t - s  # the microbatch at this stage now
+    valid = (i >= 0) & (i < m)
+    i = jnp.clip(i, 0, m - 1)
+    take = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+    x = jnp.where(s == 0, take(xs), received)
+    y, a = stage(x, jax.tree.map(take, extras))
+    aux = jax.tree.map(lambda total, new: total + jnp.where(valid, new, 0.0), aux, a)
+    done = valid & (s == stage_count - 1)
+    outputs = jax.lax.dynamic_update_index_in_dim(outputs, jnp.where(done, y, take(outputs)),
+                                                  i, 0)
+    sent = jax.lax.ppermute(y, axes, [(j, j + 1) for j in range(stage_count - 1)])
+    return (sent, outputs, aux), None
+
+  aux_shape = jax.eval_shape(lambda: stage(xs[0], jax.tree.map(lambda a: a[0], extras))[1])
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shape)
+  start = (jnp.zeros_like(xs[0]), jnp.zeros_like(xs), zeros)
+  (_, outputs, aux), _ = jax.lax.scan(tick, start, jnp.arange(ticks))
+  # Only the last stage's outputs are filled; every stage returns its own (mapped over the
+  # stage axes) and the caller keeps the last: no replication claim for autodiff to undo.
+  return outputs[None], jax.tree.map(lambda a: a[None], aux)

@@ -3,7 +3,6 @@ compiled for the batch the data pipeline yields."""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import flax.linen as nn
@@ -53,61 +52,33 @@ def _structure(batch) -> dict:
 def test_the_planned_batch_is_the_batch_every_data_kind_yields(tmp_path):
   """`axtrain plan` (and bench-tpu, the TPU efficiency test) compile the step for
   planner/plan.py:abstract_inputs's batch: the same arrays, shapes and dtypes as the batches
-  the data pipeline gives the step, train and eval, for every data kind."""
-  import pyarrow as pa  # pylint: disable=import-outside-toplevel
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+  the data pipeline gives the step, train and eval, for every registered data kind (on its
+  example, trainer/data/base.py:Source.example) and for synthetic's packed documents."""
   import configs.llama  # pylint: disable=import-outside-toplevel
-  from launcher import tokenize  # pylint: disable=import-outside-toplevel
-  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
   from planner import plan  # pylint: disable=import-outside-toplevel
-  from trainer.data.mixture import component  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
 
-  texts = [f"document {i}: " + "abc " * (i % 17) for i in range(200)]
-  (tmp_path / "txt").mkdir()
-  for i, t in enumerate(texts):
-    (tmp_path / "txt" / f"{i}.txt").write_text(t)
-  (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-  pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
-  with open(tmp_path / "c.csv", "w", newline="", encoding="utf-8") as out:
-    csv.writer(out).writerows([("text",), *((t,) for t in texts)])
-  writer = array_record_module.ArrayRecordWriter(str(tmp_path / "c.array_record"),
-                                                 "group_size:1")
-  for t in texts:
-    writer.write(t.encode())
-  writer.close()
-  assert tokenize.main(["tokenize", f"--input={tmp_path / 'c.jsonl'}", "--kind=jsonl",
-                        f"--output_dir={tmp_path / 'tok'}"]) == 0
-  jsonl = {"path": str(tmp_path / "c.jsonl")}
-  cases = {
-      "synthetic": [{}, {"mean_doc_len": 16}],
-      "stdlib": [{}],
-      "text": [{"path": str(tmp_path / "txt")}],
-      "jsonl": [jsonl],
-      "parquet": [{"path": str(tmp_path / "c.parquet")}],
-      "csv": [{"path": str(tmp_path / "c.csv")}],
-      "arrayrecord": [{"path": str(tmp_path / "c.array_record")}],
-      "tokens": [{"path": str(tmp_path / "tok")}],
-      "mixture": [{"sources": (component("jsonl", weight=1, **jsonl),
-                               component("text", weight=1, path=str(tmp_path / "txt")))}],
-  }
-  assert set(cases) == set(DATA.kinds())  # a new data kind gets its case here
+  cases = []
+  for kind in DATA.kinds():
+    (tmp_path / kind).mkdir()
+    cases.append((kind, DATA.entry(kind).target.example(tmp_path / kind)))
+  cases.append(("synthetic", {"mean_doc_len": 16}))  # its example is the unpacked stream
   packed = set()
-  for kind, variants in cases.items():
-    for values in variants:
-      cfg = configs.llama.get_config("size=test")
-      switch_kind(cfg, "data", kind)
-      cfg.data.update({**values, "seq_len": 32, "batch_size": 4})
-      cfg.eval.batch_size = 2
-      run = config_lib.parse(cfg)
-      exp = experiment.build(run, meshes.lookup("cpu"), jax.devices()[:1])
-      _, planned = plan.abstract_inputs(exp, run.data.batch_size)
-      real = next(exp.source.train_iterator(process_index=0, process_count=1))
-      assert _structure(planned) == _structure(real), (kind, values)
-      _, planned = plan.abstract_inputs(exp, run.eval.batch_size)
-      (real,) = exp.source.eval_batches(batch_size=2, num_batches=1, process_index=0,
-                                        process_count=1)
-      assert _structure(planned) == _structure(real), (kind, values)
-      if "segment_ids" in planned:
-        packed.add(kind)
-  assert packed == set(cases)  # every kind packs documents, synthetic when asked
+  for kind, values in cases:
+    cfg = configs.llama.get_config("size=test")
+    switch_kind(cfg, "data", kind)
+    cfg.data.update({**values, "seq_len": 32, "batch_size": 4})
+    cfg.eval.batch_size = 2
+    run = config_lib.parse(cfg)
+    exp = experiment.build(run, meshes.lookup("cpu"), jax.devices()[:1])
+    _, planned = plan.abstract_inputs(exp, run.data.batch_size)
+    real = next(exp.source.train_iterator(process_index=0, process_count=1))
+    assert _structure(planned) == _structure(real), (kind, values)
+    _, planned = plan.abstract_inputs(exp, run.eval.batch_size)
+    (real,) = exp.source.eval_batches(batch_size=2, num_batches=1, process_index=0,
+                                      process_count=1)
+    assert _structure(planned) == _structure(real), (kind, values)
+    if "segment_ids" in planned:
+      packed.add((kind, values.get("mean_doc_len")))
+  # every corpus kind packs documents; synthetic when asked
+  assert packed == {(k, None) for k in DATA.kinds() if k != "synthetic"} | {("synthetic", 16)}

@@ -88,50 +88,139 @@ def test_the_check_fails_when_a_named_file_or_symbol_is_renamed(tmp_path, edit):
       f"`{path}:{symbol}`", tmp_path)
 
 
-def added_lines(patch: str) -> dict[str, list[str]]:
-  """{file: the lines the patch adds to it, in order}."""
-  out: dict[str, list[str]] = {}
+def added_lines(patch: str) -> dict[str, list[tuple[str, str]]]:
+  """{file: (the hunk's context, e.g. `class AttentionConfig:`, and a line the patch adds to it)
+  for each line it adds, in order}."""
+  out: dict[str, list[tuple[str, str]]] = {}
   for block in re.split(r"^diff --git ", patch, flags=re.M)[1:]:
     path = re.search(r"^\+\+\+ b/(.+)$", block, flags=re.M)[1]
-    out[path] = [line[1:] for line in block.splitlines()
-                 if line.startswith("+") and not line.startswith("+++ ")]
+    hunk, lines = "", out.setdefault(path, [])
+    for line in block.splitlines():
+      if line.startswith("@@"):
+        hunk = line.split("@@")[2].strip()
+      elif line.startswith("+") and not line.startswith("+++ "):
+        lines.append((hunk, line[1:]))
   return out
 
 
-def missing_in_order(lines: list[str], text: str) -> list[str]:
-  """The lines of `lines` that do not follow each other in `text` (others may come between)."""
-  have, at, out = text.splitlines(), 0, []
-  for line in lines:
-    try:
-      at = have.index(line, at) + 1
-    except ValueError:
-      out.append(line)
+_CHILD_FIELD = re.compile(r"^\s+(\w+): \w+ = child\(\"(\w+)\"(, None)?")
+
+
+def example_facts(patch: str) -> list[tuple]:
+  """What a feature's diff adds, as facts to find in the tree whatever lines come to surround
+  them: ("file", path) for each file it touches; ("field", class, name, registry, optional) for
+  each child field a config class gains; ("test", path, name) for each test it defines."""
+  facts = []
+  for path, lines in added_lines(patch).items():
+    facts.append(("file", path))
+    for hunk, line in lines:
+      field = _CHILD_FIELD.match(line)
+      owner = re.match(r"class (\w+)", hunk)
+      if field and owner:
+        facts.append(("field", owner[1], field[1], field[2], bool(field[3])))
+      test = re.match(r"def (test_\w+)\(", line)
+      if test and path.startswith("tests/"):
+        facts.append(("test", path, test[1]))
+  return facts
+
+
+def _config_classes() -> dict[str, list[type]]:
+  """{class name: the registered config classes that are it or derive from it}."""
+  out: dict[str, list[type]] = {}
+  for reg in _registries().values():
+    for kind in reg.kinds():
+      cls = reg.entry(kind).config_cls
+      for base in cls.__mro__:
+        out.setdefault(base.__name__, []).append(cls)
   return out
 
 
-def test_the_worked_example_is_in_the_tree(tmp_path):
-  """docs/adding_a_feature.md's diff: every line it adds is in the tree, in its order, and
-  its summary is the diff's `git apply --stat`. Lines added around them later (a new
-  attention field) do not break it; removing or changing a shown line does."""
+def untrue_facts(facts: list[tuple], root: pathlib.Path) -> list[tuple]:
+  """The facts of `example_facts` that the tree at `root` does not hold. A field must be a
+  child field of its registry, None by default when the diff made it optional, of every
+  registered config class that is or derives from the diff's class, and be named (in
+  backticks) in that registry's home doc."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  from core.registry import child_registry  # pylint: disable=import-outside-toplevel
+  classes = _config_classes()
+  out = []
+  for fact in facts:
+    if fact[0] == "file":
+      ok = (root / fact[1]).is_file()
+    elif fact[0] == "test":
+      ok = (root / fact[1]).is_file() and defined(root / fact[1], fact[2])
+    else:
+      _, owner, name, registry, optional = fact
+      fields = [{f.name: f for f in dataclasses.fields(c)}.get(name) for c in classes.get(owner, [])]
+      ok = bool(fields) and all(
+          f is not None and getattr(child_registry(f), "name", None) == registry
+          and (f.default is None) == optional for f in fields)
+      home = HOME.get(_home_registry(owner, classes))
+      ok = ok and home is not None and f"`{name}`" in (root / "docs" / home).read_text()
+    if not ok:
+      out.append(fact)
+  return out
+
+
+def _home_registry(owner: str, classes: dict[str, list[type]]) -> str:
+  """The registry whose kinds' configs are (or derive from) class `owner`."""
+  for name, reg in _registries().items():
+    if any(reg.entry(k).config_cls in classes.get(owner, []) for k in reg.kinds()):
+      return name
+  return ""
+
+
+def _worked_example() -> tuple[str, str]:
   text = (ROOT / "docs" / "adding_a_feature.md").read_text()
   blocks = re.findall(r"```diff\n(.*?)```", text, flags=re.S)
   assert len(blocks) == 1, "docs/adding_a_feature.md shows no diff (or several)"
-  for path, lines in added_lines(blocks[0]).items():
-    assert lines and missing_in_order(lines, (ROOT / path).read_text()) == [], path
-  patch = tmp_path / "feature.diff"
-  patch.write_text(blocks[0])
-  stat = subprocess.run(["git", "apply", "--stat", str(patch)], cwd=tmp_path,
+  return text, blocks[0]
+
+
+def test_the_worked_example_is_true_of_the_tree():
+  """docs/adding_a_feature.md's worked example (QK-norm) is a commit's diff. What it adds holds
+  in the tree as facts, not as frozen lines (new lines around them, a new attention field in
+  the same docs bullet, do not break it): its files exist, the config field it adds is a field
+  of attention's config and named in docs/models.md, and its tests are defined."""
+  _, patch = _worked_example()
+  facts = example_facts(patch)
+  assert {f[0] for f in facts} == {"file", "field", "test"}, facts
+  assert ("field", "AttentionConfig", "norm", "norm", True) in facts
+  assert untrue_facts(facts, ROOT) == []
+
+
+def test_the_worked_example_summary_is_its_diff_stat(tmp_path):
+  text, patch = _worked_example()
+  path = tmp_path / "feature.diff"
+  path.write_text(patch)
+  stat = subprocess.run(["git", "apply", "--stat", str(path)], cwd=tmp_path,
                         capture_output=True, text=True, check=True).stdout
   assert f"```\n{stat}```" in text, f"the summary should read:\n{stat}"
 
 
-def test_the_worked_example_check_fails_when_a_shown_line_goes():
-  patch = ("diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,1 +1,3 @@\n a = 1\n"
-           "+b = 2\n+c = 3\n")
-  assert added_lines(patch) == {"x.py": ["b = 2", "c = 3"]}
-  assert missing_in_order(["b = 2", "c = 3"], "a = 1\nb = 2\nnew = 0\nc = 3\n") == []
-  assert missing_in_order(["b = 2", "c = 3"], "a = 1\nc = 3\nb = 2\n") == ["c = 3"]
-  assert missing_in_order(["b = 2", "c = 3"], "a = 1\nb = 22\nc = 3\n") == ["b = 2"]
+def test_the_worked_example_check_fails_when_a_fact_goes(tmp_path):
+  patch = ("diff --git a/modules/attention.py b/modules/attention.py\n--- a/modules/attention.py\n"
+           "+++ b/modules/attention.py\n@@ -1,1 +1,3 @@ class AttentionConfig:\n a = 1\n"
+           "+  norm: Any = child(\"norm\", None)\n+  gate: Any = child(\"norm\", None)\n"
+           "diff --git a/tests/test_x.py b/tests/test_x.py\n--- /dev/null\n+++ b/tests/test_x.py\n"
+           "@@ -0,0 +1,2 @@\n+def test_one():\n+  pass\n")
+  facts = example_facts(patch)
+  assert facts == [("file", "modules/attention.py"),
+                   ("field", "AttentionConfig", "norm", "norm", True),
+                   ("field", "AttentionConfig", "gate", "norm", True),
+                   ("file", "tests/test_x.py"), ("test", "tests/test_x.py", "test_one")]
+  (tmp_path / "modules").mkdir()
+  (tmp_path / "modules" / "attention.py").write_text("")
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "models.md").write_text("`norm` and `gate`")
+  # no field `gate` on the config; no tests/test_x.py
+  assert untrue_facts(facts, tmp_path) == [facts[2], facts[3], facts[4]]
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "test_x.py").write_text("def test_two():\n  pass\n")
+  assert untrue_facts(facts, tmp_path) == [facts[2], facts[4]]
+  (tmp_path / "docs" / "models.md").write_text("`gate` only")  # the field, undocumented
+  assert facts[1] in untrue_facts(facts, tmp_path)
 
 
 # -- lists of kinds and mesh entries in the docs, against the registries --------------------
@@ -159,6 +248,30 @@ def test_every_registered_kind_is_listed_in_its_home_doc():
                     if f"`{k}`" not in (ROOT / "docs" / HOME[name]).read_text()]
              for name, reg in registries.items()}
   assert not any(missing.values()), missing
+
+
+def test_every_field_of_the_optimizer_and_data_kinds_is_named_in_its_home_doc():
+  """docs/optimizers.md and docs/data.md name (in backticks, alone or as `parent.field`) every
+  field of every kind of the registries they are home to. (docs/models.md lists its kinds
+  and some fields only, and is not held to it.)"""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  missing = []
+  for name, reg in _registries().items():
+    if HOME[name] not in ("optimizers.md", "data.md"):
+      continue
+    text = (ROOT / "docs" / HOME[name]).read_text()
+    for kind in reg.kinds():
+      for f in dataclasses.fields(reg.entry(kind).config_cls):
+        if f.name != "kind" and not re.search(rf"`(?:[\w.]+\.)?{f.name}`", text):
+          missing.append(f"{name} '{kind}': {f.name}")
+  assert not missing, missing
+
+
+def test_the_ffn_line_names_every_activation():
+  from modules.mlp import ACTIVATIONS  # pylint: disable=import-outside-toplevel
+  text = (ROOT / "docs" / "models.md").read_text()
+  line = re.search(r"^- `model\.block\.ffn\.kind`:.*?(?=^- |^$)", text, re.M | re.S)[0]
+  assert [a for a in ACTIVATIONS if not re.search(rf"\b{a}\b", line)] == [], line
 
 
 def test_the_architecture_tree_names_real_slots():

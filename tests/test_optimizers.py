@@ -183,6 +183,25 @@ def test_three_steps_equal_a_hand_written_chain(kind, llama_test):
   assert moved > 1e-5
 
 
+@pytest.mark.parametrize("kind", OPTIMIZERS.kinds())
+def test_the_state_shardings_pair_with_the_state_leaf_for_leaf(kind):
+  """The step-memory check compiles the step for the state with its shardings
+  (`abstract_state_inputs`), and checkpoints and memory figures walk the two side by side:
+  one sharding per array of the state, for every optimizer. muon's Adam part holds optax's
+  MaskedNode in place of the matrices that its Newton-Schulz part owns."""
+  cfg = tiny.get_config()
+  cfg.model = llama.model_node("test")
+  cfg.optimizer = registry("optimizer").node(kind, learning_rate=1e-3,
+                                             schedule=cfg.optimizer.schedule)
+  exp = experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"))
+  state = nn.meta.unbox(exp.abstract_state)
+  assert jax.tree.structure(exp.state_shardings) == jax.tree.structure(state)
+  inputs = exp.abstract_state_inputs()
+  assert jax.tree.leaves(inputs) and all(
+      x.shape == a.shape and x.sharding == s for x, a, s in zip(
+          jax.tree.leaves(inputs), jax.tree.leaves(state), jax.tree.leaves(exp.state_shardings)))
+
+
 def test_every_optimizer_is_tested():
   assert set(FIELDS) == set(OPTIMIZERS.kinds())
 

@@ -161,6 +161,22 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
                           f"the batch size or model.pipeline_microbatches")
 
 
+def unbox_empty(tree: Any) -> Any:
+  """`tree` with every box that holds no array replaced by its contents.
+
+  An optimizer whose parts own different parameters (muon: its Newton-Schulz part the
+  matrices, its Adam part the rest) keeps, in each part's state, optax's `MaskedNode` (or
+  None) in place of the parameters another part owns. optax builds that state by mapping over
+  the boxed parameters, so such a hole arrives boxed with the parameter's axis names: a box
+  without an array, which would still get a sharding, and then the shardings would have a leaf
+  where the unboxed state has none (every leaf-by-leaf walk of the two would go astray).
+  Unboxed, a hole is an empty subtree in both.
+  """
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  return jax.tree.map(lambda x: x.unbox() if is_box(x) and not jax.tree.leaves(x.unbox()) else x,
+                      tree, is_leaf=is_box)
+
+
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
   devices = jax.devices() if devices is None else devices
@@ -176,8 +192,8 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   mesh = sharding.make_mesh(sharding.resolve_axes(entry, run.mesh, len(devices)), devices)
   rules = entry.rules
   check_parallel(run, source, mesh, rules)
-  abstract = jax.eval_shape(functools.partial(
-      init_state, model=model, optimizer=optimizer, seq_len=source.seq_len), jax.random.key(0))
+  abstract = unbox_empty(jax.eval_shape(functools.partial(
+      init_state, model=model, optimizer=optimizer, seq_len=source.seq_len), jax.random.key(0)))
   state_shardings = sharding.logical_shardings(abstract, mesh, rules)
   sharding.check_divisible(abstract, state_shardings, what="parameter")
   batch_sharding = sharding.batch_sharding(mesh, rules)

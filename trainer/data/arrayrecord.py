@@ -27,8 +27,23 @@ def records(path: str) -> list[bytes]:
         from None
 
 
+def write_records(path: str, records_: list[bytes]) -> None:
+  """One ArrayRecord file holding `records_`, one record per group (read back one by one)."""
+  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+  for record in records_:
+    writer.write(record)
+  writer.close()
+
+
 @DATA.register("arrayrecord", ArrayRecordConfig)
 class ArrayRecordSource(DocumentSource):
+
+  @staticmethod
+  def write(directory, texts):
+    path = str(directory / "example.array_record")
+    write_records(path, [t.encode("utf-8") for t in texts])
+    return path
 
   @staticmethod
   def documents(cfg, files, *, errors):

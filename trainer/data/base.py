@@ -18,6 +18,7 @@ JSON-able so that a checkpoint can hold it.
 from __future__ import annotations
 
 import abc
+import pathlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -63,6 +64,17 @@ class Source(abc.ABC):
 
   def metrics(self) -> dict:
     """Counters for the metrics records (e.g. documents skipped as bad input)."""
+    return {}
+
+  @classmethod
+  def example(cls, directory: pathlib.Path) -> dict:
+    """A small working node of this kind: its fields besides `kind`, `seq_len` and
+    `batch_size`, with any files they name written under `directory` (which exists). The tests
+    enumerate the registry and run every kind on its example (tests/test_data_model.py: its
+    batches are the planned ones; tests/test_kinds_cli.py: it trains through the CLI), so a
+    new kind is tested without a list to extend; a kind that reads nothing (synthetic, stdlib)
+    keeps this default, no field."""
+    del directory
     return {}
 
 

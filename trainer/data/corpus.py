@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import functools
 import os
+import pathlib
 import zlib
 from collections.abc import Iterator
 
@@ -39,7 +40,11 @@ class Split:
   eval: TokenCorpus
   vocab_size: int  # ids are < vocab_size
   skipped: int  # bad documents skipped (policy skip)
-  describe: dict  # what the corpus is, for the resume check
+  # What the corpus is, for the resume check. Its "tokenizer", where the ids come from one, is
+  # that tokenizer's description (Tokenizer.describe(): kind, vocab_size, ...), which a
+  # mixture compares between its components (CorpusSource.ids); a corpus whose ids are of its
+  # kind's own making leaves it out.
+  describe: dict
 
 
 def check_vocab(vocab: int, model_vocab: int, what: str) -> None:
@@ -128,6 +133,15 @@ class CorpusSource(Source):
   def metrics(self) -> dict:
     return {"data_skipped_documents": self.skipped} if self.skipped else {}
 
+  def ids(self) -> str:
+    """What its token ids mean, which the components of a mixture must share: the tokenizer
+    (kind and vocabulary size) that the corpus describes, else the data kind, whose own making
+    they are (such a corpus mixes only with corpora of its kind)."""
+    tokenizer = self.stream.get("tokenizer")
+    if isinstance(tokenizer, dict):
+      return f"the {tokenizer.get('kind')} tokenizer's {tokenizer.get('vocab_size')} ids"
+    return f"the ids of data kind '{self.cfg.kind}', which describes no tokenizer"
+
 
 class DocumentSource(CorpusSource):
   """A corpus read from user files (`cfg.path`, a file, glob or directory), document by
@@ -138,6 +152,17 @@ class DocumentSource(CorpusSource):
   def documents(cfg: DocumentFilesConfig, files: list[str], *,
                 errors: documents.Errors) -> Iterator[documents.Doc]:
     """(file, place in the file, text) of each document of `files`, in order."""
+
+  @staticmethod
+  @abc.abstractmethod
+  def write(directory: pathlib.Path, texts: list[str]) -> str:
+    """Writes `texts` under `directory` in this format, each a document that `documents` gives
+    back unchanged with the config's defaults (`field`, `column`...); returns the `path` to read
+    them from. The example corpus of the kind (`example`), and its round-trip test."""
+
+  @classmethod
+  def example(cls, directory: pathlib.Path) -> dict:
+    return {"path": cls.write(directory, documents.example_texts())}
 
   @classmethod
   def read(cls, cfg: DocumentFilesConfig, path: str, *, errors: documents.Errors,

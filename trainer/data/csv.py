@@ -36,6 +36,13 @@ def _no_cell_limit():
 class CsvSource(DocumentSource):
 
   @staticmethod
+  def write(directory, texts):
+    path = directory / "example.csv"
+    with open(path, "w", newline="", encoding="utf-8") as out:
+      csv.writer(out).writerows([("text",), *((t,) for t in texts)])
+    return str(path)
+
+  @staticmethod
   def documents(cfg, files, *, errors):
     for path in files:
       data = pathlib.Path(path).read_bytes()

@@ -59,3 +59,9 @@ def utf8(data: bytes, where: str, errors: Errors) -> str | None:
   except UnicodeDecodeError as e:
     errors.bad(where, f"not UTF-8 text (byte {e.start})")
     return None
+
+
+def example_texts(count: int = 64) -> list[str]:
+  """Documents of varied length for the example corpora of the kinds (Source.example), with a
+  comma, quotes, a line break and a non-ASCII letter, which every reader must give back."""
+  return [f'document {i}: "fox", café\n' + "the quick brown fox " * (i % 9) for i in range(count)]

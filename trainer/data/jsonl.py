@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 import json
+from typing import ClassVar
 
 from core.registry import ConfigError
 from trainer.data import documents
@@ -22,6 +22,12 @@ class JsonlConfig(DocumentFilesConfig):
 
 @DATA.register("jsonl", JsonlConfig)
 class JsonlSource(DocumentSource):
+
+  @staticmethod
+  def write(directory, texts):
+    path = directory / "example.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return str(path)
 
   @staticmethod
   def documents(cfg, files, *, errors):

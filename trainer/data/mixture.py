@@ -8,7 +8,9 @@ the batch (seeded by step) so that each process slice holds every component.
 
 A component is the data node of any registered corpus kind (corpus.corpus_kinds: a new
 source file is a component kind at once) with a `weight`, without seq_len and batch_size,
-which the mixture sets for all; `component(kind, weight=..., **fields)` builds one.
+which the mixture sets for all; `component(kind, weight=..., **fields)` builds one. The
+components' ids must mean the same (CorpusSource.ids): one tokenizer kind and vocabulary size,
+or, for a kind that describes no tokenizer, that kind alone.
 """
 
 from __future__ import annotations
@@ -86,6 +88,17 @@ def _parse_component(src: Any, i: int, *, seq_len: int, batch_size: int) -> tupl
   return float(weight), cfg
 
 
+def _check_ids(parts: list) -> None:
+  """Every component's ids must mean what the first one's do (CorpusSource.ids): a
+  pre-tokenized corpus brings its own tokenizer, and a kind that describes none its own ids."""
+  first = parts[0].ids()
+  for i, part in enumerate(parts):
+    if part.ids() != first:
+      raise ConfigError(f"data.sources[{i}] holds {part.ids()} but data.sources[0] {first}; the "
+                        f"components of a mixture must share one tokenizer (kind and vocabulary "
+                        f"size), and a kind that describes none mixes only with its own kind")
+
+
 def allocate(weights: list[float], batch_size: int) -> list[int]:
   """Rows per component: largest-remainder rounding of the normalised weights."""
   share = np.asarray(weights, np.float64) / sum(weights) * batch_size
@@ -109,12 +122,7 @@ class MixtureSource(Source):
       i = self.counts.index(0)
       raise ConfigError(f"data.sources[{i}] (weight {self.weights[i]}) gets no row of a "
                         f"{cfg.batch_size}-row batch; raise its weight or data.batch_size")
-    for i, part in enumerate(self.parts):
-      used = {k: part.stream["tokenizer"][k] for k in ("kind", "vocab_size")}
-      want = {k: self.parts[0].stream["tokenizer"][k] for k in ("kind", "vocab_size")}
-      if used != want:  # a pre-tokenized component brings its own tokenizer
-        raise ConfigError(f"data.sources[{i}] is tokenized with {used} but data.sources[0] "
-                          f"with {want}; all components must share one tokenizer")
+    _check_ids(self.parts)
     self.vocab_size = max(p.vocab_size for p in self.parts)
     self.stream = {"mixture": [p.stream for p in self.parts], "counts": self.counts}
 
@@ -147,3 +155,12 @@ class MixtureSource(Source):
   def metrics(self) -> dict:
     skipped = sum(p.skipped for p in self.parts)
     return {"data_skipped_documents": skipped} if skipped else {}
+
+  @classmethod
+  def example(cls, directory):
+    """The jsonl and text kinds' examples, weighted 2 : 1."""
+    (directory / "jsonl").mkdir()
+    (directory / "text").mkdir()
+    return {"sources": (
+        component("jsonl", weight=2, **DATA.entry("jsonl").target.example(directory / "jsonl")),
+        component("text", weight=1, **DATA.entry("text").target.example(directory / "text")))}

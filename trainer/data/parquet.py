@@ -23,6 +23,14 @@ class ParquetConfig(DocumentFilesConfig):
 class ParquetSource(DocumentSource):
 
   @staticmethod
+  def write(directory, texts):
+    import pyarrow  # pylint: disable=import-outside-toplevel
+    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+    path = directory / "example.parquet"
+    pq.write_table(pyarrow.table({"text": texts}), path)
+    return str(path)
+
+  @staticmethod
   def documents(cfg, files, *, errors):
     import pyarrow  # pylint: disable=import-outside-toplevel
     import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel

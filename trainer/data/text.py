@@ -21,6 +21,14 @@ class TextConfig(DocumentFilesConfig):
 class TextSource(DocumentSource):
 
   @staticmethod
+  def write(directory, texts):
+    folder = directory / "text"
+    folder.mkdir()
+    for i, text in enumerate(texts):
+      (folder / f"{i:05d}.txt").write_bytes(text.encode("utf-8"))
+    return str(folder)
+
+  @staticmethod
   def documents(cfg, files, *, errors):
     del cfg
     for path in files:

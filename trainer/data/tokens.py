@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 
 from core.registry import REQUIRED, ConfigError
-from trainer.data import arrayrecord
+from trainer.data import arrayrecord, documents, tokenizers
 from trainer.data.base import DATA
 from trainer.data.config import DEFAULT_EVAL_PERCENT, HeldOutConfig
 from trainer.data.corpus import CorpusSource, Split, held_out
@@ -52,6 +52,22 @@ class TokensSource(CorpusSource):
                 "train_docs": train.num_docs, "train_tokens": train.num_tokens}
     return Split(train, held, int(meta["tokenizer"]["vocab_size"]), 0, describe)
 
+  @classmethod
+  def example(cls, directory):
+    """The example texts as `axtrain tokenize` writes them with the bytes tokenizer (one NumPy
+    shard)."""
+    tokenizer = tokenizers.build("bytes")
+    docs = tokenizer.encode(documents.example_texts())
+    root = directory / "tokens"
+    root.mkdir()
+    np.save(root / "shard-00000.tokens.npy", np.concatenate(docs))
+    np.save(root / "shard-00000.lengths.npy", np.array([len(d) for d in docs], np.int64))
+    meta = {"format": "npy", "dtype": tokenizer.dtype.name, "shards": ["shard-00000"],
+            "tokenizer": tokenizer.describe(), "num_docs": len(docs),
+            "num_tokens": sum(len(d) for d in docs)}
+    (root / META).write_text(json.dumps(meta, indent=1) + "\n")
+    return {"path": str(root)}
+
 
 def read_tokens_meta(path: str, *, what: str) -> dict:
   """The metadata of a directory written by `axtrain tokenize` (shards, dtype, tokenizer)."""
@@ -70,6 +86,11 @@ def read_tokens_meta(path: str, *, what: str) -> dict:
     np.dtype(meta["dtype"])
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"{meta_path}: unreadable metadata ({e})") from None
+  tokenizer = meta["tokenizer"]
+  if not (isinstance(tokenizer, dict) and isinstance(tokenizer.get("kind"), str)
+          and type(tokenizer.get("vocab_size")) is int and tokenizer["vocab_size"] > 0):
+    raise ConfigError(f"{meta_path}: unreadable metadata (its tokenizer must name a kind and a "
+                      f"positive vocab_size, got {tokenizer!r})")
   return meta
 
 
