@@ -165,6 +165,8 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, list[str]], 
     for line in body:
       if m := _LINE.match(line):
         operands, rest = _split_operands(m["rest"])
+        if m["op"] == "parameter":  # its number, for _param_names
+          operands = (m["rest"].split(")", 1)[0],)
         comps[name].append(Instr(m["name"], m["out"], m["op"], operands, rest))
   return comps, lines, entry
 
@@ -234,6 +236,82 @@ def _inner(comps, name: str, seen=None) -> list[tuple[Instr, dict[str, str]]]:
   return out
 
 
+def _param_names(body: list[Instr]) -> dict[int, str]:
+  """parameter number -> its instruction's name, in a (fused) computation."""
+  return {int(j.operands[0]): j.name for j in body if j.op == "parameter"}
+
+
+def _users(body: list[Instr]) -> dict[str, list[Instr]]:
+  users: dict[str, list[Instr]] = collections.defaultdict(list)
+  for j in body:
+    for o in j.operands:
+      users[o].append(j)
+  return users
+
+
+def _read(comps, body: list[Instr], users, name: str, size: float, seen: frozenset) -> float:
+  """Bytes a fused computation reads of its value `name` (`size` bytes): only the slices that
+  (dynamic-)slices take, nothing of the buffer a dynamic-update-slice writes in place, what a
+  nested fusion reads of it; all of it for any other use."""
+  total = 0.0
+  for u in users.get(name, []):
+    if u.op in ("dynamic-slice", "slice") and u.operands[0] == name:
+      total += _bytes(u.out)
+    elif u.op == "dynamic-update-slice" and u.operands[0] == name:
+      continue
+    elif u.op == "bitcast":
+      total += _read(comps, body, users, u.name, size, seen)
+    elif u.op == "fusion" and (m := re.search(r"\bcalls=%?([\w.\-]+)", u.rest)) and (
+        m[1] in comps and m[1] not in seen):
+      inner = comps[m[1]]
+      params = _param_names(inner)
+      inner_users = _users(inner)
+      for k, o in enumerate(u.operands):
+        if o == name and k in params:
+          total += _read(comps, inner, inner_users, params[k], size, seen | {m[1]})
+    else:
+      return size
+  return min(total, size)
+
+
+def _written(body: list[Instr], name: str) -> float:
+  """Bytes a fused computation writes for its result `name`: a dynamic-update-slice (through
+  bitcasts and tuples) writes only its update."""
+  by_name = {j.name: j for j in body}
+  j = by_name.get(name)
+  while j is not None and j.op == "bitcast":
+    j = by_name.get(j.operands[0])
+  if j is None:
+    return 0.0
+  if j.op == "tuple":
+    return sum(_written(body, o) for o in j.operands)
+  if j.op == "dynamic-update-slice":
+    return _bytes(by_name[j.operands[1]].out) if j.operands[1] in by_name else _bytes(j.out)
+  return _bytes(j.out)
+
+
+def _roots(lines: dict[str, list[str]]) -> dict[str, str]:
+  """computation name -> the name of its ROOT instruction."""
+  out = {}
+  for comp, body in lines.items():
+    for line in body:
+      if m := re.match(r"^\s*ROOT %?([\w.\-]+) = ", line):
+        out[comp] = m[1]
+  return out
+
+
+def _fusion_bytes(comps, roots, called: str, instr: Instr, shapes: dict[str, str]) -> float:
+  """A fusion's memory traffic: what it reads of each operand (_read) and writes (_written)."""
+  body = comps.get(called)
+  if not body:
+    return _bytes(instr.out) + sum(_bytes(shapes.get(o, "")) for o in instr.operands)
+  params = _param_names(body)
+  users = _users(body)
+  read = sum(_read(comps, body, users, params[k], _bytes(shapes.get(o, "")), frozenset({called}))
+             if k in params else _bytes(shapes.get(o, "")) for k, o in enumerate(instr.operands))
+  return read + _written(body, roots.get(called, body[-1].name))
+
+
 def _metadata(instr: Instr, inner) -> str:
   m = re.search(r'op_name="([^"]*)"', instr.rest)
   if m:
@@ -298,6 +376,7 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
   if entry is None:
     return Report(ops=(), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)
   times = hlo_collectives.runs(lines, entry, into_fusions=False)
+  roots = _roots(lines)
   out = []
   for comp, n in times.items():
     shapes = {i.name: i.out for i in comps[comp]}
@@ -312,6 +391,12 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       if i.op in ("copy-start", "slice-start"):
         # (source, destination, context): one read and one write of what is copied.
         size = 2 * min(b for b in hlo_collectives.shape_bytes(i.out) if b > 8)
+      elif i.op == "fusion" and called:
+        size = _fusion_bytes(comps, roots, called[1], i, shapes)
+      elif i.op in ("dynamic-slice", "slice"):
+        size = 2 * _bytes(i.out)  # reads only what it returns
+      elif i.op == "dynamic-update-slice":
+        size = 2 * _bytes(shapes.get(i.operands[1], ""))  # in place: the update, read and written
       else:
         # An asynchronous collective's `-start` also returns its operands: count them once.
         size = float(hlo_collectives.result_bytes(i.op, i.out)) + sum(

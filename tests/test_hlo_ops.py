@@ -102,3 +102,45 @@ def test_hand_written_hlo_bytes_flops_categories_and_names():
 ])
 def test_name_stack(op_name, expected):
   assert hlo_ops.name_stack(op_name) == expected
+
+
+SCAN_HLO = """HloModule m
+
+%inner (q0: bf16[12,64,32], q1: s32[]) -> bf16[64,32] {
+  %q0 = bf16[12,64,32]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,64,32]{2,1,0} dynamic-slice(%q0, %q1, %z, %z), dynamic_slice_sizes={1,64,32}
+  ROOT %b = bf16[64,32]{1,0} bitcast(%ds)
+}
+
+%layer (p0: bf16[12,16,32], p1: bf16[16,64], p2: bf16[12,64,32], p3: s32[]) -> bf16[12,16,32] {
+  %p0 = bf16[12,16,32]{2,1,0} parameter(0)
+  %p1 = bf16[16,64]{1,0} parameter(1)
+  %p2 = bf16[12,64,32]{2,1,0} parameter(2)
+  %p3 = s32[] parameter(3)
+  %w = bf16[64,32]{1,0} fusion(%p2, %p3), kind=kLoop, calls=%inner
+  %d = bf16[16,32]{1,0} dot(%p1, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %bd = bf16[1,16,32]{2,1,0} bitcast(%d)
+  %z = s32[] constant(0)
+  ROOT %dus = bf16[12,16,32]{2,1,0} dynamic-update-slice(%p0, %bd, %p3, %z, %z)
+}
+
+ENTRY %main (acc: bf16[12,16,32], x: bf16[16,64], ws: bf16[12,64,32], i: s32[]) -> bf16[12,16,32] {
+  %acc = bf16[12,16,32]{2,1,0} parameter(0)
+  %x = bf16[16,64]{1,0} parameter(1)
+  %ws = bf16[12,64,32]{2,1,0} parameter(2)
+  %i = s32[] parameter(3)
+  ROOT %f = bf16[12,16,32]{2,1,0} fusion(%acc, %x, %ws, %i), kind=kOutput, calls=%layer
+}
+"""
+
+
+def test_a_scanned_layer_reads_its_slice_and_writes_its_update_in_place():
+  """One layer of a scanned stack: the fusion takes layer i's weights out of the stacked [12, ...]
+  array (in a nested fusion) and writes its output into the stacked result in place. Its bytes
+  are those of the slice, the input, the scalar index and the update, not of the stacks."""
+  (op,) = _report(SCAN_HLO).ops
+  slice_, x, index, update = 64 * 32 * 2, 16 * 64 * 2, 4, 16 * 32 * 2
+  assert op.bytes == slice_ + x + index + update
+  assert op.flops == 2 * 16 * 64 * 32
