@@ -53,7 +53,7 @@ class AttentionConfig:
   # (the matmul's output in the compute dtype, bfloat16 on TPU/GPU, as MaxText's default) or
   # `float32`. The softmax runs in float32 either way; on CPU both are float32.
   logits_dtype: Literal["compute", "float32"] = "compute"
-  splash_block_size: int = 512  # queries and keys per block of `splash` (a multiple of 128)
+  splash_block_size: int = 1024  # queries and keys per block of `splash` (a multiple of 128)
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
   # QK-norm (OLMo-2, Qwen3): a norm node applied to each head's queries and keys (over
