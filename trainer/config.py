@@ -75,10 +75,15 @@ class EvalConfig:
   every_steps: int = 0  # steps between evaluations; 0 = only at the end
   batch_size: int = 32  # sequences per eval batch
   num_batches: int = 4  # eval batches per evaluation
+  # Device passes per eval batch (its rows split as trainer.grad_accum_steps splits a train
+  # batch): the same sums with a 1/microbatches share of the eval step's activations.
+  microbatches: int = 1
 
   def check(self):
-    if self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0:
-      raise ConfigError("eval: every_steps must be >= 0, batch_size and num_batches positive")
+    if (self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0
+        or self.microbatches <= 0):
+      raise ConfigError("eval: every_steps must be >= 0, batch_size, num_batches and "
+                        "microbatches positive")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

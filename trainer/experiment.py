@@ -87,7 +87,8 @@ class Experiment:
   @functools.cached_property
   def eval_fn(self):
     fn = functools.partial(eval_step, model=self.model, compute_dtype=self.compute_dtype,
-                           loss_chunk_size=self.run.trainer.loss_chunk_size)
+                           loss_chunk_size=self.run.trainer.loss_chunk_size,
+                           microbatches=self.run.eval.microbatches)
     return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
 
   def init(self) -> TrainState:
@@ -209,9 +210,11 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   if chunk and source.seq_len % chunk:
     raise ConfigError(f"trainer.loss_chunk_size {chunk} must divide data.seq_len "
                       f"{source.seq_len}; pick a divisor or 0 (no chunking)")
-  if run.eval.batch_size % shards:
-    raise ConfigError(f"eval.batch_size {run.eval.batch_size} is not divisible by the {shards} "
-                      f"batch shards of the mesh ({over}); change eval.batch_size or "
+  micro = run.eval.microbatches
+  if run.eval.batch_size % micro or (run.eval.batch_size // micro) % shards:
+    raise ConfigError(f"eval.batch_size {run.eval.batch_size} must split into eval.microbatches"
+                      f"={micro} microbatches, each divisible by the {shards} batch shards of "
+                      f"the mesh ({over}); change eval.batch_size, eval.microbatches or "
                       f"--config.mesh.*")
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,

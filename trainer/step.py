@@ -185,8 +185,17 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
 
 
 def eval_step(params, batch, *, model: nn.Module, compute_dtype=jnp.float32,
-              loss_chunk_size: int = 0):
-  """(loss sum, weight sum) of one held-out batch."""
-  _, stats = loss_sums(params, batch, model=model, compute_dtype=compute_dtype,
-                       loss_chunk_size=loss_chunk_size)
-  return stats["loss_sum"], stats["weight_sum"]
+              loss_chunk_size: int = 0, microbatches: int = 1):
+  """(loss sum, weight sum) of one held-out batch, in `microbatches` passes (strided rows, as
+  train_step's accumulation) whose sums add up."""
+  def sums(micro):
+    _, stats = loss_sums(params, micro, model=model, compute_dtype=compute_dtype,
+                         loss_chunk_size=loss_chunk_size)
+    return stats["loss_sum"], stats["weight_sum"]
+
+  if microbatches == 1:
+    return sums(batch)
+  add = lambda acc, micro: (jax.tree.map(jnp.add, acc, sums(micro)), None)
+  zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+  (loss, weight), _ = jax.lax.scan(add, zeros, _microbatches(batch, microbatches))
+  return loss, weight
