@@ -1,0 +1,166 @@
+"""Training on a real accelerator, as a user runs it: tokens/s, MFU and peak memory per setting.
+
+On the lent TPU chip (../shared/chip/README.md), after `../shared/chip/wheels.sh` here:
+
+    bash .chip/on_chip.sh python3 -m benchmarks.chip run --out=$OUT [--profile] [NAME ...]
+    python -m benchmarks.chip write $OUT/chip.jsonl     # here: BENCHMARKS.md's chip section
+
+Each setting is one `axtrain` command (launcher.main.main, in this process: one opening of the
+chip for all of them) with `--config.trainer.max_steps` and per-step logging; its figures are
+medians over the steps after the first WARMUP of the run's own metrics.jsonl (the loop's
+`step_time_s`, host syncs included), and the device's peak memory (`memory_peak_bytes`).
+`--profile` also traces a few steps with jax.profiler and sums the device's op times by name
+(profile_summary), so that where the time goes comes back as one small JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import pathlib
+import shutil
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WARMUP = 5  # steps left out of the medians (compilation, first dispatches)
+STEPS = 30
+
+# name -> (config, overrides): the settings of BENCHMARKS.md's chip table. Overrides are those a
+# user would type; the recipes' own mesh rules choose the rest on the chip.
+_SMALL_EVAL = ("--config.eval.batch_size=4", "--config.eval.every_steps=100000")
+SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tiny": ("configs/tiny.py", _SMALL_EVAL),
+    "125m": ("configs/llama.py:size=125m", ()),
+    "1b": ("configs/llm_1b.py", ()),
+    "125m-b4-splash": ("configs/llama.py:size=125m", (
+        "--config.data.batch_size=4", "--config.model.block.attention.implementation=splash",
+        *_SMALL_EVAL)),
+    "1b-b8-full-adafactor": ("configs/llm_1b.py", (
+        "--config.data.batch_size=8", "--config.model.block.attention.implementation=splash",
+        "--config.model.remat=full", "--config.optimizer.kind=adafactor",
+        "--config.trainer.loss_chunk_size=1024", *_SMALL_EVAL)),
+}
+
+
+def argv_for(name: str, overrides: tuple[str, ...], *, steps: int, out: pathlib.Path,
+             profile: tuple[int, int] | None) -> list[str]:
+  config, preset = SETTINGS.get(name, (None, ()))
+  if config is None:
+    raise SystemExit(f"benchmarks.chip: unknown setting '{name}'; settings: {', '.join(SETTINGS)}")
+  argv = ["axtrain", f"--config={config}", *preset, *overrides,
+          f"--config.trainer.max_steps={steps}", "--config.trainer.log_every=1",
+          f"--config.checkpoint.every_steps={10 * steps}", f"--output_dir={out}", "--overwrite"]
+  if profile:
+    argv.append(f"--config.trainer.profile_steps=({profile[0]}, {profile[1]})")
+  return argv
+
+
+def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
+  """Device op time by op name over the captured steps, from jax.profiler's xplane file: per
+  device plane and line ("XLA Ops", "XLA Modules", ...), the `top` names by total time."""
+  from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
+  files = sorted(trace_dir.rglob("*.xplane.pb"))
+  if not files:
+    return {}
+  data = ProfileData.from_file(str(files[-1]))
+  out = {}
+  for plane in data.planes:
+    if not plane.name.startswith("/device:"):
+      continue
+    for line in plane.lines:
+      total = collections.Counter()
+      count = collections.Counter()
+      for event in line.events:
+        total[event.name] += event.duration_ns
+        count[event.name] += 1
+      if total:
+        out[f"{plane.name} | {line.name}"] = {
+            "total_ms": sum(total.values()) / 1e6,
+            "top": [[name, round(ns / 1e6, 3), count[name]] for name, ns in total.most_common(top)]}
+  return out
+
+
+def run_one(name: str, overrides: tuple[str, ...], *, steps: int, work: pathlib.Path,
+            profile: bool, keep_trace: pathlib.Path | None = None) -> dict:
+  """Trains one setting; returns its row (medians of the logged steps after WARMUP)."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  run_dir = work / name.replace("/", "_")
+  window = (WARMUP + 3, WARMUP + 5) if profile else None
+  argv = argv_for(name, overrides, steps=steps, out=run_dir, profile=window)
+  start = time.time()
+  code = main_lib.main(argv)
+  row = {"setting": name, "argv": argv[1:], "code": code, "wall_s": round(time.time() - start, 1)}
+  metrics = run_dir / "metrics.jsonl"
+  if code != 0 or not metrics.exists():
+    return row
+  records = [json.loads(line) for line in metrics.read_text().splitlines()]
+  steps_ = [r for r in records if "step_time_s" in r and r["step"] > WARMUP]
+  run = json.loads((run_dir / "run.json").read_text())
+  for key in ("step_time_s", "tokens_per_sec", "mfu"):
+    values = [r[key] for r in steps_ if key in r]
+    if values:
+      row[key] = statistics.median(values)
+  peaks = [r["memory_peak_bytes"] for r in records if "memory_peak_bytes" in r]
+  row["memory_peak_bytes"] = max(peaks) if peaks else None
+  row["compiled_step"] = run.get("compiled_step")
+  row["mesh"] = run.get("mesh")
+  row["config"] = json.loads((run_dir / "config.json").read_text())
+  row["loss_last"] = steps_[-1].get("loss") if steps_ else None
+  if profile:
+    row["profile"] = profile_summary(run_dir / "profile")
+    traces = sorted((run_dir / "profile").rglob("*.xplane.pb"))
+    if keep_trace is not None and traces and traces[-1].stat().st_size < 16e6:
+      shutil.copy(traces[-1], keep_trace / f"{name.replace('/', '_')}.xplane.pb")
+  import jax  # pylint: disable=import-outside-toplevel
+  row["memory_stats"] = jax.devices()[0].memory_stats()  # after the run, for what it reports
+  return row
+
+
+def run(argv: list[str]) -> int:
+  p = argparse.ArgumentParser(prog="python -m benchmarks.chip run")
+  p.add_argument("--out", required=True, help="folder for chip.jsonl (the device tool's $OUT)")
+  p.add_argument("--steps", type=int, default=STEPS)
+  p.add_argument("--profile", action="store_true", help="trace 3 steps of each setting")
+  p.add_argument("--keep_traces", action="store_true",
+                 help="copy each trace's .xplane.pb into --out (under 16 MB each)")
+  p.add_argument("--work", default="/tmp/axtrain-chip", help="run directories (scratch)")
+  p.add_argument("settings", nargs="*", default=list(SETTINGS),
+                 help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
+  args = p.parse_args(argv)
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import machine  # pylint: disable=import-outside-toplevel
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  work = pathlib.Path(args.work)
+  head = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+          "commit": machine.git_commit(), "device": jax.devices()[0].device_kind,
+          "devices": jax.device_count(), "jax": jax.__version__}
+  with open(out / "chip.jsonl", "a", encoding="utf-8") as f:
+    for spec in args.settings:
+      name, _, extra = spec.partition(":")
+      overrides = tuple(o for o in extra.split(",") if o)
+      row = {**head, **run_one(name, overrides, steps=args.steps, work=work,
+                               profile=args.profile,
+                               keep_trace=out if args.keep_traces else None)}
+      f.write(json.dumps(row) + "\n")
+      f.flush()
+      print(f"benchmarks.chip: {spec}: " + json.dumps(
+          {k: row.get(k) for k in ("code", "step_time_s", "tokens_per_sec", "mfu",
+                                   "memory_peak_bytes", "wall_s")}), flush=True)
+      shutil.rmtree(work / name.replace("/", "_"), ignore_errors=True)
+  return 0
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["run"]:
+    return run(argv[1:])
+  raise SystemExit("usage: python -m benchmarks.chip run --out=DIR [--profile] [SETTING ...]")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
