@@ -1,6 +1,7 @@
 """`axtrain convert`: Hugging Face <-> axtrain run directory.
 
     axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes]
+                    [--scan_layers=true|false]
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
@@ -8,7 +9,9 @@ index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a r
 config.json (the resolved run config), config.py (whose get_config() returns
 that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
 continues training from the converted weights), run.json, hf_config.json (the
-source's config, reused by --to_hf) and a step-0 checkpoint. Training in
+source's config, reused by --to_hf) and a step-0 checkpoint, its layers scanned (one stacked
+`layers` tree; --scan_layers=false or --no_scan_layers: unrolled layers_0, layers_1, ...,
+as model.scan_layers says). Training in
 RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included.
 config.py's docstring gives the command that trains on a corpus, with the model's
 tokenizer: --tokenizer (a tokenizer.json, a SentencePiece .model or `bytes`, checked
@@ -37,9 +40,10 @@ from launcher.errors import ConfigError, UserError, suggest
 from trainer.data.tokenizers import BytesTokenizer
 from trainer.run_files import Manifest
 
-USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] | "
-         "axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--no_scan_layers]")
+USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
+         "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR")
 _FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers")
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
@@ -144,7 +148,7 @@ def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path,
 
 
 def parse_args(argv: list[str]) -> dict:
-  out: dict = {"scan_layers": True}
+  out: dict = {}
   for arg in argv[1:]:
     if arg in ("-h", "--help"):
       sys.stdout.write(__doc__.strip() + "\n")
@@ -153,17 +157,34 @@ def parse_args(argv: list[str]) -> dict:
     if not arg.startswith("--") or name not in _FLAGS:
       raise UserError(f"convert: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
     if name in ("scan_layers", "no_scan_layers"):
-      out["scan_layers"] = name == "scan_layers"
+      out["scan_layers"] = _scan_layers(name, sep, value)
     elif not sep or not value:
       raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
     else:
       out[name] = os.path.expanduser(value)  # `--output_dir=~/x`: the shell leaves ~ alone
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
-  if "tokenizer" in out and "to_hf" in out:
-    raise UserError(f"convert: --tokenizer goes with --from_hf (the tokenizer the model was "
-                    f"trained with); {USAGE}")
+  for name, what in (("tokenizer", "the tokenizer the model was trained with"),
+                     ("scan_layers", "the layer layout to write; --to_hf reads either")):
+    if name in out and "to_hf" in out:
+      raise UserError(f"convert: --{name} goes with --from_hf ({what}); {USAGE}")
+  out.setdefault("scan_layers", True)
   return out
+
+
+def _scan_layers(name: str, sep: str, value: str) -> bool:
+  """--scan_layers[=true|false] or --no_scan_layers: whether the converted layers are scanned
+  (stacked on a leading axis) or unrolled."""
+  if name == "no_scan_layers":
+    if sep:
+      raise UserError(f"convert: --no_scan_layers takes no value (or --scan_layers=false); "
+                      f"{USAGE}")
+    return False
+  if not sep:
+    return True
+  if value.lower() not in _BOOLS:
+    raise UserError(f"convert: --scan_layers={value}: expected true or false; {USAGE}")
+  return _BOOLS[value.lower()]
 
 
 def main(argv: list[str]) -> int:

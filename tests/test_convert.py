@@ -65,6 +65,34 @@ def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout, dtype):
   assert hf_cfg["architectures"] == ["GPT2LMHeadModel"] and hf_cfg["n_embd"] == D
 
 
+def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
+  """--scan_layers=false writes unrolled layers (layers_0, ...), as --no_scan_layers does;
+  a value that is no boolean, a value on --no_scan_layers and the flag with --to_hf are
+  refused in one line."""
+  from launcher import convert  # pylint: disable=import-outside-toplevel
+  base = ["axtrain", "--from_hf=hf", "--output_dir=run"]
+  for flag, scan in (("--scan_layers", True), ("--scan_layers=true", True),
+                     ("--scan_layers=False", False), ("--scan_layers=0", False),
+                     ("--no_scan_layers", False), (None, True)):
+    assert convert.parse_args(base + ([flag] if flag else []))["scan_layers"] == scan, flag
+  hf = _write_hf(tmp_path / "hf", tensors)
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}",
+                  "--scan_layers=false")[0] == 0
+  assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["scan_layers"] is False
+  params = convert._load_params(tmp_path / "run", convert.abstract_params(convert.experiment_of(
+      json.loads((tmp_path / "run" / "config.json").read_text()))))
+  assert "layers_0" in params and "layers" not in params
+  for args, message in ((["--scan_layers=no"], "--scan_layers=no: expected true or false"),
+                        (["--no_scan_layers=true"], "--no_scan_layers takes no value"),
+                        ([f"--to_hf={tmp_path / 'run'}", "--scan_layers=false"],
+                         "--scan_layers goes with --from_hf")):
+    if "--to_hf" not in args[0]:
+      args = [f"--from_hf={hf}", *args]
+    code, err = _convert(capsys, *args, f"--output_dir={tmp_path / 'out'}")
+    assert code == 2 and err.startswith("axtrain: error: convert: ") and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
 def _refused(tmp_path, capsys, hf, *extra):
   out = tmp_path / "out"
   code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}", *extra)
