@@ -30,7 +30,7 @@ def _run(cfg):
 def tiny_plan():
   """configs/tiny.py on an 8-chip v5e slice (fsdp=8), compiled once by the TPU compiler."""
   return plan.plan(_run(configs.tiny.get_config()), meshes.lookup("tpu-v5e-8"),
-                   config_name="configs/tiny.py", with_eval=False, with_ops=True)
+                   config_name="configs/tiny.py", with_eval=False)
 
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
