@@ -23,7 +23,7 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
-from trainer import loop, meshes, schedules
+from trainer import flops, loop, meshes, schedules
 from planner import step_memory
 from trainer.progress import Progress
 
@@ -70,6 +70,9 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
     sys.stdout.write(flat.print_config_text(cfg, num_params=exp.num_params, mesh=entry.name,
                                             axes=dict(exp.mesh.shape), rule=rule))
     return 0
+  note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
+  if note and jax.process_index() == 0:
+    print(f"axtrain: note: {note}", file=sys.stderr)
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
@@ -88,6 +91,15 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
     return _train(this)
   with run_lock.RunLock(rd.path):
     return _train(this)
+
+
+def kernel_note(model, *, platform: str) -> str | None:
+  """What to say when attention's kernel is not native to `platform`: splash is a Pallas TPU
+  kernel, which elsewhere runs in Pallas's interpret mode (right, but slow: for tests)."""
+  if platform == "tpu" or flops.find_field(model, "implementation") != "splash":
+    return None
+  return (f"attention.implementation=splash is a TPU kernel: on {platform} it runs in Pallas "
+          f"interpret mode (slow, for tests); xla or chunked attention is fast here")
 
 
 def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, str]], *,
