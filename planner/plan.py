@@ -396,7 +396,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
               data=run.data.kind, batch_arrays={k: str(v.dtype) for k, v in batch.items()},
-              grad_accum_steps=run.trainer.grad_accum_steps, remat=remat,
+              grad_accum_steps=exp.run.trainer.grad_accum_steps, remat=remat,
               loss_chunk_size=run.trainer.loss_chunk_size, num_params=exp.num_params,
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
               fit_source="compiler" if exact else "model", needed=needed,

@@ -143,8 +143,15 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
 
 def _header(exp: Experiment, run_dir) -> list[str]:
   state_bytes = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
-  return header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
-                num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
+  lines = header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
+                 num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
+  accum = exp.run.trainer.grad_accum_steps
+  if accum > 1:
+    lines.insert(1, f"each step accumulates {accum} microbatches of {exp.source.batch_size // accum}"
+                    f" rows (trainer.grad_accum_steps"
+                    + (f", from trainer.microbatch_rows={exp.run.trainer.microbatch_rows}"
+                       if exp.run.trainer.microbatch_rows else "") + ")")
+  return lines
 
 
 def _throughput(exp: Experiment, hardware_peak_flops: float | None) -> metrics_lib.Throughput:

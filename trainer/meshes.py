@@ -426,6 +426,12 @@ def describe_match(match) -> str:
   return ", ".join(f"{k}={v}" for k, v in match.items())
 
 
+# Fields that set the same thing another way: a rule leaves one alone when the command line set
+# the other (a user's grad_accum_steps wins over a recipe's microbatch_rows).
+ALTERNATIVES = {"trainer.microbatch_rows": "trainer.grad_accum_steps",
+                "trainer.grad_accum_steps": "trainer.microbatch_rows"}
+
+
 def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
   """Applies the first of `cfg.mesh.rules` that matches `entry` (an Entry, or a name that
   `lookup` knows); returns that rule's match in words (describe_match), else None.
@@ -448,7 +454,7 @@ def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
       continue
     what = describe_match(match)
     for path, value in changes.items():
-      if path in explicit:
+      if path in explicit or ALTERNATIVES.get(path) in explicit:
         continue
       try:
         config_path.set_value(path, cfg, value)
