@@ -139,6 +139,45 @@ def _gpu_devices(entry: Entry) -> list:
   return list(devices)
 
 
+# --- the compiler's own log --------------------------------------------------------------
+
+# What XLA logs while it compiles, in its own words ("[SPMD] Involuntary full rematerialization
+# ... Contact Shardy or XLA team"), said as a plan note: the finding, what it costs, what to do.
+_SPMD_REMAT = re.compile(r"Involuntary full rematerialization")
+
+
+@contextlib.contextmanager
+def _compiler_log(notes: list[str]):
+  """Captures file descriptor 2 (where XLA's C++ logging goes) for one compile: lines it
+  recognises become `notes`, the rest is written back to stderr unchanged."""
+  import sys  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as log:
+    os.dup2(log.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      log.seek(0)
+      rest = []
+      remats = 0
+      for line in log.read().decode(errors="replace").splitlines():
+        if _SPMD_REMAT.search(line):
+          remats += 1
+        elif line.strip():
+          rest.append(line)
+      if remats:
+        notes.append(f"the SPMD partitioner resharded {remats} value(s) by gathering them whole "
+                     f"(XLA's 'involuntary full rematerialization'): a layout the shardings do "
+                     f"not keep; `axtrain plan --ops` shows the collectives it adds")
+      if rest:
+        sys.stderr.write("\n".join(rest) + "\n")
+
+
 # --- the plan -----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,6 +193,7 @@ class Compiled:
   seconds: float  # compile wall time
   collectives: hlo_collectives.Collectives
   refused: str = ""  # the compiler's out-of-memory message when it refused to compile
+  notes: tuple[str, ...] = ()  # what the compiler logged, in words (_compiler_log)
   # libtpu's cost model: its per-op roofline of the step (seconds), each ConcatBitcast custom
   # call's -1 s added back; None from other compilers. Comparable between programs when
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
@@ -259,8 +299,8 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
 def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
              compiler_options: dict | None = None) -> Compiled:
   """One compile's figures, with the per-op report (`hardware`'s peaks time its roofline)."""
-  start = time.perf_counter()
-  with exp.context():
+  start, notes = time.perf_counter(), []
+  with exp.context(), _compiler_log(notes):
     lowered = fn.lower(*args)
     try:
       compiled = lowered.compile(compiler_options=compiler_options or None)
@@ -272,7 +312,7 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
       return Compiled(argument=0, output=0, alias=0, temp=int(float(m[1]) * GiB), code=0,
                       flops=0.0, bytes_accessed=0.0, seconds=time.perf_counter() - start,
                       collectives=hlo_collectives.Collectives(bytes_by_kind={}, count=0),
-                      refused=" ".join(str(e).split())[:300])
+                      refused=" ".join(str(e).split())[:300], notes=tuple(notes))
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
@@ -292,7 +332,7 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
-                  seconds=seconds, cost_model_s=cost_model, ops=ops,
+                  seconds=seconds, cost_model_s=cost_model, ops=ops, notes=tuple(notes),
                   collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
                   hlo_matmul_flops=hlo_matmul_flops)
 
@@ -389,7 +429,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   split = memory_model.split(exp)
   # The compiled HLO's matmuls, loops times their trips: remat's recompute and a pipeline's
   # bubble included.
-  executed = train.hlo_matmul_flops
+  executed = train.hlo_matmul_flops or 0.0  # none where the compiler refused the program
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0

@@ -71,6 +71,7 @@ def _memory(p: Plan) -> list[str]:
   ]
   if t.refused:
     lines.append(f"    the {src} refused: {t.refused}")
+  lines += [f"    note [{src}]: {n}" for n in t.notes]
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
@@ -92,8 +93,8 @@ def _verdict(p: Plan) -> list[str]:
       f"{num(p.model_flops / p.devices)} per device; "
       + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
          else f"the {src} reports none")
-      + f"; executed {num(p.executed_flops)} per device [compiled HLO] (matmuls, loops "
-      f"unrolled: remat recompute included)",
+      + (f"; executed {num(p.executed_flops)} per device [compiled HLO] (matmuls, loops "
+         f"unrolled: remat recompute included)" if p.executed_flops else ""),
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")

@@ -61,3 +61,18 @@ def test_microbatch_rows_trains_as_the_accumulation_it_sets(tmp_path):
   accum = _losses(tmp_path, "accum", "--config.trainer.grad_accum_steps=4")
   assert rows[0] == accum[0]  # the same program
   assert rows[1] == pytest.approx(accum[1], rel=1e-6)  # eval sums added in another order
+
+
+def test_a_rule_switches_a_kind_unless_the_command_line_configured_that_component():
+  rule = (({"platform": "cpu"}, {"optimizer.kind": "adafactor", "trainer.microbatch_rows": 2}),)
+  cfg = configs.llama.get_config("size=test")
+  cfg.optimizer.learning_rate = 1e-3
+  cfg.mesh.rules = rule
+  meshes.apply_rules(cfg, meshes.lookup("cpu"), set())
+  assert cfg.optimizer.kind == "adafactor" and cfg.optimizer.learning_rate == 1e-3
+  assert "b2" not in cfg.optimizer  # adafactor's node, not adamw's with its kind renamed
+  config_lib.parse(cfg)
+  kept = configs.llama.get_config("size=test")
+  kept.mesh.rules = rule
+  meshes.apply_rules(kept, meshes.lookup("cpu"), {"optimizer.b2"})
+  assert kept.optimizer.kind == "adamw" and kept.trainer.microbatch_rows == 2
