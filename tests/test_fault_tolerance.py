@@ -9,14 +9,17 @@ run in this process (ckpt_util.run_here), sharing the subprocesses' compile cach
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
+import time
 
 import numpy as np
 import pytest
 
 from tests import ckpt_util as cu
 from tests.launch_with_hooks import NanAt, StopAfter
+from trainer.callbacks import Callback
 
 EXIT_PREEMPTED = 75  # launcher/preemption.py, docs/fault_tolerance.md
 
@@ -217,3 +220,33 @@ def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache, capfd):
   assert all(np.isfinite(losses[s]) for s in range(5, 31))
   # Step 1 already uses the trained parameters: its loss is the reference's late loss range.
   assert losses[1] < cu.losses(ref)[1] - 1.0
+
+
+class _SignalAt(Callback):
+  """Sends this process SIGINT after step `step` and waits until the loop sees the request;
+  records after every step how many earlier steps the devices had not finished."""
+
+  def __init__(self, step: int):
+    self.step, self.behind = step, []
+
+  def on_step_end(self, step: int, loop) -> None:
+    self.behind.append(sum(1 for s, flag in loop.unchecked if s < step and not flag.is_ready()))
+    if step == self.step:
+      os.kill(os.getpid(), signal.SIGINT)
+      deadline = time.monotonic() + 60
+      while not loop.stop_requested() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_sigint_stops_after_the_step_in_flight(tmp_path, cache, capfd):
+  """The host runs at most one step ahead of the devices, so the step a SIGINT's checkpoint holds
+  is the one the devices were running, not one the host dispatched dozens of steps ahead (the
+  next logging step: here none before the end)."""
+  hook = _SignalAt(6)
+  result = cu.run_here(capfd, tmp_path / "run", cache, "--config.trainer.log_every=100",
+                       callbacks=[hook])
+  assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
+  assert "SIGINT: finishing the current step and saving a checkpoint" in result.stderr
+  assert json.loads((tmp_path / "run" / "run.json").read_text())["last_step"] == 6
+  assert cu.steps(tmp_path / "run") == [6]
+  assert hook.behind == [0] * 6, hook.behind  # every step before the one just dispatched is done
