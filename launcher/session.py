@@ -83,10 +83,14 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
              multi_process=multi_process, callbacks=tuple(callbacks))
-  if not main_process:
-    return _train(this)
-  with run_lock.RunLock(rd.path):
-    return _train(this)
+  try:
+    if not main_process:
+      return _train(this)
+    with run_lock.RunLock(rd.path):
+      return _train(this)
+  except distributed.PeerLost:
+    distributed.exit_alone(EXIT_FAILED)  # after the lock's release
+    raise  # not reached
 
 
 def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, str]], *,
@@ -156,7 +160,8 @@ def _train(this: Run) -> int:
     if not this.multi_process:
       finish("failed", error=traceback.format_exc(limit=-3))
       raise
-    return _failed(this, finish, _peer_failure(e))
+    _failed(this, finish, _peer_failure(e))
+    raise distributed.PeerLost() from None
   except KeyboardInterrupt:
     finish("interrupted")
     raise
