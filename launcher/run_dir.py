@@ -48,9 +48,9 @@ TRANSIENT = {"checkpoint": {"restore_step": 0}}
 EXTENDS = "trainer.max_steps"  # the one field whose raise extends a run rather than changing it
 # Where and how the steps are computed, not what they compute: the mesh's axes and rules (and
 # so every value a rule chooses), what the backward pass recomputes, how many microbatches the
-# global batch is accumulated over (a MoE layer's capacity and balancing loss are per
-# microbatch: there it moves the routing a little, as another mesh's rounding moves the sums),
-# the loss's chunks, the pipeline's microbatches and the attention kernel.
+# global batch is accumulated over (a MoE layer's load-balancing loss is taken over each
+# microbatch's tokens: there its gradient moves a little, as another mesh's rounding moves the
+# sums), the loss's chunks, the pipeline's microbatches and the attention kernel.
 PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.grad_accum_steps",
              "trainer.loss_chunk_size", "model.block.attention.implementation",
              "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
