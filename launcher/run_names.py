@@ -134,20 +134,20 @@ def _named_earlier(config_path: str, named_items: list[tuple[str, str]],
   return out
 
 
-def _components(name: str, keys: set[str]) -> dict[str, str]:
+def _components(text: str, keys: set[str]) -> dict[str, str]:
   """{key: value text} of a directory name `k1=v1,k2=v2` written by default_dir, splitting only
   where one of `keys` begins (a value may hold commas); {} if the name is not of that form."""
-  starts = [(0, k) for k in keys if name.startswith(f"{k}=")]
+  starts = [(0, k) for k in keys if text.startswith(f"{k}=")]
   for k in keys:
-    at = name.find(f",{k}=")
+    at = text.find(f",{k}=")
     while at >= 0:
       starts.append((at + 1, k))
-      at = name.find(f",{k}=", at + 1)
+      at = text.find(f",{k}=", at + 1)
   starts.sort()
   if not starts or starts[0][0] != 0:
     return {}
-  ends = [at - 1 for at, _ in starts[1:]] + [len(name)]
-  return {k: name[at + len(k) + 1:end] for (at, k), end in zip(starts, ends)}
+  ends = [at - 1 for at, _ in starts[1:]] + [len(text)]
+  return {k: text[at + len(k) + 1:end] for (at, k), end in zip(starts, ends)}
 
 
 def directory(config_value: str, items: list[tuple[str, str]], *, resolved,
