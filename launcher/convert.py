@@ -508,6 +508,16 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
     print(chosen.note, file=sys.stderr)
 
 
+def on_one_device(cfg: dict) -> dict:
+  """A run's config with its mesh axes unset, for reading its parameters in one process on one
+  device: the axes it trained with (context=4, expert=4, ...) would ask for that many devices,
+  and the checkpoint is re-laid out onto this one while it is read (trainer/checkpoint.py)."""
+  mesh = cfg.get("mesh")
+  if not isinstance(mesh, dict):
+    return cfg
+  return {**cfg, "mesh": {k: (v if k == "rules" else None) for k, v in mesh.items()}}
+
+
 _NUMPY_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
@@ -522,7 +532,7 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
-  exp = experiment_of(cfg)
+  exp = experiment_of(on_one_device(cfg))
   run, abstract = exp.run, abstract_params(exp)
   family = family_of_model(run.model)
   hf_cfg = family.hf_config(run.model)

@@ -87,10 +87,14 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
              multi_process=multi_process, callbacks=tuple(callbacks))
-  if not main_process:
-    return _train(this)
-  with run_lock.RunLock(rd.path):
-    return _train(this)
+  try:
+    if not main_process:
+      return _train(this)
+    with run_lock.RunLock(rd.path):
+      return _train(this)
+  except distributed.PeerLost:
+    distributed.exit_alone(EXIT_FAILED)  # after the lock's release
+    raise  # not reached
 
 
 def kernel_note(model, *, platform: str) -> str | None:
@@ -140,8 +144,8 @@ def _stop_handling(this: Run, finish, progress):
 
 
 def _train(this: Run) -> int:
-  """Trains in a locked run directory: fresh, resumed from its last committed checkpoint, or
-  extended (trainer.max_steps raised)."""
+  """Trains in a locked run directory: fresh, resumed from its last committed checkpoint (on
+  any mesh: `relaid` fields may change, with a note), or extended (trainer.max_steps raised)."""
   rd, exp = this.run_dir, this.exp
   state = rd.prepare(this.resolved, overwrite=this.overwrite)
   if state == "completed":
@@ -151,17 +155,8 @@ def _train(this: Run) -> int:
     return 0
   extension = _extension(rd, exp) if state == "extend" else None
   compiled = _check_memory(exp)  # the step's one compile; refused here, nothing is written
-  if extension is not None and this.main_process:
-    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
   if this.main_process:
-    extensions = rd.info().get("extensions", []) + (
-        [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
-    rd.start(this.resolved, argv=this.argv, fresh=state in ("new", "overwrite"),
-             extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
-                             "rule": this.rule},
-                    "num_params": exp.num_params, "process_count": jax.process_count(),
-                    "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
-                    **({"extensions": extensions} if extensions else {})})
+    _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
@@ -173,21 +168,71 @@ def _train(this: Run) -> int:
                           callbacks=callbacks,
                           hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
-    message = str(e)
-    if isinstance(e, checkpoint.NoUsableCheckpoint):
-      unproven = rd.unproven()
-      message += ("; pass --overwrite to start the run over" if not unproven else
-                  f"; choose another --output_dir to start it over ({rd.path} also holds files "
-                  f"that axtrain did not write: {', '.join(unproven[:3])})")
-    finish("failed", error=message)
-    print(f"axtrain: error: {message}", file=sys.stderr)
-    return EXIT_FAILED
+    return _failed(this, finish, _checkpoint_advice(rd, e))
+  except jax.errors.JaxRuntimeError as e:
+    if not this.multi_process:
+      finish("failed", error=traceback.format_exc(limit=-3))
+      raise
+    _failed(this, finish, _peer_failure(e))
+    raise distributed.PeerLost() from None
   except KeyboardInterrupt:
     finish("interrupted")
     raise
   except Exception:
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
+  return _finished(this, result, finish, progress)
+
+
+def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:
+  """Process 0: the notes of a resumed run (relaid fields, an extension), then run.json."""
+  rd, exp = this.run_dir, this.exp
+  relaid = [] if fresh else rd.relaid_changes(this.resolved)
+  if relaid:
+    print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "
+          f"steps run and are recorded, not what they compute: the same run)", file=sys.stderr)
+  if extension is not None:
+    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
+  extensions = rd.info().get("extensions", []) + (
+      [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
+  rd.start(this.resolved, argv=this.argv, fresh=fresh,
+           extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
+                           "rule": this.rule},
+                  "num_params": exp.num_params, "process_count": jax.process_count(),
+                  "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
+                  **({"extensions": extensions} if extensions else {})})
+
+
+def _failed(this: Run, finish, message: str) -> int:
+  """Records and prints a failure in one line; EXIT_FAILED."""
+  finish("failed", error=message)
+  print(f"axtrain: error: {message}", file=sys.stderr, flush=True)
+  return EXIT_FAILED
+
+
+def _checkpoint_advice(rd: run_dir_lib.RunDir, e: Exception) -> str:
+  """A non-finite loss's or checkpoint's message, with how to start over where none reads."""
+  message = str(e)
+  if isinstance(e, checkpoint.NoUsableCheckpoint):
+    unproven = rd.unproven()
+    message += ("; pass --overwrite to start the run over" if not unproven else
+                f"; choose another --output_dir to start it over ({rd.path} also holds files "
+                f"that axtrain did not write: {', '.join(unproven[:3])})")
+  return message
+
+
+def _peer_failure(e: Exception) -> str:
+  """The JAX runtime's error in one process of several: how another process's death shows up
+  here (a collective whose peer is gone), so one line rather than a traceback."""
+  first = " ".join((str(e).splitlines() or [type(e).__name__])[0].split())[:300]
+  return (f"process {jax.process_index()} of {jax.process_count()}: the JAX runtime failed "
+          f"({first}); in a run of several processes this is how another process's end shows "
+          f"up (see its output); the run resumes from its last checkpoint when started again")
+
+
+def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int:
+  """run.json and the last line of a run that completed or stopped on request; its exit code."""
+  rd = this.run_dir
   if result.preempted:
     finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step,
            compiled_step=result.compiled, profiles=result.profiles)
