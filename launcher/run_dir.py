@@ -52,7 +52,8 @@ EXTENDS = "trainer.max_steps"  # the one field whose raise extends a run rather 
 # microbatch's tokens: there its gradient moves a little, as another mesh's rounding moves the
 # sums), the loss's chunks, the pipeline's microbatches and the attention kernel.
 PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.grad_accum_steps",
-             "trainer.loss_chunk_size", "model.block.attention.implementation",
+             "trainer.microbatch_rows", "eval.microbatch_rows", "trainer.loss_chunk_size",
+             "model.block.attention.implementation",
              "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
 # How the run is logged, watched, profiled and checkpointed (checkpoint.restore_step included).
 BOOKKEEPING = ("trainer.log_every", "trainer.hang_timeout_s", "trainer.peak_flops",

@@ -23,7 +23,7 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
-from trainer import flops, loop, meshes, schedules
+from trainer import flops, loop, meshes, schedules, sharding
 from planner import step_memory
 from trainer.progress import Progress
 
@@ -56,20 +56,14 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   platforms.check_backend()
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
+  if fv.print_config:
+    return _print_config(fv.mesh, cfg, items)
   entry = meshes.select(fv.mesh)
   rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
-  if not fv.print_config:  # --print_config may show another machine's resolved config
-    meshes.check_present(entry)
+  meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
-  note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
-  if note and jax.process_index() == 0:
-    print(f"axtrain: note: {note}", file=sys.stderr)
-
-  if fv.print_config:
-    sys.stdout.write(flat.print_config_text(cfg, num_params=exp.num_params, mesh=entry.name,
-                                            axes=dict(exp.mesh.shape), rule=rule))
-    return 0
+  _schedule_note(run_cfg)
   note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
   if note and jax.process_index() == 0:
     print(f"axtrain: note: {note}", file=sys.stderr)
@@ -104,6 +98,35 @@ def kernel_note(model, *, platform: str) -> str | None:
     return None
   return (f"attention.implementation=splash is a TPU kernel: on {platform} it runs in Pallas "
           f"interpret mode (slow, for tests); xla or chunked attention is fast here")
+
+
+def _schedule_note(run_cfg) -> None:
+  note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
+  if note and jax.process_index() == 0:
+    print(f"axtrain: note: {note}", file=sys.stderr)
+
+
+def _print_config(mesh: str, cfg: ml_collections.ConfigDict, items) -> int:
+  """--print_config: the config resolved for `mesh` (on any machine: a named entry's rule and
+  axes need none of its devices), its parameter count and the rule that applied."""
+  entry = meshes.select(mesh) if mesh == "auto" else meshes.lookup(mesh)
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  run_cfg = config_lib.parse(cfg)
+  _schedule_note(run_cfg)
+  here = entry.num_devices in (None, jax.device_count()) and (
+      entry.hardware.platform == jax.devices()[0].platform)
+  if here:  # every check a run makes against the mesh (shapes, batch splits)
+    exp = experiment_lib.build(run_cfg, entry)
+    num_params, axes = exp.num_params, dict(exp.mesh.shape)
+  else:
+    num_params = experiment_lib.count_params(run_cfg)
+    axes = sharding.resolve_axes(entry, run_cfg.mesh, entry.num_devices)
+  sys.stdout.write(flat.print_config_text(cfg, num_params=num_params, mesh=entry.name,
+                                          axes=axes, rule=rule))
+  if not here:
+    sys.stdout.write(f"# {entry.name}'s devices are not here: its shardings are checked when it "
+                     f"trains there, or now by `axtrain plan --mesh={entry.name}`\n")
+  return 0
 
 
 def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, str]], *,

@@ -391,7 +391,7 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
         continue  # the finishing half of an asynchronous collective: counted at its start
       if i.op in ("copy-start", "slice-start"):
         # (source, destination, context): one read and one write of what is copied.
-        size = 2 * min(b for b in hlo_collectives.shape_bytes(i.out) if b > 8)
+        size = 2 * min((b for b in hlo_collectives.shape_bytes(i.out) if b > 8), default=0)
       elif i.op == "fusion" and called:
         size = _fusion_bytes(comps, roots, called[1], i, shapes)
       elif i.op in ("dynamic-slice", "slice"):

@@ -225,6 +225,15 @@ def resolve_microbatches(run: RunConfig, source: Source, batch_sharding) -> tupl
                            what="eval.microbatch_rows")
 
 
+def count_params(run: RunConfig) -> int:
+  """Parameters of `run`'s model, from abstract shapes (no devices, no mesh)."""
+  model = MODELS.build(run.model)
+  params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=run.data.seq_len),
+                          jax.random.key(0))
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
+
+
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
   devices = jax.devices() if devices is None else devices
