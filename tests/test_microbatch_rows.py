@@ -76,22 +76,3 @@ def test_a_rule_switches_a_kind_unless_the_command_line_configured_that_componen
   kept.mesh.rules = rule
   meshes.apply_rules(kept, meshes.lookup("cpu"), {"optimizer.b2"})
   assert kept.optimizer.kind == "adamw" and kept.trainer.microbatch_rows == 2
-
-
-def test_gradients_of_the_compute_copy_are_the_gradients_through_the_cast():
-  """train_step takes gradients with respect to the bfloat16 copy of the parameters (made once a
-  step) and converts them back: bit for bit what differentiating through the cast gives."""
-  import functools  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from trainer import step  # pylint: disable=import-outside-toplevel
-  exp = _build()
-  params = exp.init().params
-  (batch,) = exp.source.eval_batches(batch_size=8, num_batches=1, process_index=0,
-                                     process_count=1)
-  batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  loss = functools.partial(step.loss_sums, batch=batch, model=exp.model,
-                           compute_dtype=jnp.bfloat16)
-  through = jax.grad(lambda p: loss(p)[0])(params)
-  copy = jax.grad(lambda p: loss(p)[0])(step.cast_floats(params, jnp.bfloat16))
-  back = jax.tree.map(lambda g, p: g.astype(p.dtype), copy, params)
-  assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), through, back))
