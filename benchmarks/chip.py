@@ -156,7 +156,8 @@ def run(argv: list[str]) -> int:
   p.add_argument("--out", required=True, help="folder for chip.jsonl (the device tool's $OUT)")
   p.add_argument("--steps", type=int, default=0, help=f"steps per setting (default: STEPS_OF, "
                                                       f"else {STEPS})")
-  p.add_argument("--profile", action="store_true", help="trace 3 steps of each setting")
+  p.add_argument("--profile", nargs="?", const="all", default="",
+                 help="trace 3 steps of each setting, or of these (comma-separated names)")
   p.add_argument("--warmup", type=int, default=-1, help="first steps left out of the medians "
                                                        f"(default: STEPS_OF, else {WARMUP})")
   p.add_argument("--keep_traces", action="store_true",
@@ -180,7 +181,8 @@ def run(argv: list[str]) -> int:
       steps, warmup = STEPS_OF.get(name, (STEPS, WARMUP))
       steps, warmup = args.steps or steps, warmup if args.warmup < 0 else args.warmup
       row = {**head, **run_one(name, overrides, steps=steps, work=work,
-                               profile=args.profile, warmup=warmup,
+                               profile=args.profile == "all" or name in args.profile.split(","),
+                               warmup=warmup,
                                keep_trace=out if args.keep_traces else None)}
       f.write(json.dumps(row) + "\n")
       f.flush()
