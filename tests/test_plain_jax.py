@@ -167,3 +167,25 @@ def test_plain_refuses_what_it_does_not_write():
     compare.variant(exp, "scan+fast")
   assert dataclasses.asdict(compare.variant(exp, "unrolled+halves")) == dataclasses.asdict(
       compare.plain_options(exp))
+
+
+def test_measure_times_every_side_each_round_and_rates_the_fastest_plain_variant():
+  """benchmarks.compare.measure's rounds (what `benchmarks.chip compare` runs on the chip):
+  every side timed once a round from the same start, the same losses at step K, and the ratio
+  taken against the fastest plain variant."""
+  exp = compare.chip_experiment("configs/llama.py:size=test", ("--config.data.batch_size=4",
+                                                                "--config.data.seq_len=32"),
+                                steps=2)
+  assert (exp.run.trainer.max_steps, exp.run.trainer.log_every) == (2, 2)
+  assert (exp.run.eval.num_batches, exp.source.batch_size) == (1, 4)
+  variants = {v: compare.variant(exp, v) for v in ("unrolled", "scan+fused")}
+  sides = compare.measure(exp, variants, rounds=2)
+  assert list(sides) == [compare.AXTRAIN, "unrolled", "scan+fused"]
+  for side in sides.values():
+    assert len(side.step_s) == 2 and side.first_s > 0
+    np.testing.assert_allclose(side.loss, sides[compare.AXTRAIN].loss, rtol=1e-4)
+  row = compare.row(sides, exp, variants)
+  fastest = min(variants, key=lambda n: sides[n].median_s)
+  assert row["fastest_plain"] == fastest
+  assert row["ratio"] == sides[fastest].median_s / sides[compare.AXTRAIN].median_s
+  assert row["sides"]["scan+fused"]["options"]["fused"] is True
