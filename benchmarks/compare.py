@@ -132,16 +132,19 @@ def plain_hyper(exp: Experiment) -> plain_jax.Hyper:
 
 
 def plain_options(exp: Experiment, **changes) -> plain_jax.Options:
-  """What the experiment computes (dtype, attention kernel, remat, microbatches, loss chunks),
-  unrolled layers, and `changes` (speed choices: scan, fused, rope)."""
+  """What the experiment computes (dtype, attention kernel: splash, or for any other
+  implementation the einsums of axtrain's `xla`; remat, microbatches, loss chunks), unrolled
+  layers, and `changes` (speed choices: scan, fused, rope)."""
   m, t = exp.run.model, exp.run.trainer
   if m.remat != "none" and m.remat not in plain_jax.REMAT:
     raise ValueError(f"plain_jax does not implement model.remat={m.remat}; it has "
                      f"{', '.join(plain_jax.REMAT)}")
   a = m.block.attention
+  if a.implementation != "splash" and a.logits_dtype != "compute":
+    raise ValueError("plain_jax writes attention logits in the compute dtype only")
   return dataclasses.replace(plain_jax.Options(
       compute_dtype=jax.numpy.dtype(exp.compute_dtype).name,
-      attention="splash" if a.implementation == "splash" else "naive",
+      attention="splash" if a.implementation == "splash" else "einsum",
       splash_block=a.splash_block_size, remat=m.remat, grad_accum=t.grad_accum_steps,
       loss_chunk=t.loss_chunk_size), **changes)
 
@@ -214,23 +217,14 @@ def measure(exp: Experiment, variants: dict[str, plain_jax.Options], *,
   return sides
 
 
-def compare(name: str, exp: Experiment, *, rounds: int,
-            options: plain_jax.Options | None = None) -> Comparison:
-  """`rounds` interleaved runs of exp.run.trainer.max_steps steps on each side; plain JAX as
-  `options` (default: plain_options(exp))."""
-  sides = measure(exp, {"plain": options or plain_options(exp)}, rounds=rounds)
-  ours, plain = sides[AXTRAIN], sides["plain"]
-  return Comparison(name=name, params=exp.num_params,
-                    tokens_per_step=exp.source.batch_size * exp.source.seq_len,
-                    flops_per_step=model_flops_per_step(exp), ours_step_s=ours.step_s,
-                    plain_step_s=plain.step_s, ours_first_s=ours.first_s,
-                    plain_first_s=plain.first_s, ours_loss=ours.loss, plain_loss=plain.loss)
-
-
 # Plain JAX's speed choices by name, for variant specs such as "scan+fused+permute".
 VARIANT_WORDS = {"unrolled": {"scan": False}, "scan": {"scan": True},
                  "fused": {"fused": True}, "unfused": {"fused": False},
                  "halves": {"rope": "halves"}, "permute": {"rope": "permute"}}
+# The fastest plain step on CPU (`make bench`). Measured on 2 shared cores (2026-12-05, min of
+# 12 interleaved steps each, s/step): bench_lm axtrain 1.64, plain unrolled 1.69, +fused 1.40,
+# +permute 1.70; tiny 0.265 / 0.279 / 0.229; scanned layers were slower (tiny 0.46).
+CPU_VARIANT = "unrolled+fused"
 
 
 def variant(exp: Experiment, spec: str) -> plain_jax.Options:
@@ -241,6 +235,19 @@ def variant(exp: Experiment, spec: str) -> plain_jax.Options:
       raise ValueError(f"plain variant '{word}' is not one of {', '.join(VARIANT_WORDS)}")
     changes.update(VARIANT_WORDS[word])
   return plain_options(exp, **changes)
+
+
+def compare(name: str, exp: Experiment, *, rounds: int,
+            options: plain_jax.Options | None = None) -> Comparison:
+  """`rounds` interleaved runs of exp.run.trainer.max_steps steps on each side; plain JAX as
+  `options` (default: the variant CPU_VARIANT)."""
+  sides = measure(exp, {"plain": options or variant(exp, CPU_VARIANT)}, rounds=rounds)
+  ours, plain = sides[AXTRAIN], sides["plain"]
+  return Comparison(name=name, params=exp.num_params,
+                    tokens_per_step=exp.source.batch_size * exp.source.seq_len,
+                    flops_per_step=model_flops_per_step(exp), ours_step_s=ours.step_s,
+                    plain_step_s=plain.step_s, ours_first_s=ours.first_s,
+                    plain_first_s=plain.first_s, ours_loss=ours.loss, plain_loss=plain.loss)
 
 
 def chip_experiment(config: str, overrides: tuple[str, ...], *, steps: int) -> Experiment:
