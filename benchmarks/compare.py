@@ -22,7 +22,8 @@ import time
 import jax
 
 from benchmarks import plain_jax
-from trainer import loop
+from launcher import config_loading
+from trainer import config as config_lib, experiment, loop, meshes
 from trainer.experiment import Experiment
 
 AXTRAIN = "axtrain"
@@ -254,8 +255,6 @@ def chip_experiment(config: str, overrides: tuple[str, ...], *, steps: int) -> E
   """The run of `axtrain --config=config *overrides` on the devices here, built as the CLI
   builds it (the recipe's mesh rules applied), for `steps` steps logged once at the end and
   one eval batch (the loop evaluates after its last step; that is not timed)."""
-  from launcher import config_loading  # pylint: disable=import-outside-toplevel
-  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
   argv = (*overrides, f"--config.trainer.max_steps={steps}",
           f"--config.trainer.log_every={steps}", "--config.eval.num_batches=1")
   cfg = config_loading.load(config, *argv)

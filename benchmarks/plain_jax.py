@@ -15,9 +15,10 @@ The math is axtrain's (benchmarks/compare.py and tests/test_plain_jax.py check t
 agree): parameters cast to the compute dtype once per (micro)batch, norms and the softmax in
 float32, the sum of token cross-entropies over the weights' sum; AdamW as trainer.optimizer
 builds it: global-norm clip, b1, b2, eps, decoupled weight decay on weights only (decided by
-logical axes, as below), a linear warm-up then cosine decay. `Options` holds the choices that
-only change how fast it runs: layers unrolled or scanned, q/k/v and gate/up fused into one
-matrix each, RoPE's partners by slices or by a permutation product, rematerialisation,
+logical axes, as below), a linear warm-up then cosine decay. `Options` holds how it computes:
+the compute dtype and attention kernel (set as the axtrain run it stands for sets them), and
+choices that change only its speed: layers unrolled or scanned, q/k/v and gate/up fused into
+one matrix each, RoPE's partners by slices or by a permutation product, rematerialisation,
 microbatches, cross-entropy in chunks.
 """
 
@@ -62,7 +63,8 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """How the step computes: choices for speed that leave the math as it is."""
+  """How the step computes: the dtype and attention kernel of the run compared with, and
+  choices for speed that leave the math as it is (the rest)."""
   compute_dtype: str = "float32"  # float32 | bfloat16 (matmuls, activations; master weights f32)
   attention: str = "einsum"  # einsum (as axtrain's `xla`) | splash (the Pallas TPU kernel)
   splash_block: int = 1024  # splash: queries and keys per block (a multiple of 128)
