@@ -13,8 +13,8 @@ medians over the steps after the first WARMUP of the run's own metrics.jsonl (th
 `--profile` also traces a few steps with jax.profiler and sums the device's op times by name
 (profile_summary), so that where the time goes comes back as one small JSON file.
 
-`compare` trains a setting (default 125m-b4-splash) through axtrain's loop (trainer.loop.train,
-the CLI's config, overrides and mesh rules) and benchmarks/plain_jax.py's one jitted step on the
+`compare` trains a setting (default 125m-b4) through axtrain's loop (trainer.loop.train, the
+CLI's config, overrides and mesh rules) and benchmarks/plain_jax.py's one jitted step on the
 same model, batches, start and optimizer, in alternating rounds of --steps steps (steps 2..K
 timed, medians over --rounds), into compare.jsonl: ratio = axtrain tokens/s / plain tokens/s.
 """
@@ -29,6 +29,7 @@ import pathlib
 import shutil
 import statistics
 import sys
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -37,19 +38,23 @@ STEPS = 30
 
 # name -> (config, overrides): the settings of BENCHMARKS.md's chip table. Overrides are those a
 # user would type; the recipes' own mesh rules choose the rest on the chip.
-_SMALL_EVAL = ("--config.eval.batch_size=4", "--config.eval.every_steps=100000")
+_ONE_EVAL = ("--config.eval.num_batches=1",)  # one eval batch at the end: not what is timed
 SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tiny": ("configs/tiny.py", _SMALL_EVAL),
-    "125m": ("configs/llama.py:size=125m", ()),
-    "1b": ("configs/llm_1b.py", ()),
-    "125m-b4-splash": ("configs/llama.py:size=125m", (
-        "--config.data.batch_size=4", "--config.model.block.attention.implementation=splash",
-        *_SMALL_EVAL)),
-    "1b-b8-full-adafactor": ("configs/llm_1b.py", (
-        "--config.data.batch_size=8", "--config.model.block.attention.implementation=splash",
-        "--config.model.remat=full", "--config.optimizer.kind=adafactor",
-        "--config.trainer.loss_chunk_size=1024", *_SMALL_EVAL)),
+    "tiny": ("configs/tiny.py", _ONE_EVAL),
+    # The recipes as shipped: their mesh rules fit them to the chip.
+    "125m": ("configs/llama.py:size=125m", _ONE_EVAL),
+    "1b": ("configs/llm_1b.py", _ONE_EVAL),
+    # One microbatch a step: the settings of issue 32's first measurements (125m 4 sequences,
+    # no remat; llm_1b 8 sequences, full remat), as the rules lay them out now.
+    "125m-b4": ("configs/llama.py:size=125m", ("--config.data.batch_size=4", *_ONE_EVAL)),
+    "1b-b8": ("configs/llm_1b.py", ("--config.data.batch_size=8",
+                                    "--config.trainer.microbatch_rows=8", *_ONE_EVAL)),
 }
+
+
+# setting -> (steps, warmup) when --steps is not given: a recipe's step is a whole global batch
+# (64 microbatches: 125m ~5 s, 1b ~45 s on the chip), the others one microbatch.
+STEPS_OF = {"125m": (3, 1), "1b": (2, 1), "125m-b4": (15, 5), "1b-b8": (8, 3)}
 
 
 def argv_for(name: str, overrides: tuple[str, ...], *, steps: int, out: pathlib.Path,
@@ -90,21 +95,47 @@ def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
   return out
 
 
+class MemoryWatch:
+  """The device's memory_stats() polled while a run trains: the largest value of each field
+  seen (is a step's scratch space counted anywhere while it runs?)."""
+
+  def __init__(self, period_s: float = 0.005):
+    self.period_s, self.seen, self._stop = period_s, {}, threading.Event()
+    self._thread = threading.Thread(target=self._poll, daemon=True)
+
+  def _poll(self) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    device = jax.devices()[0]
+    while not self._stop.wait(self.period_s):
+      for k, v in (device.memory_stats() or {}).items():
+        self.seen[k] = max(self.seen.get(k, v), v)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+
+
 def run_one(name: str, overrides: tuple[str, ...], *, steps: int, work: pathlib.Path,
-            profile: bool, keep_trace: pathlib.Path | None = None) -> dict:
+            profile: bool, keep_trace: pathlib.Path | None = None, warmup: int = WARMUP) -> dict:
   """Trains one setting; returns its row (medians of the logged steps after WARMUP)."""
   from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
   run_dir = work / name.replace("/", "_")
-  window = (WARMUP + 3, WARMUP + 5) if profile else None
+  window = (warmup + 1, min(warmup + 3, steps)) if profile else None
   argv = argv_for(name, overrides, steps=steps, out=run_dir, profile=window)
   start = time.time()
-  code = main_lib.main(argv)
-  row = {"setting": name, "argv": argv[1:], "code": code, "wall_s": round(time.time() - start, 1)}
+  with MemoryWatch() as watch:
+    code = main_lib.main(argv)
+  row = {"setting": name, "argv": argv[1:], "code": code, "wall_s": round(time.time() - start, 1),
+         "memory_stats_max": watch.seen}
   metrics = run_dir / "metrics.jsonl"
   if code != 0 or not metrics.exists():
     return row
   records = [json.loads(line) for line in metrics.read_text().splitlines()]
-  steps_ = [r for r in records if "step_time_s" in r and r["step"] > WARMUP]
+  steps_ = [r for r in records if "step_time_s" in r and r["step"] > warmup]
   run = json.loads((run_dir / "run.json").read_text())
   for key in ("step_time_s", "tokens_per_sec", "mfu"):
     values = [r[key] for r in steps_ if key in r]
@@ -129,8 +160,11 @@ def run_one(name: str, overrides: tuple[str, ...], *, steps: int, work: pathlib.
 def run(argv: list[str]) -> int:
   p = argparse.ArgumentParser(prog="python -m benchmarks.chip run")
   p.add_argument("--out", required=True, help="folder for chip.jsonl (the device tool's $OUT)")
-  p.add_argument("--steps", type=int, default=STEPS)
+  p.add_argument("--steps", type=int, default=0, help=f"steps per setting (default: STEPS_OF, "
+                                                      f"else {STEPS})")
   p.add_argument("--profile", action="store_true", help="trace 3 steps of each setting")
+  p.add_argument("--warmup", type=int, default=-1, help="first steps left out of the medians "
+                                                       f"(default: STEPS_OF, else {WARMUP})")
   p.add_argument("--keep_traces", action="store_true",
                  help="copy each trace's .xplane.pb into --out (under 16 MB each)")
   p.add_argument("--work", default="/tmp/axtrain-chip", help="run directories (scratch)")
@@ -149,8 +183,10 @@ def run(argv: list[str]) -> int:
     for spec in args.settings:
       name, _, extra = spec.partition(":")
       overrides = tuple(o for o in extra.split(",") if o)
-      row = {**head, **run_one(name, overrides, steps=args.steps, work=work,
-                               profile=args.profile,
+      steps, warmup = STEPS_OF.get(name, (STEPS, WARMUP))
+      steps, warmup = args.steps or steps, warmup if args.warmup < 0 else args.warmup
+      row = {**head, **run_one(name, overrides, steps=steps, work=work,
+                               profile=args.profile, warmup=warmup,
                                keep_trace=out if args.keep_traces else None)}
       f.write(json.dumps(row) + "\n")
       f.flush()
@@ -161,8 +197,93 @@ def run(argv: list[str]) -> int:
   return 0
 
 
+HISTORY = ROOT / "benchmarks" / "chip_runs.jsonl"  # every measured row, oldest first
+PLANS = ROOT / "benchmarks" / "chip_plans.json"  # setting -> what `axtrain plan` said of it
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+BEGIN, END = "<!-- chip: begin -->", "<!-- chip: end -->"
+_KEEP = ("date", "commit", "device", "setting", "argv", "code", "step_time_s", "tokens_per_sec",
+         "mfu", "memory_peak_bytes", "compiled_step", "mesh", "memory_stats_max", "loss_last")
+
+
+def plan_setting(name: str) -> dict:
+  """`axtrain plan` of a setting on the chip's entry (tpu-v5e-1), in this process (libtpu's
+  compile-only topology): its estimate and peak, for the table's planned columns."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  import contextlib, io  # pylint: disable=import-outside-toplevel,multiple-imports
+  config, preset = SETTINGS[name]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    code = main_lib.main(["axtrain", "plan", f"--config={config}", *preset,
+                          "--mesh=tpu-v5e-1", "--noeval", "--json"])
+  if code:
+    raise SystemExit(f"benchmarks.chip: plan of {name} failed ({code})")
+  p = json.loads(out.getvalue())
+  e = p["estimate"] or {}
+  return {"step_s": e.get("step_s"), "mfu": e.get("mfu"), "train_peak": p["train_peak"],
+          "calibration": (e.get("calibration") or {}).get("source")}
+
+
+def _gib(n) -> str:
+  return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def table(rows: list[dict], plans: dict) -> str:
+  lines = ["| date | commit | setting | step time | tokens/s | MFU | peak memory (device) | "
+           "step memory (compiler) | plan: step | plan: peak |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    if r.get("code") != 0 or "step_time_s" not in r:
+      continue
+    plan = plans.get(r["setting"], {})
+    step = plan.get("step_s")
+    err = f" ({step / r['step_time_s'] - 1:+.0%})" if step else ""
+    compiled = (r.get("compiled_step") or {}).get("total_bytes")
+    lines.append(f"| {r['date']} | {r['commit']} | {r['setting']} | {r['step_time_s']:.4g} s | "
+                 f"{r['tokens_per_sec']:,.0f} | {r['mfu']:.3f} | "
+                 f"{_gib(r.get('memory_peak_bytes'))} | {_gib(compiled)} | "
+                 + (f"{step:.4g} s{err}" if step else "-") + f" | {_gib(plan.get('train_peak'))} |")
+  return "\n".join(lines)
+
+
+def write(argv: list[str]) -> int:
+  """Appends the rows of the given chip.jsonl files to HISTORY, plans the settings that lack a
+  plan (`--plan`), and rewrites BENCHMARKS.md's chip section from both."""
+  p = argparse.ArgumentParser(prog="python -m benchmarks.chip write")
+  p.add_argument("files", nargs="*", help="chip.jsonl files brought back from the chip")
+  p.add_argument("--plan", action="store_true", help="plan the settings without a plan")
+  args = p.parse_args(argv)
+  with open(HISTORY, "a", encoding="utf-8") as f:
+    for path in args.files:
+      for line in pathlib.Path(path).read_text().splitlines():
+        row = json.loads(line)
+        f.write(json.dumps({k: row[k] for k in _KEEP if k in row}) + "\n")
+  rows = [json.loads(line) for line in HISTORY.read_text().splitlines()] if HISTORY.exists() else []
+  plans = json.loads(PLANS.read_text()) if PLANS.exists() else {}
+  if args.plan:
+    for name in sorted({r["setting"] for r in rows} - set(plans)):
+      if name in SETTINGS:
+        plans[name] = plan_setting(name)
+        PLANS.write_text(json.dumps(plans, indent=1) + "\n")
+  text = BENCHMARKS.read_text()
+  section = (f"{BEGIN}\n## On the chip (one TPU v5e, the `device` tool)\n\n"
+             f"Measured by `bash .chip/on_chip.sh python3 -m benchmarks.chip run --out=$OUT "
+             f"SETTING...` (benchmarks/chip.py: the settings trained through axtrain's CLI, "
+             f"medians of the logged steps), written here by `python -m benchmarks.chip write "
+             f"chip.jsonl --plan` with what `axtrain plan --mesh=tpu-v5e-1` estimated for the "
+             f"same setting (planner/calibration.py). Settings:\n\n"
+             + "\n".join(f"- `{n}`: `axtrain --config={c} {' '.join(o)}`"
+                          for n, (c, o) in SETTINGS.items()) + "\n\n" + table(rows, plans)
+             + f"\n{END}")
+  if BEGIN in text:
+    text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+  else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+  BENCHMARKS.write_text(text)
+  return 0
+
+
 COMPARE_STEPS, COMPARE_ROUNDS = 20, 5
-COMPARE_SETTINGS = ("125m-b4-splash",)
+COMPARE_SETTINGS = ("125m-b4",)
 # Plain JAX variants timed by default; the ratio is taken against the fastest.
 COMPARE_PLAIN = ("unrolled", "unrolled+fused", "unrolled+permute", "unrolled+fused+permute")
 
@@ -232,10 +353,12 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["run"]:
     return run(argv[1:])
+  if argv[:1] == ["write"]:
+    return write(argv[1:])
   if argv[:1] == ["compare"]:
     return compare_run(argv[1:])
-  raise SystemExit("usage: python -m benchmarks.chip run --out=DIR [--profile] [SETTING ...]\n"
-                   "       python -m benchmarks.chip compare --out=DIR [--plain=VARIANTS] "
+  raise SystemExit("usage: python -m benchmarks.chip run --out=DIR [--profile] [SETTING ...] | "
+                   "write FILE.jsonl... [--plan] | compare --out=DIR [--plain=VARIANTS] "
                    "[SETTING ...]")
 
 

@@ -264,12 +264,19 @@ def chip_experiment(config: str, overrides: tuple[str, ...], *, steps: int) -> E
 
 
 def row(sides: dict[str, Side], exp: Experiment, variants: dict[str, plain_jax.Options]) -> dict:
-  """The figures of `measure` as one JSON-ready record: per side the per-round step seconds,
-  median tokens/s, time to first step and loss at step K; ratio = axtrain's tokens/s over the
-  fastest plain variant's (>= 1: axtrain is at least as fast)."""
+  """The figures of `measure` as one JSON-ready record: what axtrain's run computes with (its
+  recipe's rules applied); per side the per-round step seconds, median tokens/s, time to first
+  step and loss at step K; ratio = axtrain's tokens/s over the fastest plain variant's (>= 1:
+  axtrain is at least as fast)."""
   tokens = exp.source.batch_size * exp.source.seq_len
+  m, t = exp.run.model, exp.run.trainer
   out = {"tokens_per_step": tokens, "params": exp.num_params,
-         "flops_per_step": model_flops_per_step(exp), "sides": {}}
+         "flops_per_step": model_flops_per_step(exp), "sides": {},
+         "axtrain_config": {"scan_layers": m.scan_layers, "remat": m.remat,
+                            "attention": m.block.attention.implementation,
+                            "grad_accum_steps": t.grad_accum_steps,
+                            "loss_chunk_size": t.loss_chunk_size,
+                            "compute_dtype": jax.numpy.dtype(exp.compute_dtype).name}}
   for name, side in sides.items():
     out["sides"][name] = {
         "step_s": side.step_s, "median_step_s": side.median_s,

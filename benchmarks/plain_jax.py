@@ -12,7 +12,7 @@ called directly (jax.experimental.pallas.ops.tpu) with the same blocks as its `s
 Pallas interpret mode off TPU (slow: for tests).
 
 The math is axtrain's (benchmarks/compare.py and tests/test_plain_jax.py check that the losses
-agree): parameters cast to the compute dtype once per (micro)batch, norms and the softmax in
+agree): parameters cast to the compute dtype once a step, norms and the softmax in
 float32, the sum of token cross-entropies over the weights' sum; AdamW as trainer.optimizer
 builds it: global-norm clip, b1, b2, eps, decoupled weight decay on weights only (decided by
 logical axes, as below), a linear warm-up then cosine decay. `Options` holds how it computes:
@@ -319,7 +319,8 @@ def chunked_cross_entropy_sum(x, head, targets, weights, s: Shape, chunk: int):
 
 
 def loss_sums(params, batch, s: Shape, o: Options):
-  """(sum of weighted token losses, (that sum, sum of weights)) of one (micro)batch."""
+  """(sum of weighted token losses, (that sum, sum of weights)) of one (micro)batch; the
+  parameters cast to the compute dtype (nothing to do where grads_and_sums did that)."""
   dtype = jnp.dtype(o.compute_dtype)
   params = jax.tree.map(lambda p: p.astype(dtype), params)
   x = hidden(params, batch, s, o)
@@ -334,21 +335,28 @@ def loss_sums(params, batch, s: Shape, o: Options):
 
 def grads_and_sums(params, batch, s: Shape, o: Options):
   """(gradient of the loss sum, (loss sum, weight sum)) over the batch, in `o.grad_accum`
-  microbatches (rows i, i + n, ...) whose sums a scan adds up."""
+  microbatches (rows i, i + n, ...) whose sums a scan adds up. The gradients are taken with
+  respect to the compute-dtype copy of the parameters, made once a step, and summed in the
+  parameters' dtype (the values the cast's transpose gives, without a float32 gradient per
+  microbatch beside the accumulator)."""
+  dtype = jnp.dtype(o.compute_dtype)
+  compute = jax.tree.map(lambda p: p.astype(dtype), params)
   grad = jax.grad(functools.partial(loss_sums, s=s, o=o), has_aux=True)
   n = o.grad_accum
   if n == 1:
-    return grad(params, batch)
-  micro = jax.tree.map(lambda a: a.reshape(a.shape[0] // n, n, *a.shape[1:]).swapaxes(0, 1),
-                       batch)
+    grads, sums = grad(compute, batch)
+  else:
+    micro = jax.tree.map(lambda a: a.reshape(a.shape[0] // n, n, *a.shape[1:]).swapaxes(0, 1),
+                         batch)
 
-  def body(acc, mb):
-    return jax.tree.map(jnp.add, acc, grad(params, mb)), None
+    def body(acc, mb):
+      g, sums = grad(compute, mb)
+      return (jax.tree.map(lambda a, x: a + x.astype(a.dtype), acc[0], g),
+              jax.tree.map(jnp.add, acc[1], sums)), None
 
-  first = jax.tree.map(lambda a: a[0], micro)
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                       jax.eval_shape(grad, params, first))
-  return jax.lax.scan(body, zeros, micro)[0]
+    zeros = (jax.tree.map(jnp.zeros_like, params), (jnp.float32(0), jnp.float32(0)))
+    (grads, sums), _ = jax.lax.scan(body, zeros, micro)
+  return jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), sums
 
 
 def learning_rate(step, h: Hyper):

@@ -28,7 +28,8 @@ class Recipe:
   remat: str = "none"  # model.remat: what the backward pass recomputes
   state_dtype: str = "float32"  # optimizer.state_dtype
   # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md),
-  # matched by entry name or by hardware facts (_GPU_HOST: any such host, a new one too)
+  # matched by hardware facts (trainer/meshes.py:MATCH_FACTS), so a new entry of the same
+  # hardware takes them with no edit here
   mesh_rules: tuple = ()
 
 
@@ -46,40 +47,64 @@ def _fit(chunk: int, **changes) -> dict:
   return {"model.remat": _FULL, "trainer.loss_chunk_size": chunk, **changes}
 
 
+def _rows(n: int) -> dict:
+  """Each device computes `n` rows of a train or eval batch at a time (the accumulation follows
+  from the device count: trainer.microbatch_rows, eval.microbatch_rows)."""
+  return {"trainer.microbatch_rows": n, "eval.microbatch_rows": n}
+
+
+# A TPU chip of 16 GiB (v5e, and any later entry of that size) ...
+_TPU_16GB = {"platform": "tpu", "max_hbm_gb": 20}
+# ... and one alone: the whole model, its gradients and optimizer state on it.
+_ONE_TPU_16GB = {**_TPU_16GB, "num_devices": 1}
+# What trains fastest on a TPU chip (measured on one v5e, benchmarks/chip.py): the Pallas splash
+# kernel, layers unrolled (a scanned stack spends ~10% of 125m's step stacking and slicing
+# per-layer buffers).
+_TPU_FAST = {"model.block.attention.implementation": "splash", "model.scan_layers": False}
+
+
 # 125m: GPT-3 Small's 0.5M-token batches and peak rate (Brown et al. 2020, Table 2.1).
 # 1b, 3b: LLaMA-3.2's 2k pre-training context at our 1b rate; 7b: LLaMA-2's 4k context;
 # 8b, 70b: LLaMA-3's 8k context, 70b at half the rate with bfloat16 optimizer state.
 RECIPES: dict[str, Recipe] = {
-    "125m": Recipe(batch_size=256, seq_len=2048, learning_rate=6e-4, warmup_steps=700),
+    "125m": Recipe(batch_size=256, seq_len=2048, learning_rate=6e-4, warmup_steps=700,
+                   mesh_rules=(
+        # 4 sequences per chip at a time, nothing recomputed: 9.8 GiB on one v5e chip.
+        (_TPU_16GB, {**_rows(4), **_TPU_FAST}),
+    )),
     "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000, mesh_rules=(
-        (r"tpu-v5e-16", _fit(256, **{"trainer.grad_accum_steps": 4})),
-        (r"tpu-v5p-128", _fit(256)),
+        # One 16 GiB chip holds float32 parameters and the float32 gradient accumulator (9.2
+        # GiB) but not AdamW's two moments beside them (4.6 GiB more even in bfloat16): Adafactor
+        # (factored second moments, no first moment; T5 / PaLM) is the one change of the
+        # recipe's math here.
+        (_ONE_TPU_16GB, {"optimizer.kind": "adafactor", **_fit(256, **_rows(4)), **_TPU_FAST}),
+        ({"platform": "tpu"}, _fit(256, **_rows(4))),
         (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
-        (r"neuron-trn1-32", _fit(256, **{"trainer.grad_accum_steps": 4})),
+        ({"platform": "neuron", "devices_per_host": 32}, _fit(256, **_rows(2))),
     )),
     "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,
                  remat="dots_with_no_batch_dims_saveable"),
     "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable", mesh_rules=(
-        (r"tpu-v5p-128|tpu-v6e-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        ({"platform": "tpu", "min_num_devices": 64}, _fit(1024, **_rows(1))),
         # Two H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
         # (docs/plan.md): data parallel across the hosts, FSDP over 4 and tensor parallel over
         # 2 inside each; matmul outputs kept (little recompute), 8 microbatches.
         (_gpu_hosts(2), {"mesh.data": 2, "mesh.fsdp": 4, "mesh.model": 2,
                          "model.remat": "dots_with_no_batch_dims_saveable",
                          "trainer.grad_accum_steps": 8, "trainer.loss_chunk_size": 1024}),
-        (r"neuron-trn2-64", _fit(1024, **{"trainer.grad_accum_steps": 4})),
+        ({"platform": "neuron", "devices_per_host": 64, "num_hosts": 1},
+         _fit(1024, **_rows(1))),
     )),
     "8b": Recipe(batch_size=256, seq_len=8192, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable"),
     "70b": Recipe(batch_size=1024, seq_len=8192, learning_rate=1.5e-4, warmup_steps=2000,
                   remat="full", state_dtype="bfloat16", mesh_rules=(
-        # FSDP over every host, tensor parallel (model=8) within one, one or two sequences per
-        # device per microbatch; cross-entropy over 512-position chunks.
-        (r"tpu-v5p-512", {"mesh.data": 1, "mesh.fsdp": 32, "mesh.model": 8,
-                          "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 512}),
-        (r"tpu-v5p-1024", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
-                           "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
+        # FSDP over every host, tensor parallel (model=8) within one, one sequence per device
+        # at a time; cross-entropy over 512-position chunks.
+        ({"platform": "tpu", "min_num_devices": 256},
+         {"mesh.data": 1, "mesh.fsdp": -1, "mesh.model": 8, **_rows(1),
+          "trainer.loss_chunk_size": 512}),
         # 16 H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
         # (docs/plan.md): tensor parallel over 4 GPUs of a host, FSDP over 32 across the
         # hosts, 16 microbatches of 2 sequences per fsdp group; q/k/v and attention outputs
@@ -88,8 +113,9 @@ RECIPES: dict[str, Recipe] = {
         (_gpu_hosts(16), {"mesh.data": 1, "mesh.fsdp": 32, "mesh.model": 4,
                           "model.remat": "save_attn_out", "trainer.grad_accum_steps": 16,
                           "trainer.loss_chunk_size": 512}),
-        (r"neuron-trn2-64x8", {"mesh.data": 1, "mesh.fsdp": 64, "mesh.model": 8,
-                               "trainer.grad_accum_steps": 16, "trainer.loss_chunk_size": 512}),
+        ({"platform": "neuron", "min_num_devices": 512},
+         {"mesh.data": 1, "mesh.fsdp": -1, "mesh.model": 8, **_rows(1),
+          "trainer.loss_chunk_size": 512}),
     )),
 }
 DEMO_SIZES = ("test", "tiny")  # byte vocabulary: configs/tiny.py's recipe

@@ -62,14 +62,17 @@ def suggest(name: str, choices) -> str:
   return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def child(registry: str, default: Any = REQUIRED, *, kind: str | None = None) -> Any:
+def child(registry: str, default: Any = REQUIRED, *, kind: str | None = None,
+          how: str = "") -> Any:
   """Declares a config field that holds a child node of `registry`.
 
   `kind`: the child's default kind; `node()` then fills the field with that kind's node.
   `default=None`: an optional child, off unless a config turns it on (`--config.<path>.kind=K`)
-  and switched off again with `--config.<path>=None`.
+  and switched off again with `--config.<path>=None`. `how`: how to set a required child,
+  for the message when it is None (a kind switch carries None from an optional child).
   """
-  kwargs: dict[str, Any] = {"metadata": {_REGISTRY_KEY: registry, _DEFAULT_KIND_KEY: kind}}
+  kwargs: dict[str, Any] = {"metadata": {_REGISTRY_KEY: registry, _DEFAULT_KIND_KEY: kind,
+                                         _HOW_KEY: how}}
   if default is not REQUIRED:
     kwargs["default"] = default
   return dataclasses.field(**kwargs)

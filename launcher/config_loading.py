@@ -262,8 +262,8 @@ def _off_parent(config: ml_collections.ConfigDict, path: str) -> str | None:
       node = paths.get_path(config, prefix)
     except ConfigError:
       return None
-    field = field_at(config, prefix)
-    if node is None and field is not None and optional_child(field):
+    field = field_at(config, prefix)  # an optional child, or one a kind switch carried as None
+    if node is None and field is not None and child_registry(field) is not None:
       kinds = ", ".join(child_registry(field).kinds())
       return (f"'{prefix}' is off (None); turn it on first with --config.{prefix}.kind=KIND "
               f"({kinds}), then set its fields")

@@ -1,23 +1,34 @@
 """`axtrain convert`: Hugging Face <-> axtrain run directory.
 
     axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes]
+                    [--scan_layers=true|false]
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
-index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a run directory:
-config.json (the resolved run config), config.py (whose get_config() returns
-that config, so `axtrain --config=RUN_DIR/config.py --output_dir=RUN_DIR`
-continues training from the converted weights), run.json, hf_config.json (the
-source's config, reused by --to_hf) and a step-0 checkpoint. Training in
-RUN_DIR keeps config.py, hf_config.json and checkpoints/0, --overwrite included.
-config.py's docstring gives the command that trains on a corpus, with the model's
-tokenizer: --tokenizer (a tokenizer.json, a SentencePiece .model or `bytes`, checked
-against the model's vocabulary), else HF_DIR/tokenizer.json, else UTF-8 bytes for a
-256-id model; for any other model a note asks for it, since no other vocabulary is the
-bytes tokenizer's. --to_hf writes config.json + model.safetensors from the
-latest checkpoint of a run directory. The vocabulary rows that pad the embedding and
-LM head to model.vocab_multiple are added (zeros) on import and dropped on export.
-Output goes to a temporary directory that is renamed into place at the end, so a
+index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a
+run directory: config.json (the resolved run config), config.py (whose
+get_config() returns that config, so `axtrain --config=RUN_DIR/config.py
+--output_dir=RUN_DIR` continues training from the converted weights), run.json,
+hf_config.json (the source's config, reused by --to_hf) and a step-0 checkpoint,
+its layers scanned (one stacked `layers` tree; --scan_layers=false or
+--no_scan_layers: unrolled layers_0, layers_1, ..., as model.scan_layers says).
+Training in RUN_DIR keeps config.py, hf_config.json and checkpoints/0,
+--overwrite included.
+
+The config names the model's tokenizer as data.tokenizer: --tokenizer (a
+tokenizer.json, a SentencePiece .model or `bytes`, checked against the model's
+vocabulary; a file by its absolute path), else HF_DIR/tokenizer.json (if it
+loads and its ids fit), else UTF-8 bytes for a 256-id model. A switch from its synthetic data to any text kind
+(--config.data.kind=jsonl, ...) keeps it, and `axtrain generate` encodes prompts
+with it. For any other model it names none, since no other vocabulary is the
+bytes tokenizer's: a note says so, and a text kind or generate then refuses,
+naming the fix. config.py's docstring says which tokenizer it holds and gives
+the command that trains on a corpus.
+
+--to_hf writes config.json + model.safetensors from the latest checkpoint of a
+run directory. The vocabulary rows that pad the embedding and LM head to
+model.vocab_multiple are added (zeros) on import and dropped on export. Output
+goes to a temporary directory that is renamed into place at the end, so a
 mistake writes nothing.
 """
 
@@ -30,6 +41,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 
@@ -37,9 +49,10 @@ from launcher.errors import ConfigError, UserError, suggest
 from trainer.data.tokenizers import BytesTokenizer
 from trainer.run_files import Manifest
 
-USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] | "
-         "axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--no_scan_layers]")
+USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
+         "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR")
 _FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers")
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
@@ -47,9 +60,10 @@ CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
 
 trains the converted model on synthetic data: {max_steps} steps of {batch_size} x {seq_len}
 uniformly random tokens (data.kind=synthetic), which shows that it trains, not what it learns.
-On your corpus, with {tokenizer_text} (docs/data.md), the same command becomes:
+{tokenizer_text}
+On your corpus (docs/data.md) the same command becomes:
 
-    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl {tokenizer_flags}
+    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl{tokenizer_flags}
 
 Add --config.trainer.max_steps=20 for a short try. The config is held here, not read from
 config.json (which records the run's current config), so that training with other settings
@@ -70,49 +84,83 @@ def get_config(arg=None):
   return ml_collections.ConfigDict(json.loads(CONFIG))
 '''
 
+# What a text kind needs when the converted config names no tokenizer.
+_UNKNOWN_FLAGS = {"kind": "huggingface", "path": "PATH/TO/tokenizer.json"}
+
 
 @dataclasses.dataclass(frozen=True)
 class _Tokenizer:
-  """The tokenizer that config.py's corpus command names: `text` for its docstring, `flags`
-  for the command, and `note`, one line for stderr when none could be chosen."""
-  text: str
-  flags: str
+  """The converted model's tokenizer: `node`, the data.tokenizer node that config.py holds
+  (None: none known), `what` it is for config.py's docstring, and `note`, one line for stderr
+  when none is known."""
+  node: dict | None
+  what: str
   note: str | None = None
 
+  def text(self) -> str:
+    """config.py's paragraph on its tokenizer."""
+    if self.node is None:
+      text = (f"It names no tokenizer: {self.what}, so a text kind needs the model's own "
+              f"named on the command line (or convert again with --tokenizer=PATH).")
+    else:
+      text = (f"Its tokenizer (data.tokenizer) is {self.what}: a switch to a text kind (jsonl, "
+              f"text, parquet, ...) keeps it, and `axtrain generate` encodes prompts with it.")
+    return textwrap.fill(text, width=94, break_long_words=False, break_on_hyphens=False)
 
-def _flags(node: dict) -> str:
-  return " ".join(f"--config.data.tokenizer.{k}={v}" for k, v in node.items())
+  def flags(self) -> str:
+    """The corpus command's tokenizer flags: none when config.py names the tokenizer."""
+    if self.node is not None:
+      return ""
+    return "".join(f" --config.data.tokenizer.{k}={v}" for k, v in _UNKNOWN_FLAGS.items())
 
 
 def _tokenizer(source: pathlib.Path, vocab_size: int, named: str | None) -> _Tokenizer:
-  """What the corpus command reads text with: --tokenizer, else the folder's own
-  tokenizer.json, else bytes for a model of the bytes tokenizer's vocabulary (what
-  `convert --to_hf` of a bytes-tokenizer run writes), else none: the note asks for it, as the
-  bytes tokenizer cannot serve any other vocabulary (ids past the model's, or ids it never
-  learned)."""
+  """The converted run's tokenizer: --tokenizer, else the folder's own tokenizer.json (if it
+  loads and its ids fit the model's), else bytes for a model of the bytes tokenizer's
+  vocabulary (what `convert --to_hf` of a bytes-tokenizer run writes), else none: the note asks
+  for it, as the bytes tokenizer cannot serve any other vocabulary (ids past the model's, or
+  ids it never learned)."""
   if named is not None:
     node = _named(named, vocab_size)
-    what = "UTF-8 bytes" if node["kind"] == BytesTokenizer.name else f"the tokenizer {named}"
-    return _Tokenizer(f"{what} (convert --tokenizer={named})", _flags(node))
-  if (source / "tokenizer.json").is_file():
-    return _Tokenizer("the model's own tokenizer", _flags(
-        {"kind": "huggingface", "path": f"{source}/tokenizer.json"}))
-  if vocab_size == BytesTokenizer.vocab_size:
-    return _Tokenizer(f"UTF-8 bytes ({vocab_size} ids, as the model's vocabulary; the folder has"
-                      " no tokenizer.json)", _flags({"kind": BytesTokenizer.name}))
-  return _Tokenizer(
-      f"the model's tokenizer ({source} has no tokenizer.json: name the one the model was "
-      "trained with)", _flags({"kind": "huggingface", "path": "PATH/TO/tokenizer.json"}),
-      note=f"axtrain: note: {source} has no tokenizer.json and the model's {vocab_size} ids are "
-           f"not the {BytesTokenizer.name} tokenizer's {BytesTokenizer.vocab_size}: no tokenizer "
-           f"chosen; to train on text, convert again with --tokenizer=PATH/TO/tokenizer.json "
-           f"(the model's own)")
+    what = "UTF-8 bytes" if node["kind"] == BytesTokenizer.name else node["path"]
+    return _Tokenizer(node, f"{what} (convert --tokenizer={named})")
+  own = source / "tokenizer.json"
+  if own.is_file():
+    node = {"kind": "huggingface", "path": str(own.absolute())}
+    try:
+      problem = _unfit(node, vocab_size)
+    except ConfigError as e:
+      problem = f"does not load ({' '.join(str(e).split())})"
+    if problem is None:
+      return _Tokenizer(node, f"the model's own, {node['path']}")
+    why = f"{own} {problem}"
+  elif vocab_size == BytesTokenizer.vocab_size:
+    return _Tokenizer({"kind": BytesTokenizer.name},
+                      f"UTF-8 bytes, whose {vocab_size} ids are the model's vocabulary ({source} "
+                      f"has no tokenizer.json)")
+  else:
+    why = (f"{source} has no tokenizer.json and the model's {vocab_size} ids are not the "
+           f"{BytesTokenizer.name} tokenizer's {BytesTokenizer.vocab_size}")
+  return _Tokenizer(None, why, note=f"axtrain: note: {why}: no tokenizer chosen; to train on "
+                                    f"text or generate, convert again with "
+                                    f"--tokenizer=PATH/TO/tokenizer.json (the model's own)")
+
+
+def _unfit(node: dict, vocab_size: int) -> str | None:
+  """Why tokenizer `node` cannot serve a model of `vocab_size` ids (it has more ids), else
+  None; ConfigError when it does not load. Loaded without BOS/EOS: one whose EOS is not found
+  is still the model's (training says to set data.tokenizer.add_eos=False)."""
+  from trainer.data import tokenizers  # pylint: disable=import-outside-toplevel
+  tok = tokenizers.build(**node, add_eos=False)
+  if tok.vocab_size > vocab_size:
+    return f"has {tok.vocab_size} ids but the model's vocabulary has {vocab_size}"
+  return None
 
 
 def _named(value: str, vocab_size: int) -> dict:
   """The tokenizer node of --tokenizer=VALUE (a tokenizer.json, a SentencePiece .model or
-  `bytes`), loaded to check that it is one and that its ids fit the model's vocabulary."""
-  from trainer.data import tokenizers  # pylint: disable=import-outside-toplevel
+  `bytes`; a file by its absolute path, so that the run finds it from any directory), loaded
+  to check that it is one and that its ids fit the model's vocabulary."""
   if value == BytesTokenizer.name:
     node = {"kind": BytesTokenizer.name}
   elif not pathlib.Path(value).is_file():
@@ -120,14 +168,14 @@ def _named(value: str, vocab_size: int) -> dict:
                     f"tokenizer.json (or SentencePiece .model), or {BytesTokenizer.name}")
   else:
     node = {"kind": "huggingface" if value.endswith(".json") else "sentencepiece",
-            "path": value}
+            "path": str(pathlib.Path(value).absolute())}
   try:
-    tok = tokenizers.build(**node)
+    problem = _unfit(node, vocab_size)
   except ConfigError as e:
     raise UserError(f"convert: --tokenizer={value}: {' '.join(str(e).split())}") from None
-  if tok.vocab_size > vocab_size:
-    raise UserError(f"convert: --tokenizer={value} has {tok.vocab_size} ids but the model's "
-                    f"vocabulary has {vocab_size}; name the tokenizer the model was trained with")
+  if problem is not None:
+    raise UserError(f"convert: --tokenizer={value} {problem}; name the tokenizer the model was "
+                    f"trained with")
   return node
 
 
@@ -137,14 +185,14 @@ def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path,
   quote = "'" * 3
   literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
   return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal,
-                          tokenizer_text=tokenizer.text, tokenizer_flags=tokenizer.flags,
+                          tokenizer_text=tokenizer.text(), tokenizer_flags=tokenizer.flags(),
                           max_steps=resolved["trainer"]["max_steps"],
                           batch_size=resolved["data"]["batch_size"],
                           seq_len=resolved["data"]["seq_len"])
 
 
 def parse_args(argv: list[str]) -> dict:
-  out: dict = {"scan_layers": True}
+  out: dict = {}
   for arg in argv[1:]:
     if arg in ("-h", "--help"):
       sys.stdout.write(__doc__.strip() + "\n")
@@ -153,17 +201,34 @@ def parse_args(argv: list[str]) -> dict:
     if not arg.startswith("--") or name not in _FLAGS:
       raise UserError(f"convert: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
     if name in ("scan_layers", "no_scan_layers"):
-      out["scan_layers"] = name == "scan_layers"
+      out["scan_layers"] = _scan_layers(name, sep, value)
     elif not sep or not value:
       raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
     else:
       out[name] = os.path.expanduser(value)  # `--output_dir=~/x`: the shell leaves ~ alone
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
-  if "tokenizer" in out and "to_hf" in out:
-    raise UserError(f"convert: --tokenizer goes with --from_hf (the tokenizer the model was "
-                    f"trained with); {USAGE}")
+  for name, what in (("tokenizer", "the tokenizer the model was trained with"),
+                     ("scan_layers", "the layer layout to write; --to_hf reads either")):
+    if name in out and "to_hf" in out:
+      raise UserError(f"convert: --{name} goes with --from_hf ({what}); {USAGE}")
+  out.setdefault("scan_layers", True)
   return out
+
+
+def _scan_layers(name: str, sep: str, value: str) -> bool:
+  """--scan_layers[=true|false] or --no_scan_layers: whether the converted layers are scanned
+  (stacked on a leading axis) or unrolled."""
+  if name == "no_scan_layers":
+    if sep:
+      raise UserError(f"convert: --no_scan_layers takes no value (or --scan_layers=false); "
+                      f"{USAGE}")
+    return False
+  if not sep:
+    return True
+  if value.lower() not in _BOOLS:
+    raise UserError(f"convert: --scan_layers={value}: expected true or false; {USAGE}")
+  return _BOOLS[value.lower()]
 
 
 def main(argv: list[str]) -> int:
@@ -404,13 +469,16 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   from configs.base import lm_config  # pylint: disable=import-outside-toplevel
+  from core.registry import registry  # pylint: disable=import-outside-toplevel
   from launcher import run_dir as run_dir_lib  # pylint: disable=import-outside-toplevel
   from trainer.step import TrainState  # pylint: disable=import-outside-toplevel
   max_length = hf_cfg.get("max_position_embeddings", hf_cfg.get("n_positions", 2048))
   cfg = lm_config(node, max_steps=1000, learning_rate=1e-5, batch_size=8,
                   seq_len=min(1024, max_length), warmup_steps=100, data_kind="synthetic")
-  resolved = json.loads(cfg.to_json_best_effort())
   chosen = _tokenizer(hf_dir, node.vocab_size, tokenizer)
+  if chosen.node is not None:  # kept by a switch to any text kind; read by `axtrain generate`
+    cfg.data.tokenizer = registry("tokenizer").node(**chosen.node)
+  resolved = json.loads(cfg.to_json_best_effort())
   exp = experiment_of(resolved)
   abstract = abstract_params(exp)
 
@@ -440,6 +508,16 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
     print(chosen.note, file=sys.stderr)
 
 
+def on_one_device(cfg: dict) -> dict:
+  """A run's config with its mesh axes unset, for reading its parameters in one process on one
+  device: the axes it trained with (context=4, expert=4, ...) would ask for that many devices,
+  and the checkpoint is re-laid out onto this one while it is read (trainer/checkpoint.py)."""
+  mesh = cfg.get("mesh")
+  if not isinstance(mesh, dict):
+    return cfg
+  return {**cfg, "mesh": {k: (v if k == "rules" else None) for k, v in mesh.items()}}
+
+
 _NUMPY_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
@@ -454,7 +532,7 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
-  exp = experiment_of(cfg)
+  exp = experiment_of(on_one_device(cfg))
   run, abstract = exp.run, abstract_params(exp)
   family = family_of_model(run.model)
   hf_cfg = family.hf_config(run.model)

@@ -237,6 +237,23 @@ def _check_counts(num_processes: int | None, process_id: int | None) -> None:
                     f"(0 to {num_processes - 1})")
 
 
+class PeerLost(Exception):
+  """Another process of the run ended (the JAX runtime failed a collective with it); the
+  failure is recorded and said in one line. Handled by `exit_alone`."""
+
+
+def exit_alone(code: int) -> None:
+  """Ends this process now with `code`, skipping jax.distributed's exit handler.
+
+  That handler (jax.distributed.shutdown, registered with atexit) waits at a barrier for every
+  process, the dead one too, until JAX's heartbeat timeout (100 s), then jaxlib aborts with a
+  C++ "Check failure stack trace" (SIGABRT). There is nothing left to shut down in order once a
+  peer is gone; the run's files are written (run.json, the checkpoints committed)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
 class AgreedStop(Callback):
   """The loop's stop request in a multi-process run: true on every process after the same step.
 

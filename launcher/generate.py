@@ -5,11 +5,13 @@
 
 Loads the latest (or --step's) checkpoint of a training run or of an
 `axtrain convert --from_hf` output, encodes each prompt with the run's
-tokenizer, samples (trainer/generate.py: KV-cache prefill, then one jitted
-loop) and prints each continuation, one per prompt; --json prints one object
-per prompt instead. Sampling: --temperature=0 is greedy; --top_k=0 and
---top_p=1 turn those filters off. A row stops at the tokenizer's EOS id or after
---max_new_tokens (cut to what fits in the model's maximum length).
+tokenizer (its config's data.tokenizer; a run that names none reads UTF-8 bytes
+if its model has 256 ids, and is refused otherwise), samples
+(trainer/generate.py: KV-cache prefill, then one jitted loop) and prints each
+continuation, one per prompt; --json prints one object per prompt instead.
+Sampling: --temperature=0 is greedy; --top_k=0 and --top_p=1 turn those filters
+off. A row stops at the tokenizer's EOS id or after --max_new_tokens (cut to
+what fits in the model's maximum length).
 """
 
 from __future__ import annotations
@@ -88,21 +90,40 @@ def read_run_config(run_dir: pathlib.Path) -> dict:
   return json.loads((run_dir / "config.json").read_text())
 
 
-def run_tokenizer(cfg: dict):
+def run_tokenizer(cfg: dict, *, converted_from: str | None = None):
   """The tokenizer the run trained with, for prompts: its BOS if it added one, never EOS.
 
-  The data node's tokenizer (a mixture's: its first component's), the one an `axtrain
-  tokenize` directory recorded, or bytes where the run names none (synthetic data, a
-  converted Hugging Face model)."""
+  The data node's tokenizer (a mixture's: its first component's; synthetic data's: the one
+  it names, e.g. a converted model's), the one an `axtrain tokenize` directory recorded, or,
+  where the run names none, bytes for a 256-id model; any other model's ids are not bytes,
+  so that is refused, naming the fix (`converted_from`: the Hugging Face folder a converted
+  run came from, to convert again with its tokenizer)."""
   from trainer.data import tokenizers, tokens  # pylint: disable=import-outside-toplevel
   data = cfg["data"]
   node = data.get("tokenizer") or next(
       (src.get("tokenizer") for src in data.get("sources") or () if src.get("tokenizer")), None)
   if node is None and data.get("kind") == "tokens":
     node = tokens.read_tokens_meta(data["path"], what="data.path")["tokenizer"]
-  node = dict(node or {"kind": "bytes"})
+  if node is None:
+    node = {"kind": _bytes_for(cfg, converted_from=converted_from)}
   fields = {k: v for k, v in node.items() if k not in ("kind", "vocab_size", "add_eos")}
   return tokenizers.build(node["kind"], **fields, add_eos=False)
+
+
+def _bytes_for(cfg: dict, *, converted_from: str | None) -> str:
+  """'bytes' for a run that names no tokenizer and whose model has the bytes tokenizer's 256
+  ids; else a UserError: no other vocabulary is UTF-8 bytes."""
+  from trainer.data.tokenizers import BytesTokenizer  # pylint: disable=import-outside-toplevel
+  vocab = cfg["model"]["vocab_size"]
+  if vocab == BytesTokenizer.vocab_size:
+    return BytesTokenizer.name
+  fix = (f"convert it again with its tokenizer: axtrain convert --from_hf={converted_from} "
+         f"--tokenizer=PATH/TO/tokenizer.json --output_dir=NEW_RUN_DIR" if converted_from else
+         "train with one named: --config.data.tokenizer.kind=huggingface "
+         "--config.data.tokenizer.path=PATH/TO/tokenizer.json")
+  raise UserError(f"generate: the run names no tokenizer (data.kind={cfg['data'].get('kind')}) "
+                  f"and its model's {vocab} ids are not the {BytesTokenizer.name} tokenizer's "
+                  f"{BytesTokenizer.vocab_size}; {fix}")
 
 
 def max_length(run, run_dir: pathlib.Path) -> int:
@@ -144,9 +165,11 @@ def sample_run(run_dir: pathlib.Path, cfg: dict, prompts: list[str], options, *,
   from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
 
+  from launcher.run_dir import RunDir  # pylint: disable=import-outside-toplevel
+
   run = config_lib.parse(cfg)
   model = MODELS.build(run.model)
-  tok = run_tokenizer(cfg)
+  tok = run_tokenizer(cfg, converted_from=RunDir(run_dir).info().get("converted_from"))
   limit = max_length(run, run_dir)
   ids = encode_prompts(tok, prompts, limit=limit, vocab_size=run.model.vocab_size)
   options, note = fit_options(options, longest=max(len(x) for x in ids), limit=limit,

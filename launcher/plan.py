@@ -173,8 +173,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     return 0
   options = plan_lib.WINDOWED_EINSUM_OFF if (
       not fv.windowed_einsum and entry.hardware.platform == "tpu") else None
-  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval,
-                    with_ops=fv.ops, compiler_options=options)
+  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval, compiler_options=options)
   if fv.json:
     out = dict(plan_report.to_json(p), mesh_rule=rule)
     if fv.ops:

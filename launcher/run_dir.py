@@ -6,9 +6,14 @@ that axtrain can show it wrote (trainer/run_files.py: the run's manifest, Orbax'
 folders); a directory holding anything else is refused, naming what is in the way. A directory
 written by `axtrain convert` keeps what convert wrote (CONVERT_FILES and checkpoints/0).
 
-A stored config.json that lacks a field the config now has (axtrain gained it since) is the
-same run when the config holds that field's default. Raising trainer.max_steps alone extends a
-run: it continues from its last checkpoint (`prepare` returns 'extend').
+What makes two runs the same run is what their steps compute: every config field but the ones
+`relaid` names. Those say where and how the steps run (PLACEMENT: the mesh and its rules,
+rematerialisation, gradient accumulation over the same global batch, ...) or how the run is
+logged, watched and checkpointed (BOOKKEEPING); a run resumes with other values of them, on any
+mesh or device count, with a note. A stored config.json that lacks a field the config now has
+(axtrain gained it since) is the same run when the config holds that field's default. Raising
+trainer.max_steps alone extends a run: it continues from its last checkpoint (`prepare` returns
+'extend').
 """
 
 from __future__ import annotations
@@ -41,9 +46,33 @@ CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # and config.json records their defaults (a converted run's config.py must not inherit them).
 TRANSIENT = {"checkpoint": {"restore_step": 0}}
 EXTENDS = "trainer.max_steps"  # the one field whose raise extends a run rather than changing it
+# Where and how the steps are computed, not what they compute: the mesh's axes and rules (and
+# so every value a rule chooses), what the backward pass recomputes, how many microbatches the
+# global batch is accumulated over (a MoE layer's load-balancing loss is taken over each
+# microbatch's tokens: there its gradient moves a little, as another mesh's rounding moves the
+# sums), the loss's chunks, the pipeline's microbatches and the attention kernel.
+PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.grad_accum_steps",
+             "trainer.microbatch_rows", "eval.microbatch_rows", "trainer.loss_chunk_size",
+             "model.block.attention.implementation",
+             "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
+# How the run is logged, watched, profiled and checkpointed (checkpoint.restore_step included).
+BOOKKEEPING = ("trainer.log_every", "trainer.hang_timeout_s", "trainer.peak_flops",
+               "trainer.profile_steps", "trainer.wandb_project", "checkpoint.")
 _PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
                         "devpts", "configfs", "pstore", "bpf", "fusectl", "mqueue"})
 State = Literal["new", "overwrite", "completed", "incomplete", "extend"]
+
+
+def relaid(key: str) -> bool:
+  """Whether the flat config key is PLACEMENT or BOOKKEEPING: not part of what a run is."""
+  return any(key == p or (p.endswith(".") and key.startswith(p))
+             for p in PLACEMENT + BOOKKEEPING)
+
+
+def names_directory(key: str) -> bool:
+  """Whether an override of `key` names a run's default directory (launcher/run_names.py): not
+  when it leaves the run the same run (relaid) or only extends it (trainer.max_steps)."""
+  return key != EXTENDS and not relaid(key)
 
 
 def identity(resolved: dict) -> dict:
@@ -211,38 +240,21 @@ class RunDir:
   def prepare(self, resolved: dict, *, overwrite: bool) -> State:
     """Checks what is on disk; returns 'new', 'overwrite', 'completed', 'incomplete' or 'extend'.
 
-    Refuses (UserError) a directory that holds a different config, unless `overwrite`, and
-    one that holds files that are not a run's; `overwrite` only when every file it would
-    delete is axtrain's (run_files.py). A message suggests --overwrite only then. Writes nothing.
+    Refuses (UserError) a directory that holds a different run (its config differs in a field
+    that is not `relaid`), unless `overwrite`, and one that holds files that are not a run's;
+    `overwrite` only when every file it would delete is axtrain's (run_files.py). A message
+    suggests --overwrite only then. Writes nothing.
     """
     if not self.path.exists() or all(p.name in KEPT for p in self.path.iterdir()):
       return "new"
-    foreign = self.foreign()
-    if foreign:
-      raise UserError(folders.describe(self.path, foreign))
-    unproven = self.unproven()
-    existing = self.stored_config()
-    if unproven and (existing is None or {"config.json", "run.json"} & set(unproven)):
-      raise UserError(f"{self.path} holds files that axtrain did not write "
-                      f"({self._names(unproven)}); it is not an axtrain run directory, choose "
-                      f"another --output_dir")
+    existing, unproven = self._check_ours()
     if existing is None:
       if overwrite:
         return "overwrite"
       raise UserError(f"{self.config_json} is missing or not valid JSON; pass --overwrite to "
                       f"start this run over")
-    differ = differences(identity(existing), identity(resolved))
-    if differ and self.converted():
-      changed = [k for k in differ if k.startswith(("model.", "optimizer.kind",
-                                                     "optimizer.state_dtype"))]
-      if changed:
-        raise UserError(f"{self.path} holds a model converted from Hugging Face; this config "
-                        f"changes its {_keys(changed)}, which its weights cannot follow; train into"
-                        f" another --output_dir with --config.init.from_run={self.path}")
-    if overwrite and self.converted() and not (self.path / "checkpoints" / "0").is_dir():
-      raise UserError(f"{self.path}: the converted weights (checkpoints/0) were rotated out by "
-                      f"checkpoint.keep, so --overwrite would start from random weights; convert "
-                      f"again into a new --output_dir")
+    differ = [k for k in differences(identity(existing), identity(resolved)) if not relaid(k)]
+    self._check_converted(differ, overwrite=overwrite)
     if overwrite:
       if unproven:
         raise UserError(f"--overwrite deletes only the files axtrain wrote, and {self.path} also "
@@ -261,6 +273,44 @@ class RunDir:
             else "choose another --output_dir or pass --overwrite")
     what = reason or f"{_keys(differ)} differ"
     raise UserError(f"{self.path} holds a run with a different config ({what}); {hint}")
+
+  def _check_ours(self) -> tuple[dict | None, list[str]]:
+    """(the stored config, files axtrain cannot show it wrote); refuses a directory of others'."""
+    foreign = self.foreign()
+    if foreign:
+      raise UserError(folders.describe(self.path, foreign))
+    unproven = self.unproven()
+    existing = self.stored_config()
+    if unproven and (existing is None or {"config.json", "run.json"} & set(unproven)):
+      raise UserError(f"{self.path} holds files that axtrain did not write "
+                      f"({self._names(unproven)}); it is not an axtrain run directory, choose "
+                      f"another --output_dir")
+    return existing, unproven
+
+  def _check_converted(self, differ: list[str], *, overwrite: bool) -> None:
+    """Refuses what a directory of `axtrain convert --from_hf` cannot take: another model under
+    its weights, or --overwrite once its converted weights are gone."""
+    if not self.converted():
+      return
+    changed = [k for k in differ if k.startswith(("model.", "optimizer.kind",
+                                                   "optimizer.state_dtype"))]
+    if changed:
+      raise UserError(f"{self.path} holds a model converted from Hugging Face; this config "
+                      f"changes its {_keys(changed)}, which its weights cannot follow; train into"
+                      f" another --output_dir with --config.init.from_run={self.path}")
+    if overwrite and not (self.path / "checkpoints" / "0").is_dir():
+      raise UserError(f"{self.path}: the converted weights (checkpoints/0) were rotated out by "
+                      f"checkpoint.keep, so --overwrite would start from random weights; convert "
+                      f"again into a new --output_dir")
+
+  def relaid_changes(self, resolved: dict) -> list[str]:
+    """'key old -> new' for each `relaid` field whose value differs from the stored config's:
+    what a resumed run changes of where and how it runs (a note says so)."""
+    stored, now = identity(self.stored_config() or {}), identity(resolved)
+    old, new = flatten(stored), flatten(now)
+    show = lambda v: "unset" if v is None else json.dumps(v)  # pylint: disable=unnecessary-lambda-assignment
+    return [f"{k} {show(old.get(k))} -> {show(new.get(k))}"
+            for k in differences(stored, now) if relaid(k)]
 
   def clear(self) -> None:
     """Deletes this run's training outputs, only files axtrain wrote (prepare() refused a

@@ -256,25 +256,52 @@ def _pyplot():
   return plt
 
 
-def plot(runs: list[Run], keys: list[str], path: pathlib.Path, *, title: str = "") -> None:
-  """Train loss (lines) and eval loss (dashed, markers) against steps, one colour per run."""
+# Runs drawn in colour and named in the legend, best first (the table's order); the others
+# are drawn thin and gray under one legend entry, so the legend stays readable for any sweep.
+LEGEND_RUNS = 10
+_LABEL_CHARS = 60  # a longer label is cut with "..."
+_TITLE_CHARS = 70  # a longer title (many PATHs: a shell glob) becomes "axtrain runs: N runs"
+
+
+def _short(text: str, limit: int) -> str:
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def figure(runs: list[Run], keys: list[str], *, title: str = ""):
+  """The matplotlib figure of `plot`: train loss (lines) and eval loss (dashed, markers)
+  against steps; the first LEGEND_RUNS runs in colour and by name in a legend right of the
+  axes (a fixed place: matplotlib's search for a free spot inside is slow and warns about it
+  with many points), the rest gray."""
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+  fig, ax = plt.subplots(figsize=(11, 5), dpi=100, layout="constrained")
   for i, run in enumerate(runs):
-    color = f"C{i % 10}"
-    ax.plot([r["step"] for r in run.train], [r.get("loss") for r in run.train], color=color,
-            label=label(run, keys))
+    shown = i < LEGEND_RUNS
+    style = {"color": f"C{i}", "linewidth": 1.5} if shown else {
+        "color": "0.6", "linewidth": 0.8, "alpha": 0.7, "zorder": 1}
+    ax.plot([r["step"] for r in run.train], [r.get("loss") for r in run.train],
+            label=_short(label(run, keys), _LABEL_CHARS) if shown else None, **style)
     if run.evals:
       ax.plot([r["step"] for r in run.evals], [r.get("eval_loss") for r in run.evals],
-              color=color, linestyle="--", marker="o")
-  ax.plot([], [], color="gray", label="train loss (solid)")
-  ax.plot([], [], color="gray", linestyle="--", marker="o", label="eval loss (dashed)")
+              linestyle="--", marker="o", markersize=4 if shown else 2, **style)
+  if len(runs) > LEGEND_RUNS:
+    ax.plot([], [], color="0.6", linewidth=0.8,
+            label=f"{len(runs) - LEGEND_RUNS} more runs (gray; `axtrain runs` lists them)")
+  ax.plot([], [], color="black", label="train loss (solid)")
+  ax.plot([], [], color="black", linestyle="--", marker="o", markersize=4,
+          label="eval loss (dashed)")
   ax.set_xlabel("step")
   ax.set_ylabel("loss")
-  ax.set_title(title or "axtrain runs")
+  title = title or "axtrain runs"
+  ax.set_title(title if len(title) <= _TITLE_CHARS else f"axtrain runs: {len(runs)} runs")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
-  fig.tight_layout()
+  ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+  return fig
+
+
+def plot(runs: list[Run], keys: list[str], path: pathlib.Path, *, title: str = "") -> None:
+  """Writes `figure` to `path`, in the format of its suffix."""
+  plt = _pyplot()
+  fig = figure(runs, keys, title=title)
   fig.savefig(path, format=PLOT_FORMATS[pathlib.Path(path).suffix.lower()])
   plt.close(fig)
 

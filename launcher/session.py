@@ -23,7 +23,7 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
-from trainer import loop, meshes, schedules
+from trainer import flops, loop, meshes, schedules, sharding
 from planner import step_memory
 from trainer.progress import Progress
 
@@ -56,20 +56,17 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   platforms.check_backend()
   cfg: ml_collections.ConfigDict = fv["config"].value
   items = config_loading.overrides(argv)
+  if fv.print_config:
+    return _print_config(fv.mesh, cfg, items)
   entry = meshes.select(fv.mesh)
   rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
-  if not fv.print_config:  # --print_config may show another machine's resolved config
-    meshes.check_present(entry)
+  meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
-  note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
+  _schedule_note(run_cfg)
+  note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
   if note and jax.process_index() == 0:
     print(f"axtrain: note: {note}", file=sys.stderr)
-
-  if fv.print_config:
-    sys.stdout.write(flat.print_config_text(cfg, num_params=exp.num_params, mesh=entry.name,
-                                            axes=dict(exp.mesh.shape), rule=rule))
-    return 0
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
@@ -84,10 +81,52 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
              multi_process=multi_process, callbacks=tuple(callbacks))
-  if not main_process:
-    return _train(this)
-  with run_lock.RunLock(rd.path):
-    return _train(this)
+  try:
+    if not main_process:
+      return _train(this)
+    with run_lock.RunLock(rd.path):
+      return _train(this)
+  except distributed.PeerLost:
+    distributed.exit_alone(EXIT_FAILED)  # after the lock's release
+    raise  # not reached
+
+
+def kernel_note(model, *, platform: str) -> str | None:
+  """What to say when attention's kernel is not native to `platform`: splash is a Pallas TPU
+  kernel, which elsewhere runs in Pallas's interpret mode (right, but slow: for tests)."""
+  if platform == "tpu" or flops.find_field(model, "implementation") != "splash":
+    return None
+  return (f"attention.implementation=splash is a TPU kernel: on {platform} it runs in Pallas "
+          f"interpret mode (slow, for tests); xla or chunked attention is fast here")
+
+
+def _schedule_note(run_cfg) -> None:
+  note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
+  if note and jax.process_index() == 0:
+    print(f"axtrain: note: {note}", file=sys.stderr)
+
+
+def _print_config(mesh: str, cfg: ml_collections.ConfigDict, items) -> int:
+  """--print_config: the config resolved for `mesh` (on any machine: a named entry's rule and
+  axes need none of its devices), its parameter count and the rule that applied."""
+  entry = meshes.select(mesh) if mesh == "auto" else meshes.lookup(mesh)
+  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  run_cfg = config_lib.parse(cfg)
+  _schedule_note(run_cfg)
+  here = entry.num_devices in (None, jax.device_count()) and (
+      entry.hardware.platform == jax.devices()[0].platform)
+  if here:  # every check a run makes against the mesh (shapes, batch splits)
+    exp = experiment_lib.build(run_cfg, entry)
+    num_params, axes = exp.num_params, dict(exp.mesh.shape)
+  else:
+    num_params = experiment_lib.count_params(run_cfg)
+    axes = sharding.resolve_axes(entry, run_cfg.mesh, entry.num_devices)
+  sys.stdout.write(flat.print_config_text(cfg, num_params=num_params, mesh=entry.name,
+                                          axes=axes, rule=rule))
+  if not here:
+    sys.stdout.write(f"# {entry.name}'s devices are not here: its shardings are checked when it "
+                     f"trains there, or now by `axtrain plan --mesh={entry.name}`\n")
+  return 0
 
 
 def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, str]], *,
@@ -128,8 +167,8 @@ def _stop_handling(this: Run, finish, progress):
 
 
 def _train(this: Run) -> int:
-  """Trains in a locked run directory: fresh, resumed from its last committed checkpoint, or
-  extended (trainer.max_steps raised)."""
+  """Trains in a locked run directory: fresh, resumed from its last committed checkpoint (on
+  any mesh: `relaid` fields may change, with a note), or extended (trainer.max_steps raised)."""
   rd, exp = this.run_dir, this.exp
   state = rd.prepare(this.resolved, overwrite=this.overwrite)
   if state == "completed":
@@ -139,17 +178,8 @@ def _train(this: Run) -> int:
     return 0
   extension = _extension(rd, exp) if state == "extend" else None
   compiled = _check_memory(exp)  # the step's one compile; refused here, nothing is written
-  if extension is not None and this.main_process:
-    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
   if this.main_process:
-    extensions = rd.info().get("extensions", []) + (
-        [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
-    rd.start(this.resolved, argv=this.argv, fresh=state in ("new", "overwrite"),
-             extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
-                             "rule": this.rule},
-                    "num_params": exp.num_params, "process_count": jax.process_count(),
-                    "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
-                    **({"extensions": extensions} if extensions else {})})
+    _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
@@ -161,21 +191,71 @@ def _train(this: Run) -> int:
                           callbacks=callbacks,
                           hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
-    message = str(e)
-    if isinstance(e, checkpoint.NoUsableCheckpoint):
-      unproven = rd.unproven()
-      message += ("; pass --overwrite to start the run over" if not unproven else
-                  f"; choose another --output_dir to start it over ({rd.path} also holds files "
-                  f"that axtrain did not write: {', '.join(unproven[:3])})")
-    finish("failed", error=message)
-    print(f"axtrain: error: {message}", file=sys.stderr)
-    return EXIT_FAILED
+    return _failed(this, finish, _checkpoint_advice(rd, e))
+  except jax.errors.JaxRuntimeError as e:
+    if not this.multi_process:
+      finish("failed", error=traceback.format_exc(limit=-3))
+      raise
+    _failed(this, finish, _peer_failure(e))
+    raise distributed.PeerLost() from None
   except KeyboardInterrupt:
     finish("interrupted")
     raise
   except Exception:
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
+  return _finished(this, result, finish, progress)
+
+
+def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:
+  """Process 0: the notes of a resumed run (relaid fields, an extension), then run.json."""
+  rd, exp = this.run_dir, this.exp
+  relaid = [] if fresh else rd.relaid_changes(this.resolved)
+  if relaid:
+    print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "
+          f"steps run and are recorded, not what they compute: the same run)", file=sys.stderr)
+  if extension is not None:
+    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
+  extensions = rd.info().get("extensions", []) + (
+      [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
+  rd.start(this.resolved, argv=this.argv, fresh=fresh,
+           extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
+                           "rule": this.rule},
+                  "num_params": exp.num_params, "process_count": jax.process_count(),
+                  "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
+                  **({"extensions": extensions} if extensions else {})})
+
+
+def _failed(this: Run, finish, message: str) -> int:
+  """Records and prints a failure in one line; EXIT_FAILED."""
+  finish("failed", error=message)
+  print(f"axtrain: error: {message}", file=sys.stderr, flush=True)
+  return EXIT_FAILED
+
+
+def _checkpoint_advice(rd: run_dir_lib.RunDir, e: Exception) -> str:
+  """A non-finite loss's or checkpoint's message, with how to start over where none reads."""
+  message = str(e)
+  if isinstance(e, checkpoint.NoUsableCheckpoint):
+    unproven = rd.unproven()
+    message += ("; pass --overwrite to start the run over" if not unproven else
+                f"; choose another --output_dir to start it over ({rd.path} also holds files "
+                f"that axtrain did not write: {', '.join(unproven[:3])})")
+  return message
+
+
+def _peer_failure(e: Exception) -> str:
+  """The JAX runtime's error in one process of several: how another process's death shows up
+  here (a collective whose peer is gone), so one line rather than a traceback."""
+  first = " ".join((str(e).splitlines() or [type(e).__name__])[0].split())[:300]
+  return (f"process {jax.process_index()} of {jax.process_count()}: the JAX runtime failed "
+          f"({first}); in a run of several processes this is how another process's end shows "
+          f"up (see its output); the run resumes from its last checkpoint when started again")
+
+
+def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int:
+  """run.json and the last line of a run that completed or stopped on request; its exit code."""
+  rd = this.run_dir
   if result.preempted:
     finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step,
            compiled_step=result.compiled, profiles=result.profiles)

@@ -8,8 +8,9 @@ then train with --config.data.kind=tokens --config.data.path=DIR. The directory
 holds tokens.json (tokenizer, shard list, counts) and per shard either
 NAME.tokens.npy + NAME.lengths.npy (flat ids + document lengths) or
 NAME.array_record (one record per document: its ids as little-endian bytes).
-It is written under DIR.partial and renamed when complete; an existing DIR is
-never overwritten.
+It is written under DIR.partial and renamed when complete; a run that fails
+(a bad document without --on_error=skip, no documents) removes DIR.partial, and
+an existing DIR is never overwritten.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import typing
@@ -90,15 +92,61 @@ def main(argv: list[str]) -> int:
   check_writable(out)  # a parent that is a file, or not writable: one line, nothing written
   if out.exists():
     raise UserError(f"--output_dir '{out}' exists; choose a new directory")
+  try:
+    return _tokenize(fv, out)
+  except ConfigError as e:  # the readers name data.* fields: say the flags that set them here
+    raise UserError(as_flags(str(e))) from None
+
+
+# The data.* fields that a flag of `axtrain tokenize` sets under another name.
+_RENAMED = {"path": "input"}
+
+
+def as_flags(message: str) -> str:
+  """`message` with each `data.NAME` that is a flag of `axtrain tokenize` written as `--FLAG`
+  (the readers' errors name the training config's fields: `set data.on_error=skip`)."""
+  own = {"kind", "on_error", *reader_fields()}
+  def flag(match: re.Match) -> str:
+    name = match[1]
+    return f"--{_RENAMED.get(name, name)}" if name in own or name in _RENAMED else match[0]
+  return re.sub(r"(?<![\w.-])data\.(\w+)", flag, message)
+
+
+def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
+  """Writes the shards and tokens.json under OUT.partial, renamed to `out` when complete; a
+  failure part-way (a bad document, no documents, an interrupt) removes OUT.partial."""
   tokenizer = _tokenizer(fv)
   cfg, reader = _reader(fv)
   files = documents.expand(fv.input, what="--input")
   errors = documents.Errors(fv.on_error)
   partial = out.with_name(out.name + ".partial")
   if partial.exists():
-    shutil.rmtree(partial)  # our own leftover from an interrupted run
+    shutil.rmtree(partial)  # our own leftover from a run killed before it could clean up
   partial.mkdir(parents=True)
-  writer = _ShardWriter(partial, fv.format, tokenizer.dtype, fv.shard_tokens)
+  try:
+    writer = _write(fv, cfg, reader, files, errors=errors, tokenizer=tokenizer, root=partial)
+    meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name,
+            "shards": writer.names, "tokenizer": tokenizer.describe(),
+            "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
+            "skipped_documents": errors.skipped,
+            "source": {"kind": fv.kind, "input": fv.input,
+                       **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
+    (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+  partial.rename(out)
+  print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
+        f"{len(writer.names)} shard(s) -> {out}"
+        + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"
+           if errors.skipped else ""))
+  return 0
+
+
+def _write(fv: flags.FlagValues, cfg, reader, files: list[str], *, errors: documents.Errors,
+           tokenizer: tokenizers.Tokenizer, root: pathlib.Path) -> "_ShardWriter":
+  """Every document of `files`, tokenized into shards under `root`; UserError if none."""
+  writer = _ShardWriter(root, fv.format, tokenizer.dtype, fv.shard_tokens)
   batch = []
   for _, _, doc in reader.documents(cfg, files, errors=errors):
     batch.append(doc)
@@ -108,20 +156,8 @@ def main(argv: list[str]) -> int:
   writer.add(tokenizer.encode(batch))
   writer.close()
   if writer.num_docs == 0:
-    shutil.rmtree(partial)
     raise UserError(f"--input '{fv.input}': no documents found")
-  meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name, "shards": writer.names,
-          "tokenizer": tokenizer.describe(), "num_docs": writer.num_docs,
-          "num_tokens": writer.num_tokens, "skipped_documents": errors.skipped,
-          "source": {"kind": fv.kind, "input": fv.input,
-                     **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
-  (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
-  partial.rename(out)
-  print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
-        f"{len(writer.names)} shard(s) -> {out}"
-        + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"
-           if errors.skipped else ""))
-  return 0
+  return writer
 
 
 def _reader(fv: flags.FlagValues):

@@ -38,7 +38,7 @@ class AttentionConfig:
   kind: str = "attention"
   num_heads: int = REQUIRED  # query heads
   num_kv_heads: int | None = None  # key/value heads; None = num_heads (MHA), 1 = MQA
-  head_dim: int | None = None  # per-head width; None = dim // num_heads
+  head_dim: int | None = None  # per-head width; None or 0 = dim // num_heads
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
   # A name of modules/attn_registry.py:IMPLEMENTATIONS, each in modules/attn_<name>.py. `xla`:
@@ -71,7 +71,10 @@ class AttentionConfig:
     if self.num_heads <= 0 or (self.num_kv_heads is not None and self.num_kv_heads <= 0):
       raise ConfigError(f"attention: num_heads ({self.num_heads}) and num_kv_heads "
                         f"({self.num_kv_heads}) must be positive")
-    if self.head_dim is None and dim % self.num_heads:
+    if self.head_dim is not None and self.head_dim < 0:
+      raise ConfigError(f"attention.head_dim must be positive, or 0 (or None) for dim // "
+                        f"num_heads, got {self.head_dim}")
+    if not self.head_dim and dim % self.num_heads:
       raise ConfigError(f"attention: dim {dim} is not divisible by num_heads {self.num_heads};"
                         f" change one of them or set attention.head_dim")
     if self.query_chunk_size <= 0:

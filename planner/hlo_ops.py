@@ -41,7 +41,7 @@ _COPIES = {"copy", "copy-start", "slice-start", "convert", "transpose", "bitcast
            "bitcast", "reshape", "parameter", "tuple", "get-tuple-element", "constant",
            "broadcast", "slice", "concatenate", "pad", "dynamic-slice", "dynamic-update-slice"}
 # Custom calls that only annotate: no kernel of their own.
-_BOOKKEEPING = {"AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "Sharding",
+_BOOKKEEPING = {"AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "Sharding", "AllocateBuffer",
                 "SPMDFullToShardShape", "SPMDShardToFullShape", "ConcatBitcast"}
 _WRAPPERS = re.compile(r"jit|jvp|transpose|vmap|pjit|remat|checkpoint|rematted_computation|"
                        r"closed_call|custom_jvp_call|custom_vjp_call|while|body|cond|"
@@ -381,8 +381,9 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
   for comp, n in times.items():
     shapes = {i.name: i.out for i in comps[comp]}
     for i in comps[comp]:
-      concat = 'custom_call_target="ConcatBitcast"' in i.rest  # buffers side by side: no move
-      if i.op in _FREE or i.op.endswith("-done") or concat:
+      target = re.search(r'custom_call_target="([^"]*)"', i.rest) if i.op == "custom-call" else None
+      # ConcatBitcast: buffers side by side; AllocateBuffer, annotations: nothing moves
+      if i.op in _FREE or i.op.endswith("-done") or (target and target[1] in _BOOKKEEPING):
         continue
       called = re.search(r"\bcalls=%?([\w.\-]+)", i.rest)
       inner = _inner(comps, called[1]) if called and i.op == "fusion" else []
@@ -390,7 +391,7 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
         continue  # the finishing half of an asynchronous collective: counted at its start
       if i.op in ("copy-start", "slice-start"):
         # (source, destination, context): one read and one write of what is copied.
-        size = 2 * min(b for b in hlo_collectives.shape_bytes(i.out) if b > 8)
+        size = 2 * min((b for b in hlo_collectives.shape_bytes(i.out) if b > 8), default=0)
       elif i.op == "fusion" and called:
         size = _fusion_bytes(comps, roots, called[1], i, shapes)
       elif i.op in ("dynamic-slice", "slice"):

@@ -28,6 +28,7 @@ import numpy as np
 from core.registry import ConfigError
 from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib
+from planner import calibration as calibration_lib
 from planner import gpu_targets, hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
 from trainer.meshes import Entry
@@ -138,6 +139,45 @@ def _gpu_devices(entry: Entry) -> list:
   return list(devices)
 
 
+# --- the compiler's own log --------------------------------------------------------------
+
+# What XLA logs while it compiles, in its own words ("[SPMD] Involuntary full rematerialization
+# ... Contact Shardy or XLA team"), said as a plan note: the finding, what it costs, what to do.
+_SPMD_REMAT = re.compile(r"Involuntary full rematerialization")
+
+
+@contextlib.contextmanager
+def _compiler_log(notes: list[str]):
+  """Captures file descriptor 2 (where XLA's C++ logging goes) for one compile: lines it
+  recognises become `notes`, the rest is written back to stderr unchanged."""
+  import sys  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as log:
+    os.dup2(log.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      log.seek(0)
+      rest = []
+      remats = 0
+      for line in log.read().decode(errors="replace").splitlines():
+        if _SPMD_REMAT.search(line):
+          remats += 1
+        elif line.strip():
+          rest.append(line)
+      if remats:
+        notes.append(f"the SPMD partitioner resharded {remats} value(s) by gathering them whole "
+                     f"(XLA's 'involuntary full rematerialization'): a layout the shardings do "
+                     f"not keep; `axtrain plan --ops` shows the collectives it adds")
+      if rest:
+        sys.stderr.write("\n".join(rest) + "\n")
+
+
 # --- the plan -----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,6 +193,7 @@ class Compiled:
   seconds: float  # compile wall time
   collectives: hlo_collectives.Collectives
   refused: str = ""  # the compiler's out-of-memory message when it refused to compile
+  notes: tuple[str, ...] = ()  # what the compiler logged, in words (_compiler_log)
   # libtpu's cost model: its per-op roofline of the step (seconds), each ConcatBitcast custom
   # call's -1 s added back; None from other compilers. Comparable between programs when
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
@@ -171,11 +212,14 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Estimate:
-  """A roofline: not a measurement. Compute (executed FLOPs: on GPU entries the compiled
-  HLO's matmuls, elsewhere model FLOPs with the remat policy's recompute) at peak FLOP/s, HBM
-  traffic (hbm_traffic) at peak bandwidth, the compiled HLO's collective bytes at the link
-  bandwidth; `step_s` overlaps all three, `serial_s` adds collectives to the rest."""
+  """The step time the compiled program should take: not a measurement. Its ops
+  (planner/hlo_ops.py) at the rates the device reaches on ops of their kind
+  (planner/calibration.py): matmuls (`compute_s`), attention kernels (`kernel_s`: their causal
+  FLOPs, which the HLO does not show), memory-bound ops (`hbm_s`), one after another; the
+  collectives' bytes at the link bandwidth (`collective_s`). `step_s` overlaps the collectives
+  with the rest, `serial_s` adds them."""
   compute_s: float
+  kernel_s: float
   hbm_s: float
   collective_s: float
   step_s: float
@@ -183,6 +227,7 @@ class Estimate:
   tokens_per_s: float
   mfu: float  # at step_s
   mfu_serial: float  # at serial_s
+  calibration: calibration_lib.Calibration
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,7 +253,7 @@ class Plan:
   fit_source: str  # "compiler" or "model"
   needed: int  # bytes per device the verdict is based on
   model_flops: float  # per step, all devices (6N + attention)
-  executed_flops: float  # per step per device: HLO matmuls (GPU) or model x recompute
+  executed_flops: float  # per step per device: the compiled HLO's matmuls
   hbm_traffic: float  # bytes per step per device (analytic model)
   estimate: Estimate | None
   # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
@@ -251,11 +296,11 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
   return state, batch
 
 
-def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
-             hardware=None, compiler_options: dict | None = None) -> Compiled:
-  """One compile's figures; with `hardware` (its peak FLOP/s and bandwidths) the per-op report."""
-  start = time.perf_counter()
-  with exp.context():
+def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
+             compiler_options: dict | None = None) -> Compiled:
+  """One compile's figures, with the per-op report (`hardware`'s peaks time its roofline)."""
+  start, notes = time.perf_counter(), []
+  with exp.context(), _compiler_log(notes):
     lowered = fn.lower(*args)
     try:
       compiled = lowered.compile(compiler_options=compiler_options or None)
@@ -267,7 +312,7 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
       return Compiled(argument=0, output=0, alias=0, temp=int(float(m[1]) * GiB), code=0,
                       flops=0.0, bytes_accessed=0.0, seconds=time.perf_counter() - start,
                       collectives=hlo_collectives.Collectives(bytes_by_kind={}, count=0),
-                      refused=" ".join(str(e).split())[:300])
+                      refused=" ".join(str(e).split())[:300], notes=tuple(notes))
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
@@ -278,58 +323,80 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None,
   if "optimal_seconds" in cost:
     cost_model = float(cost["optimal_seconds"]) + text.count(
         'custom_call_target="ConcatBitcast"')
-  ops, hlo_matmul_flops = None, None
-  if hardware is not None and hardware.peak_bf16_flops and hardware.hbm_bandwidth:
-    ops = hlo_ops.ops_report(text, num_devices=num_devices,
-                             peak_flops=hardware.peak_bf16_flops,
-                             hbm_bandwidth=hardware.hbm_bandwidth,
-                             link_bandwidth=hardware.link_bandwidth or hardware.hbm_bandwidth,
-                             compiler_bytes=accessed, compiler_flops=flops)
-  if exp.mesh.devices.flat[0].platform == "gpu":
-    # XLA:GPU gives no cost analysis; its matmuls are counted from the HLO (loops unrolled).
-    hlo_matmul_flops = (ops or hlo_ops.ops_report(
-        text, num_devices=num_devices, peak_flops=1.0, hbm_bandwidth=1.0,
-        link_bandwidth=1.0)).flops
+  hw = hardware
+  ops = hlo_ops.ops_report(text, num_devices=num_devices, peak_flops=hw.peak_bf16_flops or 1.0,
+                           hbm_bandwidth=hw.hbm_bandwidth or 1.0,
+                           link_bandwidth=hw.link_bandwidth or hw.hbm_bandwidth or 1.0,
+                           compiler_bytes=accessed, compiler_flops=flops)
+  hlo_matmul_flops = ops.flops
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
-                  seconds=seconds, cost_model_s=cost_model, ops=ops,
+                  seconds=seconds, cost_model_s=cost_model, ops=ops, notes=tuple(notes),
                   collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
                   hlo_matmul_flops=hlo_matmul_flops)
 
 
 
-# Forward + backward = 3 forward passes; full remat recomputes the forward once more.
+# The analytic screen's compute (planner/plan_sweep.py:screen_estimate): forward + backward =
+# 3 forward passes; full remat recomputes the forward once more.
 RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
+# An attention kernel's ops in the compiled HLO (Pallas splash on TPU, cuDNN's fused attention
+# on GPU) and which of them run a backward pass (dq pairs with dkv: one pass).
+_ATTENTION_KERNEL = re.compile(r"splash|flash|fmha|attention", re.IGNORECASE)
+_BACKWARD = re.compile(r"dkv|bwd|backward", re.IGNORECASE)
+_FORWARD_ONLY = re.compile(r"dq", re.IGNORECASE)
 
-def estimate(plan_flops: float, executed: float, hbm_bytes: float, compiled: Compiled,
-             entry: Entry, *, tokens: int) -> Estimate | None:
+
+def attention_call_flops(exp: experiment_lib.Experiment) -> float:
+  """Causal FLOPs of one attention kernel call on one device: QK^T and PV over the keys each
+  query sees (half of them under the causal mask) for the device's rows and heads."""
+  shape = memory_model.model_shape(exp.abstract_state.params,
+                                   top_k=flops_lib.find_field(exp.run.model, "top_k"))
+  sp = memory_model.split(exp)
+  head_dim = shape.q_width // max(shape.heads, 1)
+  return 2.0 * sp.rows * (shape.heads / sp.model) * head_dim * sp.positions * sp.seq_len
+
+
+def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops: float,
+             tokens: int) -> Estimate | None:
+  """The calibrated step time of `compiled` on `entry`'s hardware (see Estimate)."""
   hw = entry.hardware
-  if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth):
+  if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth) or compiled.ops is None:
     return None
-  compute_s = executed / hw.peak_bf16_flops
-  hbm_s = hbm_bytes / hw.hbm_bandwidth
+  cal = calibration_lib.for_hardware(hw)
+  flops_rate, bytes_rate = cal.matmul * hw.peak_bf16_flops, cal.memory * hw.hbm_bandwidth
+  kernel_rate = cal.attention * hw.peak_bf16_flops
+  compute_s = kernel_s = hbm_s = 0.0
+  for op in compiled.ops.ops:
+    if op.category == "matmul":
+      compute_s += max(op.flops / flops_rate, op.bytes / bytes_rate)
+    elif op.category == "kernel" and _ATTENTION_KERNEL.search(op.name):
+      passes = (cal.attention_backward if _BACKWARD.search(op.name)
+                else 0.0 if _FORWARD_ONLY.search(op.name) else 1.0)
+      kernel_s += op.count * passes * call_flops / kernel_rate
+    elif op.category != "collective" and op.opcode not in ("copy-start", "slice-start"):
+      # (asynchronous copies run beside the other ops; collectives are timed below)
+      hbm_s += op.bytes / bytes_rate
   c = compiled.collectives
   cross = c.cross_host_bytes if hw.host_bandwidth else 0.0
   collective_s = (c.total_bytes - cross) / hw.link_bandwidth + (
       cross / hw.host_bandwidth if cross else 0.0)
-  step_s = max(compute_s, hbm_s, collective_s)
-  serial_s = max(compute_s, hbm_s) + collective_s
-  devices = entry.num_devices
-  return Estimate(compute_s=compute_s, hbm_s=hbm_s, collective_s=collective_s, step_s=step_s,
-                  serial_s=serial_s, tokens_per_s=tokens / step_s,
-                  mfu=plan_flops / (step_s * hw.peak_bf16_flops * devices),
-                  mfu_serial=plan_flops / (serial_s * hw.peak_bf16_flops * devices))
+  busy = compute_s + kernel_s + hbm_s
+  step_s, serial_s = max(busy, collective_s), busy + collective_s
+  peak = hw.peak_bf16_flops * entry.num_devices
+  return Estimate(compute_s=compute_s, kernel_s=kernel_s, hbm_s=hbm_s,
+                  collective_s=collective_s, step_s=step_s, serial_s=serial_s,
+                  tokens_per_s=tokens / step_s, mfu=plan_flops / (step_s * peak),
+                  mfu_serial=plan_flops / (serial_s * peak), calibration=cal)
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
-         with_eval: bool = True, compiler_options: dict | None = None,
-         with_ops: bool = False) -> Plan:
+         with_eval: bool = True, compiler_options: dict | None = None) -> Plan:
   """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device.
 
-  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF).
-  `with_ops`: also the train step's per-op report (`plan --ops`, planner/hlo_ops.py)."""
+  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF)."""
   if devices is None:
     devices, compiler = target_devices(entry)
   else:
@@ -347,33 +414,33 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   else:
     per_host = n // entry.num_slices if entry.num_slices > 1 else None
   train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host,
-                   hardware=entry.hardware if with_ops else None,
-                   compiler_options=compiler_options)
+                   hardware=entry.hardware, compiler_options=compiler_options)
   evaluated = None
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
     evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n,
-                         per_host=per_host, compiler_options=compiler_options)
+                         per_host=per_host, hardware=entry.hardware,
+                         compiler_options=compiler_options)
   analytic = memory_model.analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
   traffic = memory_model.hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")
   split = memory_model.split(exp)
-  # Pipeline stages compute through the bubble too (on no microbatch): (M + S - 1) / M. The
-  # compiled HLO's matmul count includes it; the model's estimate is scaled by it.
-  executed = (train.hlo_matmul_flops if train.hlo_matmul_flops
-              else model_flops / n * RECOMPUTE.get(remat, 4 / 3) * split.ticks_per_microbatch)
+  # The compiled HLO's matmuls, loops times their trips: remat's recompute and a pipeline's
+  # bubble included.
+  executed = train.hlo_matmul_flops or 0.0  # none where the compiler refused the program
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
               data=run.data.kind, batch_arrays={k: str(v.dtype) for k, v in batch.items()},
-              grad_accum_steps=run.trainer.grad_accum_steps, remat=remat,
+              grad_accum_steps=exp.run.trainer.grad_accum_steps, remat=remat,
               loss_chunk_size=run.trainer.loss_chunk_size, num_params=exp.num_params,
               hbm_bytes=hbm, margin=margin, analytic=analytic, train=train, eval=evaluated,
               fit_source="compiler" if exact else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
-              estimate=estimate(model_flops, executed, traffic, train, entry, tokens=tokens),
+              estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
+                                tokens=tokens),
               split=split)

@@ -32,17 +32,29 @@ def num(x: float) -> str:
 
 def text(p: Plan, *, timings: bool = True) -> str:
   """The human report; every figure names its source: [compiler], [model], [exact] or [estimate]."""
-  src = p.source
-  a, t = p.analytic, p.train
+  lines = _head(p) + _memory(p) + parallel_lines(p) + _verdict(p) + _time(p)
+  if timings:
+    lines.append(f"  compile: train {p.train.seconds:.0f} s"
+                 + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
+  return "\n".join(lines) + "\n"
+
+
+def _head(p: Plan) -> list[str]:
   # data, fsdp and model always; stage, expert and context where they split something
   axes = " ".join(f"{k}={v}" for k, v in p.axes.items() if v > 1 or k in ("data", "fsdp", "model"))
-  lines = [
+  return [
       f"plan: {p.config} on {p.mesh} ({p.devices} devices, {axes}), compiled by {p.compiler}",
       f"  run: batch {p.batch} x {p.seq_len} tokens, grad_accum_steps {p.grad_accum_steps}, "
       f"remat {p.remat}, loss_chunk_size {p.loss_chunk_size}, {num(p.num_params)} parameters",
       f"  batch (data {p.data}, "
       + ("packed documents" if "segment_ids" in p.batch_arrays else "no document boundaries")
       + "): " + ", ".join(f"{k} {v}" for k, v in p.batch_arrays.items()),
+  ]
+
+
+def _memory(p: Plan) -> list[str]:
+  src, a, t = p.source, p.analytic, p.train
+  lines = [
       "  per device                       bytes",
       f"    parameters         [exact]     {gib(a.params)}",
       f"    optimizer state    [exact]     {gib(a.opt_state)}",
@@ -59,41 +71,53 @@ def text(p: Plan, *, timings: bool = True) -> str:
   ]
   if t.refused:
     lines.append(f"    the {src} refused: {t.refused}")
+  lines += [f"    note [{src}]: {n}" for n in t.notes]
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
   if p.fit_source == "model":
     lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
                  f"compiler stands in, and the fit comes from the analytic model)")
-  lines += parallel_lines(p)
+  return lines
+
+
+def _verdict(p: Plan) -> list[str]:
+  src, t = p.source, p.train
   verdict = "fits" if p.fits else "does NOT fit"
   how = (f"{gib(p.headroom)} to spare" if p.fits else f"short by {gib(-p.headroom)}")
   basis = f"{src} peak" if p.fit_source == "compiler" else "analytic model total"
-  lines += [
+  return [
       f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
       f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}",
       f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
       f"{num(p.model_flops / p.devices)} per device; "
       + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
          else f"the {src} reports none")
-      + (f"; executed {num(t.hlo_matmul_flops)} per device [compiled HLO] (matmuls, loops "
-         f"unrolled: remat recompute included)" if t.hlo_matmul_flops else ""),
+      + (f"; executed {num(p.executed_flops)} per device [compiled HLO] (matmuls, loops "
+         f"unrolled: remat recompute included)" if p.executed_flops else ""),
       f"  collectives per device per step [compiled HLO]: "
       + (", ".join(f"{k} {gib(v)}" for k, v in sorted(t.collectives.bytes_by_kind.items()))
          or "none")
       + (f"; {gib(t.collectives.cross_host_bytes)} between hosts (or TPU slices)"
          if t.collectives.cross_host_bytes else ""),
   ]
-  e = p.estimate
+
+
+def _time(p: Plan) -> list[str]:
+  e, t = p.estimate, p.train
   if e is None:
-    lines.append("  estimate: none (the entry lists no peak FLOP/s or bandwidths)")
+    lines = ["  estimate: none (the entry lists no peak FLOP/s or bandwidths)"]
   else:
-    lines += [
-        f"  ESTIMATE (roofline, not a measurement): step {secs(e.step_s)} overlapped, "
-        f"{secs(e.serial_s)} serial; compute {secs(e.compute_s)}, HBM {secs(e.hbm_s)}, "
-        f"collectives {secs(e.collective_s)}",
+    c = e.calibration
+    lines = [
+        f"  ESTIMATE (calibrated, not a measurement): step {secs(e.step_s)} overlapped, "
+        f"{secs(e.serial_s)} serial = matmuls {secs(e.compute_s)} + attention kernel "
+        f"{secs(e.kernel_s)} + memory-bound ops {secs(e.hbm_s)}, collectives "
+        f"{secs(e.collective_s)}",
         f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
-        f"{e.mfu_serial:.2f} serial; HBM traffic [model] {gib(p.hbm_traffic)} per device",
+        f"{e.mfu_serial:.2f} serial",
+        f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "
+        f"kernels, {c.memory:.0%} of HBM bandwidth: {c.source} (planner/calibration.py)",
     ]
   if t.cost_model_s is not None:
     # libtpu's cost model returns a negative time for some programs (seen with all-to-alls).
@@ -102,10 +126,7 @@ def text(p: Plan, *, timings: bool = True) -> str:
     lines.append(f"  TPU cost model [TPU compiler]: {step} per device, "
                  f"{gib(t.bytes_accessed)} accessed (libtpu's per-op roofline; compare "
                  f"programs with layers unrolled and windowed einsum off)")
-  if timings:
-    lines.append(f"  compile: train {t.seconds:.0f} s"
-                 + (f", eval {p.eval.seconds:.0f} s" if p.eval else ""))
-  return "\n".join(lines) + "\n"
+  return lines
 
 
 def parallel_lines(p: Plan) -> list[str]:

@@ -21,10 +21,11 @@ CONFIG = str(ROOT / "tests" / "testdata" / "ckpt_lm.py")
 HOOKS = str(ROOT / "tests" / "launch_with_hooks.py")  # axtrain with test callbacks
 
 
-def env(cache_dir: pathlib.Path, devices: int | None = None) -> dict:
+def env(cache_dir: pathlib.Path, devices: int | None = None, *, platform: str = "cpu") -> dict:
+  """A run's environment: JAX on `platform` (`tpu` for the tpu lane's runs on the chip)."""
   out = dict(os.environ)
   out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
-  out["JAX_PLATFORMS"] = "cpu"
+  out["JAX_PLATFORMS"] = platform
   # Runs of one config share compiled programs (same results, less CPU).
   out["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
   out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -41,8 +42,10 @@ def args(run_dir: pathlib.Path, *extra: str, hooks: tuple[str, ...] = ()) -> lis
   return [sys.executable, "-m", "launcher", *axtrain]
 
 
-def run(run_dir, cache_dir, *extra, devices=None, hooks=()) -> subprocess.CompletedProcess:
-  return subprocess.run(args(run_dir, *extra, hooks=hooks), env=env(cache_dir, devices),
+def run(run_dir, cache_dir, *extra, devices=None, hooks=(),
+        platform="cpu") -> subprocess.CompletedProcess:
+  return subprocess.run(args(run_dir, *extra, hooks=hooks),
+                        env=env(cache_dir, devices, platform=platform),
                         capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
@@ -80,14 +83,16 @@ def run_here(capfd, run_dir, cache_dir, *extra, callbacks=()) -> subprocess.Comp
   return subprocess.CompletedProcess(argv, code, out, err)
 
 
-def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None) -> subprocess.Popen:
+def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None,
+                 platform="cpu") -> subprocess.Popen:
   """Starts a run that holds after step `pause` (dispatched, checkpoint dispatched; its
   metrics record is written one step late, so on the stop, or never on SIGKILL)."""
   paused = pathlib.Path(run_dir).parent / f".{pathlib.Path(run_dir).name}.paused"
   paused.unlink(missing_ok=True)
   hooks = (f"--pause_after_step={pause}", f"--paused_file={paused}")
-  proc = subprocess.Popen(args(run_dir, *extra, hooks=hooks), env=env(cache_dir, devices),
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(args(run_dir, *extra, hooks=hooks),
+                          env=env(cache_dir, devices, platform=platform), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 600
   while not paused.exists():
     if proc.poll() is not None:

@@ -1,5 +1,5 @@
-"""Shared test helpers: the CLI in a subprocess (one command, or several in one process), and
-the repo root."""
+"""Shared test helpers: the CLI in a subprocess (one command, or several in one process), the
+repo root, and the `tpu` lane's skip (tests that run only on a TPU chip)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,58 @@ def cli_batch(commands: list[list[str]], *, devices: int | None = None,
 @pytest.fixture
 def run_cli():
   return cli
+
+
+@pytest.fixture
+def highest_precision():
+  """float32 matmuls at full precision while the test runs. On a TPU they otherwise take one
+  bfloat16 pass (relative error ~2^-8), which comparisons at float32 tolerances do not survive;
+  on CPU float32 matmuls are exact to float32 either way, so CPU results do not change."""
+  import jax  # pylint: disable=import-outside-toplevel
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+# The `tpu` lane (pyproject.toml's marker): tests whose chip work runs in subprocesses (training
+# runs, tests/tpu_tolerances.py), which need the chip free. One process at a time can hold a
+# TPU, and the pytest process would take it as soon as JAX creates an array (collecting
+# tests/test_modules.py does), so under `-m tpu` this process keeps JAX on CPU; in any other
+# selection the tpu tests are skipped on a chip machine too. On the lent chip:
+#     bash .chip/on_chip.sh python3 -m pytest -m tpu
+LANE = "tpu"
+LANE_COMMAND = "python -m pytest -m tpu"
+
+
+def tpu_present() -> bool:
+  """libtpu found and a TPU chip on the PCI bus (or JAX_FORCE_TPU_INIT set): the check JAX itself
+  makes before it loads libtpu (jax/_src/cloud_tpu_init.py), made with JAX's own functions and
+  without opening the chip (which would hold it: one process at a time can)."""
+  # pylint: disable=import-outside-toplevel
+  from jax._src import cloud_tpu_init, hardware_utils
+  chips = hardware_utils.num_available_tpu_chips_and_device_id()[0]
+  return cloud_tpu_init.get_tpu_library_path() is not None and (
+      chips > 0 or cloud_tpu_init.jax_force_tpu_init())
+
+
+def tpu_skip_reason() -> str | None:
+  """Why the `tpu` tests cannot run in this session, or None when they can."""
+  if not tpu_present():
+    return f"needs a TPU chip (libtpu and a TPU on the PCI bus); on one: {LANE_COMMAND}"
+  if os.environ.get("JAX_PLATFORMS") != "cpu":
+    return (f"this pytest process may hold the chip that the lane's subprocesses need: run the "
+            f"lane on its own, {LANE_COMMAND}")
+  return None
+
+
+def pytest_configure(config):
+  if config.option.markexpr.strip() == LANE:
+    os.environ["JAX_PLATFORMS"] = "cpu"  # read when jax is imported, before the test modules
+    if "jax" in sys.modules:  # imported already (by a plugin): its backends start later
+      sys.modules["jax"].config.update("jax_platforms", "cpu")
+
+
+def pytest_collection_modifyitems(items):
+  lane = [item for item in items if item.get_closest_marker(LANE)]
+  reason = tpu_skip_reason() if lane else None
+  for item in lane if reason else ():
+    item.add_marker(pytest.mark.skip(reason=reason))

@@ -2,7 +2,7 @@
 
     python tests/launch_with_hooks.py [--pause_after_step=N --paused_file=PATH] [--nan_at_step=N] \\
         [--hold_after_step=N --held_file=PATH --release_file=PATH [--then_sleep_s=S]] \\
-        -- --config=... (axtrain's own arguments)
+        [--save_params_at_start=PATH] -- --config=... (axtrain's own arguments)
 
 The callbacks are also used in-process (`launcher.main.main(argv, callbacks=[...])`).
 """
@@ -81,6 +81,20 @@ class NanAt(Callback):
     return batch
 
 
+class SaveParamsAtStart(Callback):
+  """Writes the parameters the loop starts from (restored or initialised) to `path`, an .npz
+  keyed as tests/ckpt_util.py:params keys a checkpoint's, to compare them with what was saved."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path = pathlib.Path(path)
+
+  def on_train_start(self, loop) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    leaves = jax.tree_util.tree_flatten_with_path(loop.state.params)[0]
+    with open(self.path, "wb") as f:
+      np.savez(f, **{jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves})
+
+
 def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
   """(callbacks, axtrain arguments) from this script's arguments."""
   split = args.index("--")
@@ -94,6 +108,8 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
                                pathlib.Path(options.pop("held_file")),
                                pathlib.Path(options.pop("release_file")),
                                float(options.pop("then_sleep_s", 0))))
+  if "save_params_at_start" in options:
+    callbacks.append(SaveParamsAtStart(pathlib.Path(options.pop("save_params_at_start"))))
   if "nan_at_step" in options:
     callbacks.append(NanAt(int(options.pop("nan_at_step"))))
   if options:

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from core.registry import ConfigError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, xla_flags
 from trainer import checkpoint, checkpoint_files
 from trainer.config import CheckpointConfig
 
@@ -133,6 +133,46 @@ os.kill(os.getpid(), signal.SIGKILL)  # while step 2 is being written
     assert ckpt.all_steps() == [1, 2]
   ckpt.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]  # no temporaries
+
+
+RESHARD = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from trainer.checkpoint import Checkpointer
+from trainer.config import CheckpointConfig
+rng = np.random.default_rng(0)
+host = {"step": np.int32(7), "params": {"w": rng.normal(size=(6, 4)).astype(np.float32),
+                                         "b": rng.normal(size=(6,)).astype(np.float32)}}
+specs = {"step": P(), "params": {"w": P("fsdp", None), "b": P("fsdp")}}
+def placed(n):
+  mesh = Mesh(np.array(jax.devices()[:n]), ("fsdp",))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+out = []
+for write, read in ((2, 1), (1, 2)):
+  ckpt = Checkpointer(f"{sys.argv[1]}/{write}to{read}", CheckpointConfig())
+  ckpt.save(7, jax.device_put(host, placed(write)), {})
+  ckpt.wait_until_finished()
+  got = ckpt.restore(7, jax.eval_shape(lambda: host), placed(read)).state
+  ckpt.close()
+  same = jax.tree.map(lambda a, b: bool((np.asarray(a).view(np.uint32) ==
+                                          np.asarray(b).view(np.uint32)).all()), host, got)
+  devices = jax.tree.map(lambda a: len(a.sharding.device_set), got["params"])
+  out.append({"same": same, "devices": devices})
+print(json.dumps(out))
+"""
+
+
+def test_a_checkpoint_restores_bit_exact_on_another_mesh(tmp_path):
+  """Written sharded over 2 fake devices (fsdp=2) and read onto 1, and the reverse: every bit of
+  every array comes back, placed in the reading mesh's shardings."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2))
+  proc = subprocess.run([sys.executable, "-c", RESHARD, str(tmp_path)], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  same = {"step": True, "params": {"w": True, "b": True}}
+  assert json.loads(proc.stdout) == [
+      {"same": same, "devices": {"w": 1, "b": 1}}, {"same": same, "devices": {"w": 2, "b": 2}}]
 
 
 # -- validation before a read ----------------------------------------------------------------

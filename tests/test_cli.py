@@ -97,6 +97,11 @@ BAD_INPUTS = [
      "rmsnorm.eps must be a finite number >= 0, got -1.0"),
     (["--config=configs/gpt2.py:size=small", "--config.model.final_norm.eps=inf"],
      "layernorm.eps must be a finite number >= 0, got inf"),
+    (["--config=configs/tiny.py", "--config.model.block.attention.head_dim=-8"],
+     "attention.head_dim must be positive, or 0 (or None) for dim // num_heads, got -8"),
+    (["--config=configs/tiny.py", "--config.model.block.attention.head_dim=0",
+      "--config.model.block.attention.num_heads=5", "--config.model.block.attention.num_kv_heads=5"],
+     "attention: dim 192 is not divisible by num_heads 5"),
 ]
 
 
@@ -134,6 +139,33 @@ def test_a_config_file_that_fails_is_one_line_naming_file_and_line(capsys, tmp_p
   code, out, err = run_main(capsys, *command, f"--config={path}", f"--output_dir={tmp_path / 'run'}")
   assert code == 2 and err == f"axtrain: error: {message.format(path)}\n", err
   assert not (tmp_path / "run").exists()
+
+
+def test_head_dim_0_is_dim_over_num_heads(capsys):
+  """head_dim=0 means what None (the default) means, as its comment and docs/models.md say:
+  dim // num_heads, the same parameters; head_dim=64 gives other ones."""
+  counts = {}
+  for value in ("None", "0", "64"):
+    code, out, err = run_main(capsys, "--config=configs/tiny.py", "--print_config",
+                              f"--config.model.block.attention.head_dim={value}")
+    assert code == 0, err
+    counts[value] = next(line for line in out.splitlines() if line.startswith("# parameters"))
+  assert counts["0"] == counts["None"] != counts["64"]
+
+
+def test_splash_off_tpu_says_it_runs_in_interpret_mode(capsys, tmp_path):
+  """One `axtrain: note:` line: splash is a Pallas TPU kernel, interpreted (slowly) elsewhere."""
+  code, _, err = run_main(capsys, "--config=configs/llama.py:size=test", "--noprogress",
+                          "--config.model.block.attention.implementation=splash",
+                          "--config.data.seq_len=128", "--config.trainer.max_steps=1",
+                          "--config.optimizer.schedule.warmup_steps=0",
+                          "--config.eval.batch_size=8", "--config.eval.num_batches=1",
+                          "--config.trainer.hang_timeout_s=0",  # its watchdog needs a real stderr
+                          f"--output_dir={tmp_path / 'run'}")
+  assert code == 0, err
+  assert err == ("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu it runs "
+                 "in Pallas interpret mode (slow, for tests); xla or chunked attention is fast "
+                 "here\n"), err
 
 
 def test_version(capsys):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from core.registry import ConfigError
 from launcher import main as main_lib
 
 D, F, V, P = 8, 32, 16, 8  # width, MLP width (4 * D), vocabulary, positions
@@ -63,6 +64,34 @@ def test_round_trip_in_both_layouts(tmp_path, capsys, tensors, layout, dtype):
     np.testing.assert_array_equal(back[f"transformer.{name}"], value, err_msg=name)
   hf_cfg = json.loads((tmp_path / "back" / "config.json").read_text())
   assert hf_cfg["architectures"] == ["GPT2LMHeadModel"] and hf_cfg["n_embd"] == D
+
+
+def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
+  """--scan_layers=false writes unrolled layers (layers_0, ...), as --no_scan_layers does;
+  a value that is no boolean, a value on --no_scan_layers and the flag with --to_hf are
+  refused in one line."""
+  from launcher import convert  # pylint: disable=import-outside-toplevel
+  base = ["axtrain", "--from_hf=hf", "--output_dir=run"]
+  for flag, scan in (("--scan_layers", True), ("--scan_layers=true", True),
+                     ("--scan_layers=False", False), ("--scan_layers=0", False),
+                     ("--no_scan_layers", False), (None, True)):
+    assert convert.parse_args(base + ([flag] if flag else []))["scan_layers"] == scan, flag
+  hf = _write_hf(tmp_path / "hf", tensors)
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}",
+                  "--scan_layers=false")[0] == 0
+  assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["scan_layers"] is False
+  params = convert._load_params(tmp_path / "run", convert.abstract_params(convert.experiment_of(
+      json.loads((tmp_path / "run" / "config.json").read_text()))))
+  assert "layers_0" in params and "layers" not in params
+  for args, message in ((["--scan_layers=no"], "--scan_layers=no: expected true or false"),
+                        (["--no_scan_layers=true"], "--no_scan_layers takes no value"),
+                        ([f"--to_hf={tmp_path / 'run'}", "--scan_layers=false"],
+                         "--scan_layers goes with --from_hf")):
+    if "--to_hf" not in args[0]:
+      args = [f"--from_hf={hf}", *args]
+    code, err = _convert(capsys, *args, f"--output_dir={tmp_path / 'out'}")
+    assert code == 2 and err.startswith("axtrain: error: convert: ") and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 def _refused(tmp_path, capsys, hf, *extra):
@@ -206,11 +235,13 @@ def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
   doc = (run / "config.py").read_text().split('"""')[1]
   assert "trains the converted model on synthetic data: 1000 steps of 8 x 8\nuniformly random " \
          "tokens (data.kind=synthetic)" in doc, doc
+  assert (f"Its tokenizer (data.tokenizer) is the model's own, {hf}/tokenizer.json: a switch to "
+          f"a text kind") in " ".join(doc.split()), doc
   line = next(l.strip() for l in doc.splitlines() if "--config.data.kind=jsonl" in l)
   assert line == (f"axtrain --config={run}/config.py --output_dir={run} --config.data.kind=jsonl "
-                  f"--config.data.path=corpus.jsonl --config.data.tokenizer.kind=huggingface "
-                  f"--config.data.tokenizer.path={hf}/tokenizer.json")
-  # The line as written works: the corpus, read with the model's tokenizer.
+                  f"--config.data.path=corpus.jsonl")
+  # The line as written works: the corpus, read with the model's tokenizer, which config.py
+  # names (no tokenizer flags), from any directory.
   rng = np.random.default_rng(0)
   (tmp_path / "corpus.jsonl").write_text("".join(
       json.dumps({"text": " ".join(rng.choice(WORDS, 30))}) + "\n" for _ in range(200)))
@@ -219,6 +250,7 @@ def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
   out, err = capsys.readouterr()
   assert code == 0, err
   assert "data.kind: jsonl\n" in out and "data.tokenizer.kind: huggingface\n" in out
+  assert f"data.tokenizer.path: {hf}/tokenizer.json\n" in out
   # And a short try of the converted config: its warm-up of 100 steps shrinks to fit.
   code = main_lib.main(["axtrain", f"--config={run}/config.py", f"--output_dir={run}",
                         "--config.trainer.max_steps=10", "--print_config"])
@@ -254,15 +286,18 @@ def test_converted_config_without_a_tokenizer_json_names_a_tokenizer_that_exists
   assert f"{hf}/tokenizer.json" not in doc
   if vocab != 256:
     assert err == (f"axtrain: note: {hf} has no tokenizer.json and the model's {vocab} ids are "
-                   f"not the bytes tokenizer's 256: no tokenizer chosen; to train on text, "
-                   f"convert again with --tokenizer=PATH/TO/tokenizer.json (the model's own)\n"
+                   f"not the bytes tokenizer's 256: no tokenizer chosen; to train on text or "
+                   f"generate, convert again with --tokenizer=PATH/TO/tokenizer.json (the "
+                   f"model's own)\n"
                    f"axtrain: wrote {run}\n"), err
     assert line.endswith("--config.data.tokenizer.kind=huggingface "
                          "--config.data.tokenizer.path=PATH/TO/tokenizer.json"), line
     assert f"{hf} has no tokenizer.json" in " ".join(doc.split()), doc
+    assert json.loads((run / "config.json").read_text())["data"]["tokenizer"] is None
     return
   assert err == f"axtrain: wrote {run}\n", err
-  assert line.endswith("--config.data.path=corpus.jsonl --config.data.tokenizer.kind=bytes"), line
+  assert line.endswith("--config.data.path=corpus.jsonl"), line
+  assert json.loads((run / "config.json").read_text())["data"]["tokenizer"]["kind"] == "bytes"
   (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
   monkeypatch.chdir(tmp_path)
   code = main_lib.main([*line.split(), "--print_config"])
@@ -297,14 +332,95 @@ def test_tokenizer_flag_names_the_models_tokenizer_and_is_checked(tmp_path, caps
                        f"--tokenizer={tmp_path / 'words.json'}")
   assert code == 0 and err == f"axtrain: wrote {run}\n", err
   line = _corpus_line(run)
-  assert line.endswith("--config.data.tokenizer.kind=huggingface "
-                       f"--config.data.tokenizer.path={tmp_path / 'words.json'}"), line
+  assert line.endswith("--config.data.path=corpus.jsonl"), line
   (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
   monkeypatch.chdir(tmp_path)
   code = main_lib.main([*line.split(), "--print_config"])
   out, err = capsys.readouterr()
   assert code == 0, err
   assert "data.tokenizer.kind: huggingface\n" in out
+  assert f"data.tokenizer.path: {tmp_path / 'words.json'}\n" in out
+
+
+def test_a_folder_tokenizer_that_cannot_serve_the_model_is_not_chosen(tmp_path, capsys, tensors):
+  """HF_DIR/tokenizer.json with more ids than the model's vocabulary, or one that does not load,
+  is not written into the config (training would refuse it, advising a larger model.vocab_size,
+  which converted weights cannot take): convert names none and says why in one note."""
+  from tokenizers import Tokenizer, models  # pylint: disable=import-outside-toplevel
+  hf = _write_hf(tmp_path / "hf", tensors)
+  vocab = {f"w{i}": i for i in range(V + 4)}
+  Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0")).save(str(hf / "tokenizer.json"))
+  for case, why in (("big", f"has {V + 4} ids but the model's vocabulary has {V}"),
+                    ("broken", "does not load (tokenizer file")):
+    if case == "broken":
+      (hf / "tokenizer.json").write_text("{not json")
+    run = tmp_path / case
+    code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")
+    assert code == 0 and err.startswith(f"axtrain: note: {hf}/tokenizer.json {why}"), err
+    assert ": no tokenizer chosen; to train on text or generate, convert again with " \
+           "--tokenizer=PATH/TO/tokenizer.json (the model's own)\naxtrain: wrote" in err, err
+    assert json.loads((run / "config.json").read_text())["data"]["tokenizer"] is None
+
+
+def _text_kinds() -> list[str]:
+  from trainer.data.corpus import document_kinds  # pylint: disable=import-outside-toplevel
+  return [*document_kinds(), "stdlib"]
+
+
+def test_every_text_kind_reads_with_the_converted_models_tokenizer(tmp_path, capsys, tensors,
+                                                                   monkeypatch):
+  """config.py names the tokenizer (the folder's tokenizer.json; --tokenizer, given relative to
+  the directory convert ran in), so a switch from its synthetic data to any text kind keeps it
+  without tokenizer flags, from any directory; the data of a model whose tokenizer is not known
+  (121 or 300 ids, no tokenizer.json) names none, and every text kind then refuses in one line
+  that names the fix, never the bytes tokenizer and never model.vocab_size."""
+  from launcher import config_loading  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
+  _word_tokenizer(tmp_path / "words.json")
+  folder = _write_hf(tmp_path / "own", tensors)
+  _word_tokenizer(folder / "tokenizer.json")
+  monkeypatch.chdir(tmp_path)
+  runs = {tmp_path / "own_run": ([f"--from_hf={folder}"], str(folder / "tokenizer.json")),
+          tmp_path / "flag_run": ([f"--from_hf={_write_hf(tmp_path / 'bare', tensors)}",
+                                   "--tokenizer=words.json"], str(tmp_path / "words.json"))}
+  for vocab in (121, 300):
+    hf = _gpt2_with_vocab(tmp_path / str(vocab), tensors, vocab)
+    runs[tmp_path / f"run{vocab}"] = ([f"--from_hf={hf}"], None)
+  for run, (args, path) in runs.items():
+    assert _convert(capsys, *args, f"--output_dir={run}")[0] == 0
+  monkeypatch.chdir(tmp_path / "own")
+  for run, (_, path) in runs.items():
+    for kind in _text_kinds():
+      where = [] if kind == "stdlib" else ["--config.data.path=corpus"]
+      cfg = config_loading.load(str(run / "config.py"), f"--config.data.kind={kind}", *where)
+      if path is not None:
+        assert cfg.data.tokenizer.to_dict() == {"kind": "huggingface", "path": path,
+                                                "add_bos": False, "add_eos": True}, (run, kind)
+        continue
+      with pytest.raises(ConfigError) as refused:
+        config_lib.parse(json.loads(cfg.to_json_best_effort()))
+      assert str(refused.value).startswith(f"data.tokenizer: required field of data '{kind}' is "
+                                           f"missing (the data kind it was switched from names "
+                                           f"no tokenizer; name the model's: --config.data."
+                                           f"tokenizer.kind=huggingface --config.data.tokenizer."
+                                           f"path=PATH/TO/tokenizer.json"), str(refused.value)
+    if path is None:  # the command line: one line, exit 2, nothing written
+      (tmp_path / "corpus.jsonl").write_text('{"text": "the cat sat on the mat"}\n' * 50)
+      code = main_lib.main(["axtrain", f"--config={run}/config.py", f"--output_dir={run}",
+                            "--config.data.kind=jsonl",
+                            f"--config.data.path={tmp_path / 'corpus.jsonl'}"])
+      err = capsys.readouterr().err
+      assert code == 2 and err.count("\n") == 1 and "model.vocab_size" not in err, err
+      assert "--config.data.tokenizer.kind=huggingface" in err, err
+      assert json.loads((run / "run.json").read_text())["status"] == "converted"
+      # A tokenizer field set without its kind: how to turn the tokenizer on, not "a value".
+      code = main_lib.main(["axtrain", f"--config={run}/config.py", "--config.data.kind=jsonl",
+                            "--config.data.path=corpus.jsonl", "--config.data.tokenizer.path=t",
+                            "--print_config"])
+      assert code == 2 and capsys.readouterr().err == (
+          "axtrain: error: --config.data.tokenizer.path: 'data.tokenizer' is off (None); turn it "
+          "on first with --config.data.tokenizer.kind=KIND (bytes, huggingface, sentencepiece), "
+          "then set its fields\n")
 
 
 def _write_qwen3(path: pathlib.Path) -> pathlib.Path:
@@ -339,7 +455,7 @@ def test_a_converted_model_fine_tunes_on_a_jsonl_corpus_with_its_docstring_comma
       json.dumps({"text": " ".join(rng.choice(words, 30))}) + "\n" for _ in range(200)))
   line = _corpus_line(run)
   assert line == (f"axtrain --config={run}/config.py --output_dir={run} --config.data.kind=jsonl "
-                  f"--config.data.path=corpus.jsonl --config.data.tokenizer.kind=bytes")
+                  f"--config.data.path=corpus.jsonl")
   done = cli(*line.split()[1:], cwd=tmp_path)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "resumed from checkpoint step 0" in done.stderr  # the converted weights
@@ -388,7 +504,7 @@ def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, 
 
   code = main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
                                  "--config.optimizer.schedule.warmup_steps=0"])
-  assert code == 2 and "different config (optimizer.schedule.warmup_steps, trainer.log_every, trainer.max_steps differ)" in (
+  assert code == 2 and "different config (optimizer.schedule.warmup_steps, trainer.max_steps differ)" in (
       capfd.readouterr().err)
   assert main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
                                  "--config.optimizer.schedule.warmup_steps=0",
@@ -495,3 +611,37 @@ def test_a_map_that_leaves_a_tensor_unread_refuses(tmp_path, capsys, tensors, mo
   code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}")
   assert code == 2 and "reads no parameter from the tensors transformer.ln_f.bias" in err, err
   assert not (tmp_path / "run").exists()
+
+
+# -- --to_hf of runs trained on a mesh ------------------------------------------------------
+
+def test_to_hf_reads_a_run_of_8_devices_onto_one(tmp_path, capsys):
+  """A run trained with context=4 x data=2 on 8 fake devices (a subprocess) exports from this
+  process's one device; the tensors are the checkpoint's, read here without any mesh."""
+  from tests import ckpt_util as cu  # pylint: disable=import-outside-toplevel
+  from tests.conftest import cli  # pylint: disable=import-outside-toplevel
+  run = tmp_path / "run"
+  trained = cli(f"--config={cu.CONFIG}", f"--output_dir={run}", "--config.trainer.max_steps=2",
+                "--config.mesh.context=4", "--config.mesh.data=2", "--noprogress", devices=8)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert json.loads((run / "config.json").read_text())["mesh"]["context"] == 4
+  code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'hf'}")
+  assert code == 0, err
+  tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+  saved = cu.params(run, 2)
+  vocab = tensors["model.embed_tokens.weight"].shape[0]
+  np.testing.assert_array_equal(tensors["model.embed_tokens.weight"],
+                                saved["['embedding']['embedding']"][:vocab])
+  np.testing.assert_array_equal(tensors["model.norm.weight"], saved["['final_norm']['scale']"])
+
+
+def test_to_hf_of_a_moe_run_on_an_expert_mesh_names_its_moe_parts(tmp_path, capsys):
+  from launcher import config_loading  # pylint: disable=import-outside-toplevel
+  run = tmp_path / "moe"
+  (run / "checkpoints").mkdir(parents=True)
+  cfg = config_loading.load("configs/moe_tiny.py", "--config.mesh.expert=4")
+  (run / "config.json").write_text(cfg.to_json_best_effort())
+  code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'hf'}")
+  assert code == 2 and err == ("axtrain: error: the model cannot be written as "
+                               "LlamaForCausalLM: an ffn other than SwiGLU\n"), err
+  assert not (tmp_path / "hf").exists()

@@ -374,7 +374,7 @@ def test_each_kind_has_only_the_fields_it_reads(corpus):
   with pytest.raises(ConfigError, match="tokenizer 'bytes' has no field 'path'"):
     source("jsonl", path=str(corpus / "c.jsonl"), tokenizer=("bytes", "x.model"))
   assert set(registry("data").node("synthetic")) == {"kind", "seq_len", "batch_size",
-                                                     "mean_doc_len"}
+                                                     "mean_doc_len", "tokenizer"}
   assert set(registry("data").node("jsonl", path="x")) == {
       "kind", "seq_len", "batch_size", "path", "eval_path", "eval_percent", "on_error", "field",
       "tokenizer"}

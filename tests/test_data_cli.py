@@ -61,7 +61,7 @@ def train_error(capsys, tmp_path, *overrides):
 def tokenize_error(capsys, tmp_path, *args):
   code, err = run(capsys, "tokenize", *args, f"--output_dir={tmp_path / 'out'}")
   assert code == 2 and len(err) == 1 and err[0].startswith("axtrain: error: "), err
-  assert not (tmp_path / "out").exists()
+  assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
   return err[0].removeprefix("axtrain: error: ")
 
 
@@ -118,7 +118,7 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
   undecodable = tmp_path / "latin1.jsonl"
   undecodable.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
   assert tokenize_error(capsys, tmp_path, f"--input={undecodable}", "--kind=jsonl") == \
-      f"{undecodable}:2: not UTF-8 text (byte 13) (set data.on_error=skip to skip such documents)"
+      f"{undecodable}:2: not UTF-8 text (byte 13) (set --on_error=skip to skip such documents)"
   broken = write_jsonl(tmp_path / "broken.jsonl", bad=[(3, '{"text": "unterminated')])
   assert tokenize_error(capsys, tmp_path, f"--input={broken}", "--kind=jsonl").startswith(
       f"{broken}:4: not valid JSON")
@@ -141,6 +141,37 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
   code, err = run(capsys, "tokenize", f"--input={good}", f"--output_dir={tmp_path / 'ok'}")
   assert code == 2 and "exists" in err[0]
   assert json.loads((tmp_path / "ok" / "tokens.json").read_text()) == meta
+
+
+def test_tokenize_errors_name_its_flags_and_leave_nothing(capsys, tmp_path):
+  """Issue 34: a bad line's message names tokenize's own flags (--on_error, --field, --kind),
+  not the training config's data.* fields, and the failed run leaves no OUT.partial behind,
+  even after it wrote shards."""
+  no_field = write_jsonl(tmp_path / "c.jsonl", bad=[(2, json.dumps({"body": "x"}))])
+  assert tokenize_error(capsys, tmp_path, f"--input={no_field}", "--kind=jsonl") == (
+      f"{no_field}:3: no field 'text' (has: body); set --field (set --on_error=skip to skip "
+      f"such documents)")
+  binary = tmp_path / "data.bin"
+  binary.write_bytes(bytes(range(256)))
+  assert tokenize_error(capsys, tmp_path, f"--input={binary}", "--kind=text") == (
+      f"{binary}: not a text file (NUL byte at offset 0); --kind=text reads UTF-8 text files")
+  # 600 good documents (the first 512, one tokenizer call, written as shards of about 4,000
+  # tokens), then a bad one in the second file
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  write_jsonl(folder / "a.jsonl", n=600)
+  late = write_jsonl(folder / "b.jsonl", bad=[(59, "not json")])
+  message = tokenize_error(capsys, tmp_path, f"--input={folder}", "--kind=jsonl",
+                           "--shard_tokens=4000")
+  assert message.startswith(f"{late}:60: not valid JSON") and "--on_error=skip" in message
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "corpus", "data.bin"]
+
+
+def test_as_flags_renames_only_tokenize_flags():
+  from launcher import tokenize  # pylint: disable=import-outside-toplevel
+  assert tokenize.as_flags("set data.on_error=skip; data.path 'x'; data.seq_len 8; "
+                           "--config.data.field; data.field") == (
+      "set --on_error=skip; --input 'x'; data.seq_len 8; --config.data.field; --field")
 
 
 @pytest.fixture(autouse=True)

@@ -95,18 +95,18 @@ def test_mistakes_are_one_line_exit_2_and_write_nothing(run, capsys, tmp_path, c
 
 
 def test_eval_microbatches_give_the_same_loss(run, capsys, tmp_path):
-  """eval.microbatches=4 passes the 8 rows of each eval batch in 4 scans of 2: the same loss and
-  token count as one pass (the sums add up in another order: float32 rounding)."""
+  """eval.microbatch_rows=2 passes the 8 rows of each eval batch in 4 scans of 2: the same loss
+  and token count as one pass (the sums add up in another order: float32 rounding)."""
   run_dir = tmp_path / "run"
   shutil.copytree(run, run_dir)
   results = []
-  for micro in (1, 4):
+  for rows in (0, 2):
     code, out, err = axtrain_eval(capsys, f"--run_dir={run_dir}",
-                                  f"--config.eval.microbatches={micro}")
+                                  f"--config.eval.microbatch_rows={rows}")
     assert code == 0, err
     results.append(evals(run_dir)[-1])
   one, four = results
   assert four["eval_tokens"] == one["eval_tokens"]
   assert four["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-6)
-  code, _, err = axtrain_eval(capsys, f"--run_dir={run_dir}", "--config.eval.microbatches=3")
-  assert code == 2 and "eval.microbatches=3" in err
+  code, _, err = axtrain_eval(capsys, f"--run_dir={run_dir}", "--config.eval.microbatch_rows=3")
+  assert code == 2 and "eval.microbatch_rows=3" in err

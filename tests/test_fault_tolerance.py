@@ -2,21 +2,24 @@
 
 All runs train tests/testdata/ckpt_lm.py (30 steps, checkpoints every 10, every
 step logged) and are compared with one uninterrupted run. Runs that are signalled, run on
-8 fake devices, or whose exit must leave no late traceback are subprocesses; the others
+fake devices, or whose exit must leave no late traceback are subprocesses; the others
 run in this process (ckpt_util.run_here), sharing the subprocesses' compile cache.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
+import time
 
 import numpy as np
 import pytest
 
 from tests import ckpt_util as cu
 from tests.launch_with_hooks import NanAt, StopAfter
+from trainer.callbacks import Callback
 
 EXIT_PREEMPTED = 75  # launcher/preemption.py, docs/fault_tolerance.md
 
@@ -81,23 +84,29 @@ def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache, capfd):
 
 
 def test_resume_on_another_mesh(tmp_path, ref, cache, capfd):
-  """1 device -> 8 devices (fsdp=8) -> 1 device, via stop checkpoints at 12 and 23: the 1-device
-  runs in this process (a stop requested by a callback), the 8-device one a subprocess (SIGTERM)."""
+  """1 device -> 2 devices (fsdp=2) -> 1 device (data=1), via stop checkpoints at 12 and 23, each
+  part with other mesh flags, none of which makes another run (the mesh is placement): the
+  1-device runs in this process (a stop requested by a callback), the 2-device one a subprocess
+  (SIGTERM)."""
   run_dir = tmp_path / "run"
-  mesh = ("--config.mesh.data=1", "--config.mesh.fsdp=-1")
-  result = cu.run_here(capfd, run_dir, cache, *mesh, callbacks=[StopAfter(12)])
+  result = cu.run_here(capfd, run_dir, cache, callbacks=[StopAfter(12)])
   assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
   assert cu.steps(run_dir) == [10, 12]
-  proc = cu.start_paused(run_dir, cache, 23, *mesh, devices=8)
+  two = ("--config.mesh.data=1", "--config.mesh.fsdp=2")
+  proc = cu.start_paused(run_dir, cache, 23, *two, devices=2)
   rc, err = cu.signal_and_wait(proc)
   assert rc == EXIT_PREEMPTED, err[-3000:]
-  assert "'fsdp': 8" in err and "resumed from checkpoint step 12" in err
-  result = cu.run_here(capfd, run_dir, cache, *mesh)
+  assert "'fsdp': 2" in err and "resumed from checkpoint step 12" in err
+  assert "continues with mesh.data unset -> 1, mesh.fsdp unset -> 2 (where and how" in err
+  result = cu.run_here(capfd, run_dir, cache, "--config.mesh.data=1")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "resumed from checkpoint step 23" in result.stderr
+  assert "continues with mesh.fsdp 2 -> unset (where" in result.stderr
+  assert json.loads((run_dir / "run.json").read_text())["mesh"]["axes"]["fsdp"] == 1
   want, got = cu.losses(ref), cu.losses(run_dir)
   assert sorted(got) == list(range(1, 31))
-  for step in range(1, 31):
+  assert {s: got[s] for s in range(1, 13)} == {s: want[s] for s in range(1, 13)}  # one device
+  for step in range(13, 31):  # fsdp=2 sums its gradients in another order: rounding apart
     np.testing.assert_allclose(got[step], want[step], rtol=2e-4, err_msg=f"step {step}")
   pa, pb = cu.params(ref, 30), cu.params(run_dir, 30)
   for key in pa:
@@ -211,3 +220,33 @@ def test_nonfinite_skip_counts_and_continues(tmp_path, ref, cache, capfd):
   assert all(np.isfinite(losses[s]) for s in range(5, 31))
   # Step 1 already uses the trained parameters: its loss is the reference's late loss range.
   assert losses[1] < cu.losses(ref)[1] - 1.0
+
+
+class _SignalAt(Callback):
+  """Sends this process SIGINT after step `step` and waits until the loop sees the request;
+  records after every step how many earlier steps the devices had not finished."""
+
+  def __init__(self, step: int):
+    self.step, self.behind = step, []
+
+  def on_step_end(self, step: int, loop) -> None:
+    self.behind.append(sum(1 for s, flag in loop.unchecked if s < step and not flag.is_ready()))
+    if step == self.step:
+      os.kill(os.getpid(), signal.SIGINT)
+      deadline = time.monotonic() + 60
+      while not loop.stop_requested() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_sigint_stops_after_the_step_in_flight(tmp_path, cache, capfd):
+  """The host runs at most one step ahead of the devices, so the step a SIGINT's checkpoint holds
+  is the one the devices were running, not one the host dispatched dozens of steps ahead (the
+  next logging step: here none before the end)."""
+  hook = _SignalAt(6)
+  result = cu.run_here(capfd, tmp_path / "run", cache, "--config.trainer.log_every=100",
+                       callbacks=[hook])
+  assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
+  assert "SIGINT: finishing the current step and saving a checkpoint" in result.stderr
+  assert json.loads((tmp_path / "run" / "run.json").read_text())["last_step"] == 6
+  assert cu.steps(tmp_path / "run") == [6]
+  assert hook.behind == [0] * 6, hook.behind  # every step before the one just dispatched is done

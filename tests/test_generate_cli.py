@@ -186,6 +186,50 @@ def test_run_tokenizer_encodes_prompts_without_eos_and_decodes_back(tmp_path, ki
   assert tok.decode(body) == TEXT
 
 
+def test_a_converted_model_samples_with_its_own_tokenizer_or_names_the_fix(tmp_path, capsys):
+  """A model converted from a folder with a tokenizer.json encodes prompts with it (its data is
+  synthetic; config.py names the tokenizer); one converted without a known tokenizer (16 ids,
+  not the bytes tokenizer's 256) is refused in one line that says how to convert it with one."""
+  from tests import test_convert  # pylint: disable=import-outside-toplevel
+  tensors = test_convert._gpt2_tensors(np.random.default_rng(0))
+  own = test_convert._write_hf(tmp_path / "own", tensors)
+  test_convert._word_tokenizer(own / "tokenizer.json")
+  bare = test_convert._write_hf(tmp_path / "bare", tensors)
+  for hf in (own, bare):
+    assert convert.main(["axtrain", f"--from_hf={hf}",
+                         f"--output_dir={tmp_path / hf.name}_run"]) == 0
+  capsys.readouterr()
+  code, out, err = _generate(capsys, f"--run_dir={tmp_path / 'own_run'}", "--prompt=the cat sat",
+                             "--max_new_tokens=3", "--temperature=0", "--json")
+  assert code == 0, err
+  result = json.loads(out)
+  assert result["prompt_ids"] == [2, 3, 4]  # the words' ids in tokenizer.json, not UTF-8 bytes
+  words = test_convert.WORDS
+  assert result["text"] == " ".join(([None, None] + words)[i] for i in result["ids"])
+  code, out, err = _generate(capsys, f"--run_dir={tmp_path / 'bare_run'}", "--prompt=the cat")
+  assert code == 2 and out == "" and err.count("\n") == 1, err
+  assert err == (f"axtrain: error: generate: the run names no tokenizer (data.kind=synthetic) and "
+                 f"its model's {test_convert.V} ids are not the bytes tokenizer's 256; convert it "
+                 f"again with its tokenizer: axtrain convert --from_hf={bare.resolve()} "
+                 f"--tokenizer=PATH/TO/tokenizer.json --output_dir=NEW_RUN_DIR\n"), err
+
+
+@pytest.mark.parametrize("vocab", [256, 512])
+def test_a_run_that_names_no_tokenizer_reads_bytes_only_with_their_vocabulary(vocab):
+  """Synthetic data naming no tokenizer: bytes for a 256-id model; any other model's ids are not
+  UTF-8 bytes, so generate refuses, naming the tokenizer flags a training run takes."""
+  from launcher.errors import UserError  # pylint: disable=import-outside-toplevel
+  cfg = {"model": {"vocab_size": vocab}, "data": {"kind": "synthetic", "tokenizer": None}}
+  if vocab == 256:
+    assert generate_cli.run_tokenizer(cfg).encode(["hi"])[0].tolist() == list(b"hi")
+    return
+  with pytest.raises(UserError, match=r"^generate: the run names no tokenizer \(data.kind="
+                     r"synthetic\) and its model's 512 ids are not the bytes tokenizer's 256; "
+                     r"train with one named: --config.data.tokenizer.kind=huggingface "
+                     r"--config.data.tokenizer.path=PATH/TO/tokenizer.json$"):
+    generate_cli.run_tokenizer(cfg)
+
+
 def test_docs_name_real_code():
   """Every `path.py:name` that docs/generate.md cites exists."""
   import importlib

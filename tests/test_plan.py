@@ -30,7 +30,7 @@ def _run(cfg):
 def tiny_plan():
   """configs/tiny.py on an 8-chip v5e slice (fsdp=8), compiled once by the TPU compiler."""
   return plan.plan(_run(configs.tiny.get_config()), meshes.lookup("tpu-v5e-8"),
-                   config_name="configs/tiny.py", with_eval=False, with_ops=True)
+                   config_name="configs/tiny.py", with_eval=False)
 
 
 def test_tiny_on_tpu_topology_shards_parameters_over_fsdp(tiny_plan):
@@ -276,3 +276,18 @@ def test_every_single_host_tpu_entry_compiles(name):
                 with_eval=False)
   assert p.devices == entry.num_devices and p.compiler == plan.TPU_COMPILER
   assert p.train.argument > 0 and p.train.temp > 0
+
+
+def test_the_compilers_log_becomes_a_note_and_the_rest_passes_through(capfd):
+  """XLA logs from C++ to file descriptor 2: a recognised line becomes one plan note, any other
+  line reaches stderr unchanged, and the descriptor is restored after the compile."""
+  notes = []
+  with plan._compiler_log(notes):  # pylint: disable=protected-access
+    os.write(2, b"W1205 spmd_partitioner.cc:652] [SPMD] Involuntary full rematerialization. "
+                b"The compiler was not able to go from sharding {devices=[8,1]} to {replicated}"
+                b" ... Contact Shardy or XLA team.\n")
+    os.write(2, b"E1205 something else entirely\n")
+  assert len(notes) == 1 and "gathering them whole" in notes[0]
+  os.write(2, b"after\n")
+  err = capfd.readouterr().err
+  assert "something else entirely" in err and "after" in err and "Contact Shardy" not in err

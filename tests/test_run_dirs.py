@@ -107,7 +107,7 @@ def _named(*overrides: str) -> str:
   resolved = config_loading.load("configs/tiny.py", *overrides)
   effective = run_names.effective_overrides(items, resolved=resolved,
                                             base=config_loading.load("configs/tiny.py"))
-  return run_names.default_dir("configs/tiny.py", effective).name
+  return run_names.name("configs/tiny.py", effective).name
 
 
 def test_one_config_is_one_directory_name():
@@ -440,3 +440,80 @@ def test_the_launch_folder_is_kept_like_the_lock(tmp_path):
   assert rd.prepare({"trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
   rd.start({"trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
   assert (out / "launch" / "job.sh").read_text() == "#!/bin/sh\n"
+
+
+# -- what a run is: not its mesh, not its length -----------------------------------------------
+
+def test_the_mesh_and_max_steps_name_no_directory():
+  assert _named("--config.mesh.fsdp=2", "--config.mesh.data=1") == "base"
+  assert _named("--config.checkpoint.every_steps=10", "--config.trainer.max_steps=40") == "base"
+  assert _named("--config.trainer.grad_accum_steps=2", "--config.model.remat=full",
+                "--config.trainer.seed=3") == "trainer.seed=3"
+  assert _named("--config.eval.batch_size=4") == "eval.batch_size=4"  # another measurement
+  assert [k for k in ("mesh.context", "mesh.rules", "trainer.grad_accum_steps",
+                      "checkpoint.restore_step", "trainer.log_every") if run_dir.relaid(k)] == [
+      "mesh.context", "mesh.rules", "trainer.grad_accum_steps", "checkpoint.restore_step",
+      "trainer.log_every"]
+  assert not any(run_dir.relaid(k) for k in ("trainer.max_steps", "trainer.seed",
+                                             "model.scan_layers", "data.batch_size",
+                                             "trainer.compute_dtype", "eval.num_batches"))
+
+
+def test_raising_max_steps_extends_the_run_in_its_automatic_directory(quick, capsys):
+  code, err = axtrain(capsys)
+  assert code == 0, err
+  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
+  assert code == 0 and "axtrain: note: extending runs/quick/base from trainer.max_steps 1 to 3, " \
+      "continuing from step 1" in err, err
+  runs = quick / "runs" / "quick"
+  assert [p.name for p in runs.iterdir()] == ["base"]
+  steps = [r["step"] for r in map(json.loads, (runs / "base" / "metrics.jsonl").read_text()
+                                  .splitlines()) if "loss" in r]
+  assert steps == [1, 2, 3]
+  code, err = axtrain(capsys)  # the file's max_steps (1) is below the run's 3 now
+  assert code == 2 and "trainer.max_steps 1 is below the run's 3" in err, err
+
+
+def test_the_same_run_on_another_mesh_resumes_with_a_note(copied, capsys):
+  code, err = axtrain(capsys, "--output_dir=run", "--config.mesh.data=1")
+  assert code == 0 and "run already completed; nothing to do" in err, err
+  code, err = axtrain(capsys, "--output_dir=run", "--config.mesh.data=1",
+                      "--config.trainer.grad_accum_steps=2", "--config.trainer.max_steps=2")
+  assert code == 0, err
+  assert ("axtrain: note: run continues with mesh.data unset -> 1, trainer.grad_accum_steps 1 -> "
+          "2 (where and how its steps run and are recorded, not what they compute: the same "
+          "run)") in err, err
+  assert "extending run from trainer.max_steps 1 to 2" in err
+  stored = json.loads((copied / "config.json").read_text())
+  assert stored["mesh"]["data"] == 1 and stored["trainer"]["grad_accum_steps"] == 2
+  # A field that changes what the steps compute is another run: refused, as before.
+  err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
+                "--config.trainer.seed=9")[1]
+  assert "holds a run with a different config (trainer.seed differ)" in err
+
+
+def _legacy(quick, capsys, name: str, *args: str) -> pathlib.Path:
+  """A run in runs/quick/<name>, as an axtrain that named directories so had put it."""
+  code, err = axtrain(capsys, f"--output_dir=runs/quick/{name}", *args)
+  assert code == 0, err
+  return quick / "runs" / "quick" / name
+
+
+def test_a_directory_named_with_max_steps_or_the_mesh_is_still_found(quick, capsys):
+  old = _legacy(quick, capsys, "trainer.max_steps=2", "--config.trainer.max_steps=2")
+  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
+  assert code == 0 and "extending runs/quick/trainer.max_steps=2 from trainer.max_steps 2 to 3" \
+      in err, err
+  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
+  assert code == 0 and "runs/quick/trainer.max_steps=2 already completed" in err, err
+  mesh = _legacy(quick, capsys, "mesh.fsdp=1,trainer.seed=5", "--config.mesh.fsdp=1",
+                 "--config.trainer.seed=5")
+  code, err = axtrain(capsys, "--config.trainer.seed=5", "--config.mesh.data=1")
+  assert code == 0 and f"{mesh.relative_to(quick)} already completed" in err, err
+  assert sorted(p.name for p in old.parent.iterdir()) == [mesh.name, old.name]
+  # Beside a run named by this axtrain, the same command would continue either: it asks.
+  assert axtrain(capsys)[0] == 0
+  code, err = axtrain(capsys, "--config.trainer.max_steps=4")
+  assert code == 2 and err == ("axtrain: error: runs/quick holds 2 runs that this command "
+                               "continues (trainer.max_steps=2, base; trainer.max_steps and the "
+                               "mesh name no directory now); give --output_dir=<one of them>\n")

@@ -93,6 +93,68 @@ def test_plot_writes_a_png(sweep, capsys, tmp_path):
   assert pixels.shape[0] > 100 and pixels.shape[1] > 100
 
 
+@pytest.fixture(scope="module")
+def many_runs(tmp_path_factory):
+  """28 runs: copies of a saved sweep run, each with its own learning rate and 2,000 logged
+  steps (a long sweep's curves)."""
+  root = tmp_path_factory.mktemp("many")
+  saved = ROOT / "tests" / "testdata" / "sweep" / "lr=1e-3"
+  for i in range(28):
+    run = root / f"run{i:02d}"
+    shutil.copytree(saved, run)
+    config = json.loads((run / "config.json").read_text())
+    config["optimizer"]["learning_rate"] = (i + 1) * 1e-4
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 4.0 - s / 1000 + i / 100}) + "\n" for s in range(1, 2001))
+        + "".join(json.dumps({"step": s, "eval_loss": 4.1 - s / 1000 + i / 100}) + "\n"
+                  for s in range(200, 2001, 200)))
+  return root
+
+
+def test_plot_of_many_runs_prints_no_warning(many_runs, capsys, tmp_path, monkeypatch):
+  """Issue 34: `runs --plot` printed matplotlib's UserWarning that its search for a free spot
+  for the legend is slow. Its clock here runs 2 s per reading, as on a slow machine with long
+  curves; the plot must not depend on that search (nor warn about anything else)."""
+  import itertools  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  import warnings  # pylint: disable=import-outside-toplevel
+  from matplotlib import legend  # pylint: disable=import-outside-toplevel
+  clock = itertools.count(0.0, 2.0)
+  monkeypatch.setattr(legend, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+  target = tmp_path / "many.png"
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    code, out, err = axtrain(capsys, many_runs, f"--plot={target}")
+  assert code == 0 and err == f"axtrain: wrote {target}\n", err
+  assert [str(w.message) for w in caught] == []
+  assert len(out.splitlines()) == 29 and target.stat().st_size > 0
+
+
+def test_the_legend_of_many_runs_stays_beside_the_curves(many_runs):
+  """The legend names the LEGEND_RUNS best runs and sums up the rest in one entry; it lies
+  beside the axes, inside the figure, so no curve is hidden under it."""
+  runs, keys = runs_lib.collect([str(many_runs)])
+  fig = runs_lib.figure(runs, keys, title="axtrain runs " + " ".join(str(r.path) for r in runs))
+  fig.canvas.draw()
+  ax, = fig.axes
+  legend = ax.get_legend()
+  labels = [t.get_text() for t in legend.get_texts()]
+  assert labels[:runs_lib.LEGEND_RUNS] == [f"optimizer.learning_rate={show}" for show in
+                                           (runs_lib.show_value(r.config["optimizer.learning_rate"])
+                                            for r in runs[:runs_lib.LEGEND_RUNS])]
+  assert labels[runs_lib.LEGEND_RUNS:] == [
+      f"{28 - runs_lib.LEGEND_RUNS} more runs (gray; `axtrain runs` lists them)",
+      "train loss (solid)", "eval loss (dashed)"]
+  box, axes_box, page = (legend.get_window_extent(), ax.get_window_extent(), fig.bbox)
+  assert box.x0 >= axes_box.x1  # beside the axes, not over them
+  assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+  title = ax.title.get_window_extent()
+  assert page.x0 <= title.x0 and title.x1 <= page.x1 and ax.get_title() == "axtrain runs: 28 runs"
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  plt.close(fig)
+
+
 def test_plot_without_matplotlib_says_how_to_install(sweep, capsys, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
   code, out, err = axtrain(capsys, sweep, f"--plot={tmp_path / 'p.png'}")

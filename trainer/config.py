@@ -32,6 +32,10 @@ class TrainerConfig:
   log_every: int = 10  # steps between metrics records (and host syncs)
   seed: int = 0  # parameter init and data order
   grad_accum_steps: int = 1  # microbatches per step (lax.scan), same result as one big batch
+  # Rows each device computes at once: > 0 sets grad_accum_steps to data.batch_size / (batch
+  # shards x microbatch_rows) on the mesh in use (1 where a device's share is smaller), so one
+  # recipe line serves any device count; 0 = grad_accum_steps as set.
+  microbatch_rows: int = 0
   compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
   # Positions per cross-entropy chunk: the LM head and loss run chunk by chunk, never holding
   # float32 [batch, seq, vocab] logits; must divide data.seq_len. 0 = the whole sequence at once.
@@ -55,8 +59,9 @@ class TrainerConfig:
                           f"int32), got {getattr(self, name):,}")
     if not 0 <= self.seed < 2 ** 63:
       raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
-    if self.loss_chunk_size < 0:
-      raise ConfigError(f"trainer.loss_chunk_size must be >= 0, got {self.loss_chunk_size}")
+    if self.loss_chunk_size < 0 or self.microbatch_rows < 0:
+      raise ConfigError(f"trainer.loss_chunk_size and microbatch_rows must be >= 0, got "
+                        f"{self.loss_chunk_size} and {self.microbatch_rows}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:
       raise ConfigError("trainer: hang_timeout_s and peak_flops must be >= 0")
     if self.profile_steps and (len(self.profile_steps) != 2
@@ -75,15 +80,16 @@ class EvalConfig:
   every_steps: int = 0  # steps between evaluations; 0 = only at the end
   batch_size: int = 32  # sequences per eval batch
   num_batches: int = 4  # eval batches per evaluation
-  # Device passes per eval batch (its rows split as trainer.grad_accum_steps splits a train
-  # batch): the same sums with a 1/microbatches share of the eval step's activations.
-  microbatches: int = 1
+  # Rows each device evaluates at once: an eval batch with more rows per device goes through
+  # in several passes (strided rows, as trainer.microbatch_rows): the same sums with less
+  # memory. 0 = the whole batch at once.
+  microbatch_rows: int = 0
 
   def check(self):
     if (self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0
-        or self.microbatches <= 0):
-      raise ConfigError("eval: every_steps must be >= 0, batch_size, num_batches and "
-                        "microbatches positive")
+        or self.microbatch_rows < 0):
+      raise ConfigError("eval: every_steps and microbatch_rows must be >= 0, batch_size and "
+                        "num_batches positive")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -49,6 +49,7 @@ class Experiment:
   state_shardings: Any  # TrainState of NamedShardings
   batch_sharding: NamedSharding
   compute_dtype: Any
+  eval_microbatches: int = 1  # device passes per eval batch (eval.microbatch_rows on this mesh)
 
   @property
   def num_params(self) -> int:
@@ -88,7 +89,7 @@ class Experiment:
   def eval_fn(self):
     fn = functools.partial(eval_step, model=self.model, compute_dtype=self.compute_dtype,
                            loss_chunk_size=self.run.trainer.loss_chunk_size,
-                           microbatches=self.run.eval.microbatches)
+                           microbatches=self.eval_microbatches)
     return jax.jit(fn, in_shardings=(self.state_shardings.params, self.batch_sharding))
 
   def init(self) -> TrainState:
@@ -178,6 +179,61 @@ def unbox_empty(tree: Any) -> Any:
                       tree, is_leaf=is_box)
 
 
+def microbatches(rows: int, *, shards: int, per_device: int, what: str) -> int:
+  """Microbatches of `per_device` rows on each of `shards` batch shards in a batch of `rows`
+  rows (1 where a device's share is no larger); ConfigError unless they split evenly."""
+  share = rows // shards
+  if per_device <= 0 or share <= per_device:
+    return 1
+  if share % per_device:
+    raise ConfigError(f"{what}={per_device}: a batch of {rows} rows over {shards} batch shards "
+                      f"is {share} rows per device, not a multiple of {per_device}")
+  return share // per_device
+
+
+def resolve_microbatches(run: RunConfig, source: Source, batch_sharding) -> tuple[RunConfig, int]:
+  """`run` with trainer.grad_accum_steps as trainer.microbatch_rows sets it on this mesh (its
+  batch shards), and the eval batch's passes; both checked to split the batches evenly."""
+  shards = sharding.num_shards(batch_sharding, dim=0)
+  over = sharding.describe_axes(batch_sharding, dim=0)
+  t, batch = run.trainer, source.batch_size
+  if batch % shards:
+    raise ConfigError(f"data.batch_size {batch} is not divisible by the {shards} batch shards of "
+                      f"the mesh ({over}); change the batch size or --config.mesh.*")
+  if t.microbatch_rows:
+    accum = microbatches(batch, shards=shards, per_device=t.microbatch_rows,
+                         what="trainer.microbatch_rows")
+    if t.grad_accum_steps not in (1, accum):
+      raise ConfigError(f"trainer.microbatch_rows={t.microbatch_rows} makes grad_accum_steps "
+                        f"{accum} on this mesh, but trainer.grad_accum_steps is "
+                        f"{t.grad_accum_steps}; set one of them (the other 0 / 1)")
+    run = dataclasses.replace(run, trainer=dataclasses.replace(t, grad_accum_steps=accum))
+  accum = run.trainer.grad_accum_steps
+  if batch % accum or (batch // accum) % shards:
+    raise ConfigError(f"data.batch_size {batch} must split into trainer.grad_accum_steps="
+                      f"{accum} microbatches, each divisible by the {shards} batch shards of the "
+                      f"mesh ({over}); change the batch size, grad_accum_steps or --config.mesh.*")
+  chunk = run.trainer.loss_chunk_size
+  if chunk and source.seq_len % chunk:
+    raise ConfigError(f"trainer.loss_chunk_size {chunk} must divide data.seq_len "
+                      f"{source.seq_len}; pick a divisor or 0 (no chunking)")
+  if run.eval.batch_size % shards:
+    raise ConfigError(f"eval.batch_size {run.eval.batch_size} is not divisible by the {shards} "
+                      f"batch shards of the mesh ({over}); change eval.batch_size or "
+                      f"--config.mesh.*")
+  return run, microbatches(run.eval.batch_size, shards=shards, per_device=run.eval.microbatch_rows,
+                           what="eval.microbatch_rows")
+
+
+def count_params(run: RunConfig) -> int:
+  """Parameters of `run`'s model, from abstract shapes (no devices, no mesh)."""
+  model = MODELS.build(run.model)
+  params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=run.data.seq_len),
+                          jax.random.key(0))
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
+
+
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
   devices = jax.devices() if devices is None else devices
@@ -198,25 +254,8 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   state_shardings = sharding.logical_shardings(abstract, mesh, rules)
   sharding.check_divisible(abstract, state_shardings, what="parameter")
   batch_sharding = sharding.batch_sharding(mesh, rules)
-  accum = run.trainer.grad_accum_steps
-  shards = sharding.num_shards(batch_sharding, dim=0)
-  over = sharding.describe_axes(batch_sharding, dim=0)
-  if source.batch_size % accum or (source.batch_size // accum) % shards:
-    raise ConfigError(f"data.batch_size {source.batch_size} must split into "
-                      f"trainer.grad_accum_steps={accum} microbatches, each divisible by the "
-                      f"{shards} batch shards of the mesh ({over}); change the batch size, "
-                      f"grad_accum_steps or --config.mesh.*")
-  chunk = run.trainer.loss_chunk_size
-  if chunk and source.seq_len % chunk:
-    raise ConfigError(f"trainer.loss_chunk_size {chunk} must divide data.seq_len "
-                      f"{source.seq_len}; pick a divisor or 0 (no chunking)")
-  micro = run.eval.microbatches
-  if run.eval.batch_size % micro or (run.eval.batch_size // micro) % shards:
-    raise ConfigError(f"eval.batch_size {run.eval.batch_size} must split into eval.microbatches"
-                      f"={micro} microbatches, each divisible by the {shards} batch shards of "
-                      f"the mesh ({over}); change eval.batch_size, eval.microbatches or "
-                      f"--config.mesh.*")
+  run, eval_microbatches = resolve_microbatches(run, source, batch_sharding)
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,
-                    batch_sharding=batch_sharding,
+                    batch_sharding=batch_sharding, eval_microbatches=eval_microbatches,
                     compute_dtype=compute_dtype(run.trainer.compute_dtype, devices[0].platform))

@@ -1,6 +1,8 @@
-"""The training loop: dispatches steps ahead and syncs with the host only when it logs or saves.
+"""The training loop: dispatches one step ahead and copies to the host only when it logs or saves.
 
-A logging step's metrics are fetched after the next step is dispatched (one step
+After dispatching a step it waits for the one before (not for the one it just dispatched), so
+the devices always have the next step queued and a stop request lands after the step in
+flight. A logging step's metrics are fetched after the next step is dispatched (one step
 late), so the host never waits for the step it just dispatched. `_Loop.run` shows
 the order of a step. Resuming, preemption and non-finite losses are handled here;
 writers, the profiler and test hooks are callbacks (trainer/callbacks.py); the
@@ -143,8 +145,15 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
 
 def _header(exp: Experiment, run_dir) -> list[str]:
   state_bytes = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
-  return header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
-                num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
+  lines = header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
+                 num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
+  accum = exp.run.trainer.grad_accum_steps
+  if accum > 1:
+    lines.insert(1, f"each step accumulates {accum} microbatches of {exp.source.batch_size // accum}"
+                    f" rows (trainer.grad_accum_steps"
+                    + (f", from trainer.microbatch_rows={exp.run.trainer.microbatch_rows}"
+                       if exp.run.trainer.microbatch_rows else "") + ")")
+  return lines
 
 
 def _throughput(exp: Experiment, hardware_peak_flops: float | None) -> metrics_lib.Throughput:
@@ -184,6 +193,7 @@ class _Loop:
     self.tokens_per_step = exp.source.batch_size * exp.source.seq_len
     self.timer = Timer()
     self.watchdog = Watchdog(self.cfg.hang_timeout_s)
+    self.previous = None  # the last dispatched step's non-finite flag (wait_for_previous)
 
   def run(self) -> None:
     call_all(self.callbacks, "on_train_start", self.s)
@@ -192,8 +202,8 @@ class _Loop:
         metrics = self.dispatch(step)  # returns before the devices finish the step
         self.log(step, metrics)  # writes step - 1's record (one step late), holds step's
         self.save(step, force=step == self.cfg.max_steps)
-        # Dispatch runs ahead of the devices by a few steps at most, so a hung device stops
-        # these calls soon after; the first countdown starts once compilation is done.
+        # Dispatch runs one step ahead of the devices at most (wait_for_previous), so a hung
+        # device stops these calls at once; the first countdown starts once compilation is done.
         self.watchdog.pet()
         call_all(self.callbacks, "on_step_end", step, self.s)
         if self.stop(step):
@@ -217,6 +227,7 @@ class _Loop:
     s.state, metrics = exp.step_fn(s.state, batch)
     s.step = step
     s.unchecked.append((step, metrics.pop("nonfinite")))
+    self.wait_for_previous(s.unchecked[-1][1])
     if step == s.start + 1:
       jax.block_until_ready(s.state)
       s.first_step_s = self.timer.lap()
@@ -225,6 +236,16 @@ class _Loop:
                             + (f"; step memory {memory / 2**20:,.1f} MiB per device"
                                if memory is not None else ""))
     return metrics
+
+  def wait_for_previous(self, flag) -> None:
+    """Waits until the step before the one just dispatched (whose non-finite `flag` this is)
+    has finished: its flag, a scalar, is ready; nothing is copied. The devices always have the
+    next step queued, and the host is never more than one step ahead of them, so a stop request
+    (a signal) is acted on after the step in flight, not after the steps the host would
+    otherwise dispatch ahead until its next sync (a logging step)."""
+    if self.previous is not None:
+      self.previous.block_until_ready()
+    self.previous = flag
 
   def log(self, step: int, metrics: dict) -> None:
     self.flush_log()

@@ -426,6 +426,22 @@ def describe_match(match) -> str:
   return ", ".join(f"{k}={v}" for k, v in match.items())
 
 
+# Fields that set the same thing another way: a rule leaves one alone when the command line set
+# the other (a user's grad_accum_steps wins over a recipe's microbatch_rows).
+ALTERNATIVES = {"trainer.microbatch_rows": "trainer.grad_accum_steps",
+                "trainer.grad_accum_steps": "trainer.microbatch_rows"}
+
+
+def _switch(cfg, node: str, kind, what: str) -> None:
+  """A rule's `node.kind`: the node becomes `kind`'s, keeping the fields both kinds share."""
+  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
+  try:
+    config_lib.switch_kind(cfg, node, kind)
+  except (KeyError, AttributeError, ValueError, ConfigError) as e:
+    raise ConfigError(f"mesh rule '{what}': {node}.kind={kind!r}: "
+                      f"{' '.join(str(e).split())}") from None
+
+
 def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
   """Applies the first of `cfg.mesh.rules` that matches `entry` (an Entry, or a name that
   `lookup` knows); returns that rule's match in words (describe_match), else None.
@@ -447,8 +463,14 @@ def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
     if not _matches(match, entry):
       continue
     what = describe_match(match)
+    # Kind switches first, parents before children, as on the command line; a switch of a
+    # component the command line configured (its kind or any field under it) is left out.
+    for path in sorted((p for p in changes if p.endswith(".kind")), key=lambda p: p.count(".")):
+      node = path[:-len(".kind")]
+      if not any(e == node or e.startswith(f"{node}.") for e in explicit):
+        _switch(cfg, node, changes[path], what)
     for path, value in changes.items():
-      if path in explicit:
+      if path.endswith(".kind") or path in explicit or ALTERNATIVES.get(path) in explicit:
         continue
       try:
         config_path.set_value(path, cfg, value)

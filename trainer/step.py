@@ -143,20 +143,28 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
   """
   grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype,
                                        loss_chunk_size=loss_chunk_size), has_aux=True)
+  # Gradients with respect to the compute-dtype copy of the parameters, made once a step: the
+  # same values as through the cast (its transpose converts them back), without a float32
+  # gradient per microbatch beside the float32 accumulator.
+  compute_params = cast_floats(state.params, compute_dtype)
+  to_params = lambda g, p: g.astype(p.dtype)  # (a no-op where they are the same)
   if grad_accum_steps == 1:
-    grads, stats = grad_fn(state.params, batch)
+    grads, stats = grad_fn(compute_params, batch)
   else:
     def body(acc, micro):
-      g, s = grad_fn(state.params, micro)
-      return jax.tree.map(jnp.add, acc, (g, s)), None
+      g, s = grad_fn(compute_params, micro)
+      return (jax.tree.map(lambda a, x: a + x.astype(a.dtype), acc[0], g),
+              jax.tree.map(jnp.add, acc[1], s)), None
 
     micro = _microbatches(batch, grad_accum_steps)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
-        grad_fn, state.params, jax.tree.map(lambda x: x[0], micro)))
+    _, s_shape = jax.eval_shape(grad_fn, compute_params, jax.tree.map(lambda x: x[0], micro))
+    zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), state.params),
+             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), s_shape))
     (grads, stats), _ = jax.lax.scan(body, zeros, micro)
     # Means over the microbatches; the loss and weight sums stay sums.
     stats = dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps,
                  metrics={k: v / grad_accum_steps for k, v in stats["metrics"].items()})
+  grads = jax.tree.map(to_params, grads, state.params)
   denom = jnp.maximum(stats["weight_sum"], 1.0)
   with jax.named_scope("optimizer"):
     grads = jax.tree.map(lambda g: g / denom, grads)

@@ -13,6 +13,11 @@ switches `data` from the config file's kind to `jsonl`'s node (core/paths.py:swi
 the fields both kinds share (`SHARED`: `seq_len`, `batch_size`, `eval_percent`, the
 `tokenizer` node) carry over, `path` is set by the next override, and a field `jsonl` does
 not read is refused by name.
+
+A text kind's `tokenizer` (`tokenizer_field`) is bytes unless set, but a switch from a kind
+that names none (`synthetic` with `tokenizer` None: the larger configs, a converted model
+whose tokenizer is not known) carries None, and parse refuses it with how to name one: the
+ids of such a model mean its own tokenizer's tokens, which UTF-8 bytes are not.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from typing import Any, ClassVar, Literal
 from core.registry import REQUIRED, ConfigError, child
 
 DEFAULT_EVAL_PERCENT = 2
+
+NO_TOKENIZER = ("the data kind it was switched from names no tokenizer; name the model's: "
+                "--config.data.tokenizer.kind=huggingface "
+                "--config.data.tokenizer.path=PATH/TO/tokenizer.json (or .kind=sentencepiece "
+                "with its .model, or .kind=bytes for UTF-8 bytes)")
+
+
+def tokenizer_field() -> Any:
+  """The `tokenizer` child of a kind that reads text: bytes unless set; None (carried by a
+  switch from a kind that names no tokenizer) is refused with how to name one."""
+  return child("tokenizer", kind="bytes", how=NO_TOKENIZER)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,7 +75,7 @@ class DocumentFilesConfig(HeldOutConfig):
   path: str = REQUIRED  # file, glob (`**` recurses) or directory
   eval_path: str | None = None  # held-out corpus of the same kind; None: hold out eval_percent
   on_error: Literal["stop", "skip"] = "stop"  # bad document: stop with an error, or skip and count
-  tokenizer: Any = child("tokenizer", kind="bytes")
+  tokenizer: Any = tokenizer_field()
   SHARED: ClassVar = (*HeldOutConfig.SHARED, "path", "eval_path", "on_error")
 
   def check(self, *, vocab_size: int, seed: Any):

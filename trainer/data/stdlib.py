@@ -12,17 +12,16 @@ import pathlib
 import sysconfig
 from typing import Any
 
-from core.registry import child
 from trainer.data import tokenizers
 from trainer.data.base import DATA
-from trainer.data.config import HeldOutConfig
+from trainer.data.config import HeldOutConfig, tokenizer_field
 from trainer.data.corpus import CorpusSource, Split, encode_all, split_by_name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StdlibConfig(HeldOutConfig):
   kind: str = "stdlib"
-  tokenizer: Any = child("tokenizer", kind="bytes")
+  tokenizer: Any = tokenizer_field()
 
 
 def stdlib_docs() -> tuple[list[str], list[bytes]]:

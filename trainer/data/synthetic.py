@@ -1,6 +1,9 @@
 """Uniformly random tokens, for benchmarks: no I/O, a pure function of (seed, step); with
 data.mean_doc_len, packed from documents of random length like a corpus (positions and
-segment_ids), so that the step compiled and run is the one training on a corpus runs."""
+segment_ids), so that the step compiled and run is the one training on a corpus runs.
+data.tokenizer (optional) names the model's tokenizer, which synthetic data does not read:
+a converted model's (`axtrain convert`), kept by a switch to a text kind and used by
+`axtrain generate`."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from core.registry import ConfigError
+from core.registry import ConfigError, child
 from trainer.data.base import DATA, Source, StepIndexedIterator, local_rows
 from trainer.data.config import BatchShape
 from trainer.data.packing import PACKED_FIELDS, packed_batch
@@ -22,6 +25,10 @@ class SyntheticConfig(BatchShape):
   # tokens per document on average: > 0 packs rows from documents of random length, as the
   # corpus kinds pack theirs (batches carry positions and segment_ids); 0: one stream, no documents
   mean_doc_len: int = 0
+  # the tokenizer of the text the model is for (synthetic data reads none): a switch to a text
+  # kind carries it, `axtrain generate` encodes prompts with it; None: none named (a text kind
+  # switched to then asks for one)
+  tokenizer: Any = child("tokenizer", None)
 
   def check(self, *, vocab_size: int, seed: Any):
     super().check(vocab_size=vocab_size, seed=seed)

@@ -1,0 +1,80 @@
+"""What a device achieves, as fractions of its datasheet peaks: the plan's step-time estimate.
+
+The estimate (planner/plan.py:estimate) walks the compiled step's ops (planner/hlo_ops.py) and
+times each at the rate the device reaches on ops of its kind:
+
+    matmul     max(FLOPs / (matmul x peak FLOP/s), bytes / (memory x HBM bandwidth))
+    attention  a Pallas / cuDNN attention kernel, whose FLOPs the HLO does not show: its causal
+               FLOPs at `attention` x peak for a forward pass; a backward pass takes
+               `attention_backward` forward passes
+    the rest   bytes / (memory x HBM bandwidth)
+
+and adds them (one device runs one op at a time), collectives beside them.
+
+A row is measured on the hardware (what, how, when) or, where no device of that kind has been
+lent, assumed from published figures and labelled so. One table serves every planner path:
+TPU, GPU and Trainium plans read the row of their hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainer.meshes import Hardware
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+  matmul: float  # achieved / peak bf16 FLOP/s on the step's matmuls
+  attention: float  # achieved / peak on an attention kernel's forward pass (causal FLOPs)
+  attention_backward: float  # an attention kernel's backward pass, in forward passes
+  memory: float  # achieved / peak HBM bandwidth on memory-bound ops
+  source: str  # measured (what, how, when) or assumed (from what)
+  measured: bool
+
+
+# One TPU v5e chip (the device tool, 2026-12-05). matmul: the profiled train steps of 125m
+# (b4, splash) and llm_1b (b8, full remat) summed 38.0 ms over 5.38 TFLOP and 1033 ms over
+# 153.2 TFLOP of matmul ops (141.8 and 148.3 TFLOP/s, 0.72 and 0.75 of 197). attention: the
+# splash kernel as modules/attn_splash.py sets it up (blocks 1024, keys 512 at a time, fused
+# backward), forward and forward + backward of 125m's and 1b's attention at seq 2048 with
+# packed rows: 0.740 / 2.23 ms and 4.02 / 11.46 ms for 25.8 and 137 GFLOP of causal forward
+# work (34.8 and 34.2 TFLOP/s; backward 2.0 and 1.85 forward passes). memory: the same steps'
+# memory-bound ops against their bytes in the compiled HLO (125m: 26.4 ms measured, 1b: 193 ms).
+_V5E = Calibration(
+    matmul=0.74, attention=0.175, attention_backward=1.95, memory=0.85, measured=True,
+    source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
+           "splash kernel timings)")
+
+# No GPU has been lent to this project: assumed. matmul: cuBLAS bf16 GEMMs of LLM shapes on
+# H100 SXM reach 650-750 of 989 TFLOP/s; attention: cuDNN / FlashAttention-2 forward on
+# head_dim 128, 350-450 TFLOP/s (FlashAttention-3 paper, Shah et al. 2024, Fig. 5), backward
+# 2.5 forward passes; memory: 80% of HBM bandwidth on fused elementwise ops.
+_GPU = Calibration(
+    matmul=0.70, attention=0.40, attention_backward=2.5, memory=0.80, measured=False,
+    source="assumed for NVIDIA GPUs from published kernel throughput (no GPU measured here)")
+
+# Trainium: assumed like a GPU's matmul share, no attention kernel in our plans.
+_NEURON = Calibration(
+    matmul=0.65, attention=0.30, attention_backward=2.5, memory=0.75, measured=False,
+    source="assumed for Trainium (no Trainium measured here)")
+
+# (platform, the registry's device_kind of that hardware or None for any, row): first match.
+ROWS: tuple[tuple[str, str | None, Calibration], ...] = (
+    ("tpu", r"TPU v5 ?lite|TPU v5e", _V5E),
+    ("gpu", None, _GPU),
+    ("neuron", None, _NEURON),
+)
+
+
+def for_hardware(hw: Hardware) -> Calibration:
+  """The row for `hw`: its own where measured; another TPU generation takes v5e's fractions,
+  labelled as such."""
+  for platform, kind, row in ROWS:
+    if platform == hw.platform and kind in (None, hw.device_kind):
+      return row
+  if hw.platform == "tpu":
+    return dataclasses.replace(_V5E, source=f"v5e's fractions ({_V5E.source}); not measured "
+                                            f"on this TPU generation", measured=False)
+  return dataclasses.replace(_GPU, source=f"assumed ({hw.platform}: no row of its own)",
+                             measured=False)
