@@ -4,6 +4,7 @@ On the lent TPU chip (../shared/chip/README.md), after `../shared/chip/wheels.sh
 
     bash .chip/on_chip.sh python3 -m benchmarks.chip run --out=$OUT [--profile] [NAME ...]
     python -m benchmarks.chip write $OUT/chip.jsonl     # here: BENCHMARKS.md's chip section
+    bash .chip/on_chip.sh python3 -m benchmarks.chip compare --out=$OUT [--plain=V,...] [NAME ...]
 
 Each setting is one `axtrain` command (launcher.main.main, in this process: one opening of the
 chip for all of them) with `--config.trainer.max_steps` and per-step logging; its figures are
@@ -11,6 +12,11 @@ medians over the steps after the first WARMUP of the run's own metrics.jsonl (th
 `step_time_s`, host syncs included), and the device's peak memory (`memory_peak_bytes`).
 `--profile` also traces a few steps with jax.profiler and sums the device's op times by name
 (profile_summary), so that where the time goes comes back as one small JSON file.
+
+`compare` trains a setting (default 125m-b4) through axtrain's loop (trainer.loop.train, the
+CLI's config, overrides and mesh rules) and benchmarks/plain_jax.py's one jitted step on the
+same model, batches, start and optimizer, in alternating rounds of --steps steps (steps 2..K
+timed, medians over --rounds), into compare.jsonl: ratio = axtrain tokens/s / plain tokens/s.
 """
 
 from __future__ import annotations
@@ -278,14 +284,84 @@ def write(argv: list[str]) -> int:
   return 0
 
 
+COMPARE_STEPS, COMPARE_ROUNDS = 20, 5
+COMPARE_SETTINGS = ("125m-b4",)
+# Plain JAX variants timed by default; the ratio is taken against the fastest.
+COMPARE_PLAIN = ("unrolled", "unrolled+fused", "unrolled+permute", "unrolled+fused+permute")
+
+
+def compare_run(argv: list[str]) -> int:
+  """`compare`: axtrain's training loop against plain JAX (benchmarks/plain_jax.py) per setting,
+  alternating rounds in this one process (benchmarks/compare.py:measure); one JSON record per
+  setting in --out/compare.jsonl, ratio = axtrain tokens/s / the fastest plain variant's."""
+  p = argparse.ArgumentParser(prog="python -m benchmarks.chip compare")
+  p.add_argument("--out", required=True, help="folder for compare.jsonl (the device tool's $OUT)")
+  p.add_argument("--steps", type=int, default=COMPARE_STEPS,
+                 help="steps per round; steps 2..K are timed")
+  p.add_argument("--rounds", type=int, default=COMPARE_ROUNDS, help="rounds per side")
+  p.add_argument("--plain", default=",".join(COMPARE_PLAIN),
+                 help="plain JAX variants, comma-separated, each words joined by '+' "
+                      "(benchmarks/compare.py:VARIANT_WORDS), e.g. unrolled,scan+fused+permute")
+  p.add_argument("settings", nargs="*", default=list(COMPARE_SETTINGS),
+                 help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
+  args = p.parse_args(argv)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  with open(out / "compare.jsonl", "a", encoding="utf-8") as f:
+    for spec in args.settings:
+      row = {**_compare_head(), **compare_one(spec, plain=tuple(args.plain.split(",")),
+                                              steps=args.steps, rounds=args.rounds)}
+      f.write(json.dumps(row) + "\n")
+      f.flush()
+      summary = {k: row.get(k) for k in ("ratio", "fastest_plain", "ratios", "error")}
+      summary["tokens_per_sec"] = {n: round(s["tokens_per_sec"])
+                                   for n, s in row.get("sides", {}).items()}
+      print(f"benchmarks.chip compare: {spec}: " + json.dumps(summary), flush=True)
+  return 0
+
+
+def _compare_head() -> dict:
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import machine  # pylint: disable=import-outside-toplevel
+  return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+          "commit": machine.git_commit(), "device": jax.devices()[0].device_kind,
+          "devices": jax.device_count(), "jax": jax.__version__}
+
+
+def compare_one(spec: str, *, plain: tuple[str, ...], steps: int, rounds: int) -> dict:
+  """One setting's comparison record; a setting plain JAX does not write (ValueError) is
+  recorded with its `error` and no figures."""
+  from benchmarks import compare  # pylint: disable=import-outside-toplevel
+  name, _, extra = spec.partition(":")
+  if name not in SETTINGS:
+    raise SystemExit(f"benchmarks.chip: unknown setting '{name}'; settings: {', '.join(SETTINGS)}")
+  config, preset = SETTINGS[name]
+  overrides = (*preset, *(o for o in extra.split(",") if o))
+  row = {"setting": spec, "config": config, "overrides": list(overrides), "steps": steps,
+         "rounds": rounds}
+  start = time.time()
+  exp = compare.chip_experiment(config, overrides, steps=steps)
+  try:
+    variants = {v: compare.variant(exp, v) for v in plain}
+  except ValueError as e:
+    return {**row, "error": str(e)}
+  row["mesh"] = dict(exp.mesh.shape)
+  row.update(compare.row(compare.measure(exp, variants, rounds=rounds), exp, variants))
+  row["wall_s"] = round(time.time() - start, 1)
+  return row
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["run"]:
     return run(argv[1:])
   if argv[:1] == ["write"]:
     return write(argv[1:])
+  if argv[:1] == ["compare"]:
+    return compare_run(argv[1:])
   raise SystemExit("usage: python -m benchmarks.chip run --out=DIR [--profile] [SETTING ...] | "
-                   "write FILE.jsonl... [--plan]")
+                   "write FILE.jsonl... [--plan] | compare --out=DIR [--plain=VARIANTS] "
+                   "[SETTING ...]")
 
 
 if __name__ == "__main__":

@@ -206,11 +206,17 @@ def _comparison(comparisons, mfu) -> list[str]:
   parts = [
       "## axtrain against plain JAX",
       "",
-      "The same model, batches, starting parameters, loss and AdamW (clip 1.0, b1 0.9, b2 0.95,"
-      " weight decay 0.1 on matrices, warm-up + cosine) in `benchmarks/plain_jax.py`: one"
-      " jitted function, no framework. axtrain's figure is the `step_time_s` its own training"
-      " loop logs (`trainer.loop.train`, steps 2..K, the host sync included); plain JAX is timed"
-      " over the same span. Runs alternate which side goes first; medians over rounds."
+      "The same model, batches (packed documents too), starting parameters, loss and AdamW"
+      " (clip 1.0, b1 0.9, b2 0.95, weight decay 0.1 on matrices, warm-up + cosine) in"
+      " `benchmarks/plain_jax.py`: one jitted function, no framework, written as one would by"
+      " hand for speed (layers unrolled, q/k/v and gate/up each one matrix) with the run's"
+      " compute dtype, attention kernel, remat, microbatches and loss chunks"
+      " (`benchmarks/compare.py:plain_options`, `CPU_VARIANT`). axtrain's figure"
+      " is the `step_time_s` its own training loop logs (`trainer.loop.train`, steps 2..K, the"
+      " host sync included); plain JAX is timed over the same span. Runs alternate which side"
+      " goes first; medians over rounds. On the TPU chip, `python -m benchmarks.chip compare`"
+      " runs the same comparison (splash attention on both sides; plain JAX in several"
+      " variants, the ratio against the fastest)."
       " Ratio = axtrain tokens/s / plain tokens/s (>= 1: axtrain is at least as fast)."
       " MFU = (6 N T + attention FLOPs) / step time / peak, with N the parameters"
       " that do matmuls (all but the input embedding table) and attention counted as"
