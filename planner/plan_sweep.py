@@ -97,6 +97,11 @@ class Candidate:
   axes: dict | None = None  # data / fsdp / expert / model sizes
   knobs: tuple = ()  # ((config path, value), ...)
 
+  @classmethod
+  def layout(cls, axes: dict, *, remat: str, grad_accum_steps: int) -> Candidate:
+    """A setting of the layout sweep: axes, remat policy and accumulation."""
+    return cls(axes=axes, knobs=((REMAT, remat), (ACCUM, grad_accum_steps)))
+
   def get(self, path: str, run: RunConfig | None = None):
     """This candidate's value at `path`, else `run`'s."""
     return dict(self.knobs).get(path, get_path(run, path) if run is not None else None)
@@ -172,7 +177,7 @@ def candidates(run: RunConfig, num_devices: int, entry: Entry | None = None,
   for axes in layouts(run, num_devices, entry):
     for accum in accumulations(run.data.batch_size, axes["data"] * axes["fsdp"] * axes["expert"]):
       for remat in REMAT_SWEEP:
-        cand = Candidate(axes=axes, knobs=((REMAT, remat), (ACCUM, accum)))
+        cand = Candidate.layout(axes, remat=remat, grad_accum_steps=accum)
         out += [cand, *(cand.with_knob(STATE_DTYPE, s) for s in states)]
   return out
 
@@ -209,7 +214,9 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
     values[EVAL_MICRO] = own(EVAL_MICRO) + [m for m in range(1, batch + 1)
                                             if batch % m == 0 and (batch // m) % shards == 0]
   else:
-    values[ACCUM] = own(ACCUM) + accumulations(run.data.batch_size, shards)
+    batch, accums = run.data.batch_size, accumulations(run.data.batch_size, shards)
+    values[ACCUM] = [a for a in own(ACCUM) if batch % a == 0 and (batch // a) % shards == 0
+                     ] + accums
     values[REMAT] = own(REMAT) + list(REMAT_SWEEP)
   values[CHUNK] = own(CHUNK) + [0] + [seq // k for k in CHUNK_SPLITS if seq % k == 0]
   path = attention_path(run)
@@ -300,8 +307,10 @@ def screen(run: RunConfig, entry: Entry, devices, cands: list[Candidate], *, usa
   for cand in cands:
     key = (tuple((cand.axes or {}).items()), cand.get(STATE_DTYPE, run))
     if key not in built:  # shapes and shardings depend on the mesh and state dtype only
+      base = Candidate(axes=cand.axes, knobs=((ACCUM, 1),) + (
+          ((STATE_DTYPE, key[1]),) if key[1] is not None else ()))
       try:
-        built[key] = experiment_lib.build(cand.apply(run), entry, devices)
+        built[key] = experiment_lib.build(base.apply(run), entry, devices)
       except ConfigError as e:
         built[key] = str(e)
     if isinstance(built[key], str):
