@@ -218,13 +218,13 @@ def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_b
 def eval_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> int:
   """The eval step's bytes per device by the same model: the parameters, one layer's working
   set and the logits (compute dtype and float32, and the float32 log-softmax) of the tokens of
-  one eval microbatch on the device (eval.microbatches passes per eval batch)."""
+  one pass on the device (exp.eval_microbatches passes per eval batch: eval.microbatch_rows)."""
   run = exp.run
   params = _sharded_bytes(nn_unbox(exp.abstract_state).params, exp.state_shardings.params)
   shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
   sp = split(exp)
   _, batch_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch")
-  rows = max(run.eval.batch_size // run.eval.microbatches // batch_shards, 1)
+  rows = max(run.eval.batch_size // batch_shards // exp.eval_microbatches, 1)
   layer = _saved_per_token_layer("none", shape, compute_bytes, sp.seq_len, sp.model,
                                  scores_share(run, sp.positions)[1])
   chunk = run.trainer.loss_chunk_size

@@ -7,7 +7,7 @@ and gradient accumulation. The **memory** sweep (one device, or an entry where n
 the analytic model) tries, for each layout, the knobs that trade speed for memory: gradient
 accumulation, remat policies, `trainer.loss_chunk_size`, the attention implementation that the
 platform runs natively without whole [queries, keys] logits (LEAN_ATTENTION) and, last, the
-other `model.scan_layers`; then the eval step's `eval.microbatches` for the best. Knobs that
+other `model.scan_layers`; then the eval step's `eval.microbatch_rows` for the best. Knobs that
 change the training recipe (`optimizer.state_dtype`) only with `recipe=True` (`--sweep_recipe`),
 labelled so; the optimizer kind never.
 
@@ -38,8 +38,9 @@ from trainer import sharding
 from trainer.config import RunConfig
 from trainer.meshes import AXES, Entry
 
-REMAT, ACCUM, CHUNK = "model.remat", "trainer.grad_accum_steps", "trainer.loss_chunk_size"
-SCAN, EVAL_MICRO, STATE_DTYPE = "model.scan_layers", "eval.microbatches", "optimizer.state_dtype"
+REMAT, CHUNK, SCAN = "model.remat", "trainer.loss_chunk_size", "model.scan_layers"
+ACCUM, ROWS = "trainer.grad_accum_steps", "trainer.microbatch_rows"
+EVAL_ROWS, STATE_DTYPE = "eval.microbatch_rows", "optimizer.state_dtype"
 RECIPE = (STATE_DTYPE,)  # knobs that change the training recipe: swept only when asked
 # Most recompute last: none, only the matmul outputs recomputed never, the q/k/v projections
 # and attention output kept, every layer recomputed.
@@ -74,6 +75,41 @@ def replace_path(node, path: str, value):
   return dataclasses.replace(node, **{head: new})
 
 
+def normalized(run: RunConfig) -> RunConfig:
+  """`run` with trainer.grad_accum_steps 1 where trainer.microbatch_rows sets it (the two agree
+  or the run is refused), so that a candidate may change the rows alone."""
+  return replace_path(run, ACCUM, 1) if get_path(run, ROWS) else run
+
+
+def own_accumulation(run: RunConfig, shards: int) -> int | None:
+  """The run's microbatches per step over `shards` batch shards (trainer.microbatch_rows
+  resolved); None where its rows do not split the batch there."""
+  rows = get_path(run, ROWS)
+  if not rows:
+    return run.trainer.grad_accum_steps
+  try:
+    return experiment_lib.microbatches(run.data.batch_size, shards=shards, per_device=rows,
+                                       what=ROWS)
+  except ConfigError:
+    return None
+
+
+def accum_knob(run: RunConfig, accum: int, shards: int) -> tuple[str, int]:
+  """How a candidate asks for `accum` microbatches over `shards` batch shards: rows per device
+  where the run sets trainer.microbatch_rows (the device count's recipe), else
+  trainer.grad_accum_steps."""
+  if get_path(run, ROWS):
+    return ROWS, run.data.batch_size // shards // accum
+  return ACCUM, accum
+
+
+def with_run(exp: experiment_lib.Experiment, run: RunConfig) -> experiment_lib.Experiment:
+  """`exp` (its mesh, data and shapes) with `run`, microbatches resolved as the build resolves
+  them (trainer/experiment.py:resolve_microbatches); ConfigError where they do not split."""
+  run, passes = experiment_lib.resolve_microbatches(run, exp.source, exp.batch_sharding)
+  return dataclasses.replace(exp, run=run, eval_microbatches=passes)
+
+
 def attention_path(run: RunConfig, prefix: str = "model") -> str | None:
   """The dotted path of the model's attention `implementation` (one per model), if any."""
   node = get_path(run, prefix)
@@ -96,11 +132,16 @@ class Candidate:
   (the memory sweep lists only those that differ from the run's)."""
   axes: dict | None = None  # data / fsdp / expert / model sizes
   knobs: tuple = ()  # ((config path, value), ...)
+  accum: int = 0  # microbatches per step on its mesh (0: as its knobs or the run say)
 
   @classmethod
-  def layout(cls, axes: dict, *, remat: str, grad_accum_steps: int) -> Candidate:
-    """A setting of the layout sweep: axes, remat policy and accumulation."""
-    return cls(axes=axes, knobs=((REMAT, remat), (ACCUM, grad_accum_steps)))
+  def layout(cls, axes: dict, *, remat: str, grad_accum_steps: int,
+             run: RunConfig | None = None) -> Candidate:
+    """A setting of the layout sweep: axes, remat policy and accumulation (as `run` sets it:
+    `accum_knob`)."""
+    shards = axes["data"] * axes["fsdp"] * axes.get("expert", 1)
+    accum = accum_knob(run, grad_accum_steps, shards) if run else (ACCUM, grad_accum_steps)
+    return cls(axes=axes, knobs=((REMAT, remat), accum), accum=grad_accum_steps)
 
   def get(self, path: str, run: RunConfig | None = None):
     """This candidate's value at `path`, else `run`'s."""
@@ -112,7 +153,7 @@ class Candidate:
 
   @property
   def grad_accum_steps(self) -> int | None:
-    return self.get(ACCUM)
+    return self.accum or self.get(ACCUM)
 
   def with_knob(self, path: str, value) -> Candidate:
     return dataclasses.replace(self, knobs=(*((p, v) for p, v in self.knobs if p != path),
@@ -177,7 +218,7 @@ def candidates(run: RunConfig, num_devices: int, entry: Entry | None = None,
   for axes in layouts(run, num_devices, entry):
     for accum in accumulations(run.data.batch_size, axes["data"] * axes["fsdp"] * axes["expert"]):
       for remat in REMAT_SWEEP:
-        cand = Candidate.layout(axes, remat=remat, grad_accum_steps=accum)
+        cand = Candidate.layout(axes, remat=remat, grad_accum_steps=accum, run=run)
         out += [cand, *(cand.with_knob(STATE_DTYPE, s) for s in states)]
   return out
 
@@ -206,17 +247,18 @@ def _attention_runs(run: RunConfig, path: str, implementation: str) -> bool:
 def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool = False,
                 recipe: bool = False) -> dict[str, list]:
   """The values each knob of the memory sweep takes, the run's own first. Train step:
-  accumulation, remat policy, loss chunk, attention (and, with `recipe`, the optimizer state's
-  dtype); eval step: eval.microbatches, loss chunk, attention."""
+  accumulation (microbatches per step: `accum_knob` says how a candidate sets them), remat
+  policy, loss chunk, attention (and, with `recipe`, the optimizer state's dtype); eval step:
+  eval.microbatch_rows (0, the whole batch, then ever fewer rows per pass), loss chunk,
+  attention."""
   seq, own, values = run.data.seq_len, lambda p: [get_path(run, p)], {}
   if eval_step:
-    batch = run.eval.batch_size
-    values[EVAL_MICRO] = own(EVAL_MICRO) + [m for m in range(1, batch + 1)
-                                            if batch % m == 0 and (batch // m) % shards == 0]
+    share = run.eval.batch_size // shards
+    values[EVAL_ROWS] = own(EVAL_ROWS) + [0] + [r for r in range(share - 1, 0, -1)
+                                                if share % r == 0]
   else:
-    batch, accums = run.data.batch_size, accumulations(run.data.batch_size, shards)
-    values[ACCUM] = [a for a in own(ACCUM) if batch % a == 0 and (batch // a) % shards == 0
-                     ] + accums
+    mine = own_accumulation(run, shards)
+    values[ACCUM] = ([mine] if mine else []) + accumulations(run.data.batch_size, shards)
     values[REMAT] = own(REMAT) + list(REMAT_SWEEP)
   values[CHUNK] = own(CHUNK) + [0] + [seq // k for k in CHUNK_SPLITS if seq % k == 0]
   path = attention_path(run)
@@ -225,16 +267,24 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
     values[path] = own(path) + ([lean] if _attention_runs(run, path, lean) else [])
   if not eval_step:
     values[STATE_DTYPE] = _recipe_values(run, recipe)
-  return {p: list(dict.fromkeys(v)) for p, v in values.items() if v != [None]}
+  return {p: list(dict.fromkeys(v)) for p, v in values.items() if v and v != [None]}
 
 
-def knob_candidates(run: RunConfig, values: dict[str, list], axes: dict | None = None
-                    ) -> list[Candidate]:
-  """Every combination of `values`, each listing only the knobs it changes."""
-  out = []
+def knob_candidates(run: RunConfig, values: dict[str, list], *, shards: int,
+                    axes: dict | None = None) -> list[Candidate]:
+  """Every combination of `values`, each listing only the knobs it changes (accumulation as
+  `accum_knob` sets it)."""
+  out, mine = [], own_accumulation(run, shards)
   for combo in itertools.product(*values.values()):
-    knobs = tuple((p, v) for p, v in zip(values, combo) if v != get_path(run, p))
-    out.append(Candidate(axes=axes, knobs=knobs))
+    knobs, accum = [], 0
+    for path, value in zip(values, combo):
+      if path == ACCUM:
+        accum = value
+        if value != mine:
+          knobs.append(accum_knob(run, value, shards))
+      elif value != get_path(run, path):
+        knobs.append((path, value))
+    out.append(Candidate(axes=axes, knobs=tuple(knobs), accum=accum))
   return out
 
 
@@ -246,7 +296,7 @@ def memory_candidates(run: RunConfig, num_devices: int, entry: Entry, *, platfor
   for axes in layouts(run, num_devices, entry):
     shards = axes["data"] * axes["fsdp"] * axes["expert"]
     values = knob_values(run, platform=platform, shards=shards, recipe=recipe)
-    out += knob_candidates(run, values, axes if num_devices > 1 else None)
+    out += knob_candidates(run, values, shards=shards, axes=axes if num_devices > 1 else None)
   return out
 
 
@@ -299,15 +349,15 @@ def screen(run: RunConfig, entry: Entry, devices, cands: list[Candidate], *, usa
   """([(Candidate, analytic bytes)] in compile order, [(Candidate, reason)] rejected).
 
   Those the analytic model puts within 1.5x of `usable` compile: those within `usable` first,
-  each group fastest first by `screen_estimate`, then fewest changes, then the longest loss
-  chunk."""
+  each group fastest first by `screen_estimate`, then (where it ties: a step bound by compute)
+  fewest microbatches, fewest changes, the longest loss chunk."""
   dtype = experiment_lib.compute_dtype(run.trainer.compute_dtype, entry.hardware.platform)
   c = np.dtype(dtype).itemsize
   screened, rejected, built = [], [], {}
   for cand in cands:
     key = (tuple((cand.axes or {}).items()), cand.get(STATE_DTYPE, run))
     if key not in built:  # shapes and shardings depend on the mesh and state dtype only
-      base = Candidate(axes=cand.axes, knobs=((ACCUM, 1),) + (
+      base = Candidate(axes=cand.axes, knobs=((ROWS, 0), (ACCUM, 1)) + (
           ((STATE_DTYPE, key[1]),) if key[1] is not None else ()))
       try:
         built[key] = experiment_lib.build(base.apply(run), entry, devices)
@@ -316,13 +366,17 @@ def screen(run: RunConfig, entry: Entry, devices, cands: list[Candidate], *, usa
     if isinstance(built[key], str):
       rejected.append((cand, built[key]))
       continue
-    exp = dataclasses.replace(built[key], run=cand.apply(run))
+    try:
+      exp = with_run(built[key], cand.apply(run))
+    except ConfigError as e:
+      rejected.append((cand, str(e)))
+      continue
     total = memory_model.analytic_memory(exp, compute_bytes=c).total
     if total > 1.5 * usable:
       rejected.append((cand, f"analytic model: {plan_report.gib(total)} per device"))
     else:
-      order = (total > usable, *screen_estimate(exp, entry, compute_bytes=c), len(cand.knobs),
-               -_effective_chunk(cand, run))
+      order = (total > usable, *screen_estimate(exp, entry, compute_bytes=c),
+               exp.run.trainer.grad_accum_steps, len(cand.knobs), -_effective_chunk(cand, run))
       screened.append((order, cand, total))
   screened.sort(key=lambda s: s[0])
   return [(cand, total) for _, cand, total in screened], rejected
@@ -348,7 +402,8 @@ def _lean(cand: Candidate, run: RunConfig, path: str | None) -> tuple | None:
   if remat not in REMAT_ORDER:
     return None
   seq = run.data.seq_len
-  return (cand.get(ACCUM, run), REMAT_ORDER.index(remat), seq // _effective_chunk(cand, run),
+  return (cand.grad_accum_steps or cand.get(ACCUM, run), REMAT_ORDER.index(remat),
+          seq // _effective_chunk(cand, run),
           ATTENTION_ORDER.get(cand.get(path, run) if path else None, 0),
           int(cand.get(STATE_DTYPE, run) == "bfloat16"))
 
@@ -381,8 +436,9 @@ def implied(cand: Candidate, *, missed: list, fitted: list, run: RunConfig) -> s
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalFit:
-  """The eval step of the best setting: the fewest eval.microbatches that fit."""
-  microbatches: int
+  """The eval step of the best setting: the fewest passes (eval.microbatch_rows) that fit."""
+  rows: int  # eval.microbatch_rows: rows per device and pass (0: the whole batch at once)
+  passes: int  # device passes per eval batch
   needed: int | None  # bytes per device: the compiler's peak or the analytic model's
   # (`source`); None where the compiler refused the step for memory
   fits: bool
@@ -398,7 +454,7 @@ class SweepResult:
   mode: str = "layout"  # "layout" or "memory: <why>"
   implied: list = dataclasses.field(default_factory=list)  # [(Candidate, why)] not compiled
   eval: EvalFit | None = None  # the best setting's eval step (None: not checked)
-  best: Candidate | None = None  # ranked[0]'s, with the eval.microbatches its eval step needs
+  best: Candidate | None = None  # ranked[0]'s, with the eval rows its eval step needs
 
 
 def _compile_plan(cand: Candidate, run: RunConfig, entry: Entry, devices, *, config_name: str,
@@ -458,33 +514,32 @@ def _eval_peak(exp: experiment_lib.Experiment) -> int | None:
 
 
 def eval_fit(run: RunConfig, entry: Entry, devices, *, usable: float) -> EvalFit:
-  """The fewest eval.microbatches (from the run's up) whose eval step fits `usable` bytes: the
-  analytic model picks where to start, the compiler decides (TPU and GPU entries; elsewhere the
-  model does)."""
+  """The fewest passes (eval.microbatch_rows) whose eval step fits `usable` bytes: the analytic
+  model picks where to start, the compiler decides (TPU and GPU entries; elsewhere the model
+  does)."""
   exp = experiment_lib.build(run, entry, devices)
-  batch, shards = run.eval.batch_size, sharding.num_shards(exp.batch_sharding, dim=0)
-  counts = [m for m in range(run.eval.microbatches, batch + 1)
-            if batch % m == 0 and (batch // m) % shards == 0]
-  at = {m: dataclasses.replace(exp, run=replace_path(run, EVAL_MICRO, m)) for m in counts}
+  share = run.eval.batch_size // sharding.num_shards(exp.batch_sharding, dim=0)
+  options = [0] + [r for r in range(share - 1, 0, -1) if share % r == 0]  # fewest passes first
+  at = [with_run(exp, replace_path(run, EVAL_ROWS, r)) for r in options]
   c = np.dtype(exp.compute_dtype).itemsize
-  model = {m: memory_model.eval_memory(e, compute_bytes=c) for m, e in at.items()}
-  i = next((k for k, m in enumerate(counts) if model[m] <= usable), len(counts) - 1)
+  model = [memory_model.eval_memory(e, compute_bytes=c) for e in at]
+  i = next((k for k, b in enumerate(model) if b <= usable), len(options) - 1)
   platform = devices[0].platform
+  result = lambda k, needed, fits, source, compiles: EvalFit(
+      rows=options[k], passes=at[k].eval_microbatches, needed=needed, fits=fits, source=source,
+      compiles=compiles)
   if platform not in ("tpu", "gpu"):
-    m = counts[i]
-    return EvalFit(microbatches=m, needed=model[m], fits=model[m] <= usable, source="model",
-                   compiles=0)
+    return result(i, model[i], model[i] <= usable, "model", 0)
   peaks = {}
-  peak = lambda k: peaks[k] if k in peaks else peaks.setdefault(k, _eval_peak(at[counts[k]]))
+  peak = lambda k: peaks[k] if k in peaks else peaks.setdefault(k, _eval_peak(at[k]))
   fits = lambda k: peak(k) is not None and peak(k) <= usable
   if fits(i):  # fewer passes while they fit
     while i > 0 and fits(i - 1):
       i -= 1
   else:  # more until they fit
-    while i + 1 < len(counts) and not fits(i):
+    while i + 1 < len(options) and not fits(i):
       i += 1
-  return EvalFit(microbatches=counts[i], needed=peak(i), fits=fits(i),
-                 source=f"{platform.upper()} compiler", compiles=len(peaks))
+  return result(i, peak(i), fits(i), f"{platform.upper()} compiler", len(peaks))
 
 
 # --- the sweep ----------------------------------------------------------------------------
@@ -513,9 +568,10 @@ def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
   """Ranks the settings that fit by the plan's estimate (overlapped, then serial, then fewest
   changes): `search` orders them, at most `limit` compile within `budget_s` seconds (what
   earlier compiles imply is left out), and with `with_eval` the best gets the fewest
-  eval.microbatches that its eval step fits in (`eval_fit`; after the budget)."""
+  eval passes that its eval step fits in (`eval_fit`; after the budget)."""
   if devices is None:
     devices, _ = plan_lib.target_devices(entry)
+  run = normalized(run)
   usable = (entry.hardware.hbm_bytes or 0) * (1 - margin)
   mode, order, rejected = search(run, entry, devices, usable=usable, recipe=recipe)
   fitting, failed, left_out, skipped = compile_in_order(
@@ -529,8 +585,8 @@ def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
     best = fitting[0][0]
     if with_eval:
       evaluated = eval_fit(best.apply(run), entry, devices, usable=usable)
-      if evaluated.microbatches != run.eval.microbatches:
-        best = best.with_knob(EVAL_MICRO, evaluated.microbatches)
+      if evaluated.rows != run.eval.microbatch_rows:
+        best = best.with_knob(EVAL_ROWS, evaluated.rows)
   return SweepResult(ranked=fitting, rejected=rejected + failed, skipped=skipped, mode=mode,
                      implied=left_out, eval=evaluated, best=best)
 
@@ -556,18 +612,18 @@ def fixes(exp: experiment_lib.Experiment, *, eval_step: bool, within: float,
   the run's math and mesh which the analytic model (`model_bytes`) puts within `within` bytes;
   fewest changes first, then the fastest by `screen_estimate` (the eval step, or an entry
   without figures: the most memory used); at most `limit`. Instant: nothing compiles."""
-  run = exp.run
+  run, shards = normalized(exp.run), sharding.num_shards(exp.batch_sharding, dim=0)
   values = knob_values(run, platform=exp.mesh.devices.flat[0].platform, eval_step=eval_step,
-                       shards=sharding.num_shards(exp.batch_sharding, dim=0))
+                       shards=shards)
   c = np.dtype(exp.compute_dtype).itemsize
   found = []
-  for cand in knob_candidates(run, values):
+  for cand in knob_candidates(run, values, shards=shards):
     changed = cand.apply(run)
     try:
       experiment_lib.check_parallel(changed, exp.source, exp.mesh, exp.rules)
+      e = with_run(exp, changed)
     except ConfigError:
       continue
-    e = dataclasses.replace(exp, run=changed)
     total = model_bytes(e, eval_step=eval_step)
     if cand.knobs and total <= within:
       speed = (screen_estimate(e, entry, compute_bytes=c)[0]
@@ -599,7 +655,8 @@ def sweep_text(result: SweepResult) -> str:
     needs = (f"needs {plan_report.gib(ev.needed)} [{ev.source}]" if ev.needed is not None
              else f"the {ev.source} ran out of memory")
     lines.append(f"  eval step of 1.: {'fits' if ev.fits else 'does NOT fit'} with "
-                 f"eval.microbatches={ev.microbatches}: {needs} ({ev.compiles} compiles)")
+                 f"eval.microbatch_rows={ev.rows} ({ev.passes} passes): {needs} ({ev.compiles} "
+                 f"compiles)")
   if result.best is not None:
     lines.append(f"best: {label(result.best)}")
   return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ _TEMPORARIES = re.compile(r"HLO temporaries \(([\d.]+)([KMGTP])\)")
 _AVAILABLE = re.compile(r"available HBM \(([\d.]+)([KMGTP])\)")
 # What the refusal's advice may change, in words; and the last resort, which changes the recipe.
 KNOBS = {"train step": "gradient accumulation, remat, loss chunks or attention",
-         "eval step": "eval.microbatches, loss chunks or attention"}
+         "eval step": "eval rows per pass, loss chunks or attention"}
 LAST_RESORT = {"train step": "lower data.batch_size or data.seq_len",
                "eval step": "lower eval.batch_size or data.seq_len"}
 

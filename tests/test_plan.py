@@ -331,12 +331,12 @@ def test_memory_sweep_on_one_chip_finds_settings_that_fit_where_the_config_does_
   assert best.axes is None and best.knobs and not best.recipe_changes()
   assert set(dict(best.knobs)) <= {"trainer.grad_accum_steps", "model.remat",
                                    "trainer.loss_chunk_size", "model.scan_layers",
-                                   "model.block.attention.implementation", "eval.microbatches"}
+                                   "model.block.attention.implementation", "eval.microbatch_rows"}
   text = plan_sweep.sweep_text(result)
   assert text.splitlines()[-1] == f"best: {best.flags()}"
   checked = plan.plan(best.apply(run), entry, config_name="test", with_eval=True)
   assert checked.fits and checked.eval.peak <= checked.usable, plan_report.text(checked)
-  assert result.eval.fits and result.eval.microbatches == best.get("eval.microbatches", run)
+  assert result.eval.fits and result.eval.rows == best.get("eval.microbatch_rows", run)
 
 
 def test_a_compile_that_does_not_fit_leaves_out_what_holds_no_less():

@@ -164,11 +164,11 @@ def test_refusal_lists_loss_chunks_where_the_logits_are_what_is_left():
   assert any("trainer.loss_chunk_size" in o for o in options), text
 
 
-def test_eval_refusal_lists_eval_microbatches():
+def test_eval_refusal_lists_eval_rows_per_pass():
   exp = _test_exp(**{"eval.batch_size": 64, "model.vocab_size": 32768})
   options = _listed(_refusal(exp, share=0.5, what="eval step"))
   assert options and not _unchanged(exp, options)
-  assert any("eval.microbatches" in o for o in options)
+  assert any("eval.microbatch_rows" in o for o in options)
 
 
 def test_nothing_to_change_says_the_recipe_changes_that_remain():
@@ -227,3 +227,14 @@ def test_cpu_devices_share_the_host_memory_available():
   one = step_memory.device_memory(cpus[:1])
   assert one is not None and one.source == "host memory available"
   assert 0 < one.bytes <= step_memory._host_available() * 1.01 + 2 ** 30  # pylint: disable=protected-access
+
+
+def test_a_run_that_sets_rows_per_device_is_told_rows_per_device():
+  """A recipe that sets trainer.microbatch_rows (the accumulation follows from the device
+  count) is told more accumulation as fewer rows, never as grad_accum_steps (which it refuses
+  beside the rows)."""
+  exp = _test_exp(**{"trainer.microbatch_rows": 4})  # 8 rows on one device: 2 microbatches
+  options = _listed(_refusal(exp, share=0.5))
+  assert options and not any("trainer.grad_accum_steps" in o for o in options), options
+  rows = [int(o["trainer.microbatch_rows"]) for o in options if "trainer.microbatch_rows" in o]
+  assert rows and all(r < 4 for r in rows)
