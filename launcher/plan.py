@@ -22,9 +22,10 @@ matmuls and their collectives apart, so that every op is counted once.
 --sweep tries settings that keep the run's math (planner/plan_sweep.py): mesh axes, remat and
 gradient accumulation on an entry of several devices; on one device, or where no layout fits,
 also trainer.loss_chunk_size, the platform's native lean attention (splash on TPU) and
-model.scan_layers, and the eval.microbatches the best one's eval step needs. It compiles the
+model.scan_layers, and the eval.microbatch_rows the best one's eval step needs. It compiles the
 likeliest first and prints those that fit, fastest first, then the best one's flags.
---sweep_recipe also tries optimizer.state_dtype=bfloat16, which changes the training recipe.
+--sweep_recipe also tries optimizer.state_dtype=bfloat16 and optimizer.kind=adafactor, which
+change the training recipe (labelled so).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_boolean("json", False, "Print the report as JSON.", flag_values=fv)
   flags.DEFINE_boolean("sweep", False, "Try settings that keep the run's math (mesh axes, "
                        "remat, gradient accumulation; on one device, or where no layout fits, "
-                       "also loss chunks, attention, scan_layers, eval microbatches); rank "
+                       "also loss chunks, attention, scan_layers, eval rows per pass); rank "
                        "those that fit.", flag_values=fv)
   flags.DEFINE_boolean("sweep_recipe", False, "With --sweep: also try "
-                       "optimizer.state_dtype=bfloat16, which changes the training recipe "
+                       "optimizer.state_dtype=bfloat16 and optimizer.kind=adafactor, which "
+                       "change the training recipe "
                        "(labelled so).", flag_values=fv)
   flags.DEFINE_boolean("ops", False, "Also list the train step's ops by bytes and by "
                        "estimated time, named by module, with totals by category.",

@@ -6,10 +6,10 @@ Two searches. The **layout** sweep (an entry of several devices) tries mesh axes
 and gradient accumulation. The **memory** sweep (one device, or an entry where no layout fits by
 the analytic model) tries, for each layout, the knobs that trade speed for memory: gradient
 accumulation, remat policies, `trainer.loss_chunk_size`, the attention implementation that the
-platform runs natively without whole [queries, keys] logits (LEAN_ATTENTION) and, last, the
-other `model.scan_layers`; then the eval step's `eval.microbatch_rows` for the best. Knobs that
-change the training recipe (`optimizer.state_dtype`) only with `recipe=True` (`--sweep_recipe`),
-labelled so; the optimizer kind never.
+platform runs natively without whole [queries, keys] logits (LEAN_ATTENTION) and the other
+`model.scan_layers`; then the eval step's `eval.microbatch_rows` for the best. Knobs that
+change the training recipe (RECIPE: bfloat16 optimizer state, Adafactor) only with
+`recipe=True` (`--sweep_recipe`), labelled so.
 
 The layouts of multi-host GPU and Trainium entries keep tensor parallelism (`model`) inside a
 host; `data` spans hosts first, then `fsdp` (trainer/sharding.py:device_grid), so that
@@ -37,13 +37,17 @@ from trainer import experiment as experiment_lib, flops as flops_lib, metrics as
 from trainer import sharding
 from trainer.config import RunConfig
 from trainer.meshes import AXES, Entry
+from trainer.optimizer import OPTIMIZERS
 
 REMAT, CHUNK, SCAN = "model.remat", "trainer.loss_chunk_size", "model.scan_layers"
 ACCUM, ROWS = "trainer.grad_accum_steps", "trainer.microbatch_rows"
-EVAL_ROWS, STATE_DTYPE = "eval.microbatch_rows", "optimizer.state_dtype"
-RECIPE = (STATE_DTYPE,)  # knobs that change the training recipe: swept only when asked
-# Most recompute last: none, only the matmul outputs recomputed never, the q/k/v projections
-# and attention output kept, every layer recomputed.
+EVAL_ROWS, STATE_DTYPE, KIND = "eval.microbatch_rows", "optimizer.state_dtype", "optimizer.kind"
+# Knobs that change the training recipe, swept only when asked, and the value each tries:
+# bfloat16 moments; Adafactor (factored second moments, no first moment: T5, PaLM), the
+# optimizer with the least state.
+RECIPE = {STATE_DTYPE: "bfloat16", KIND: "adafactor"}
+# Most recompute last: nothing recomputed, the matmul outputs kept, the q/k/v projections and
+# attention output kept, every layer recomputed.
 REMAT_SWEEP = ("none", "dots_with_no_batch_dims_saveable", "save_attn_out", "full")
 # The named policies, most kept first (modules/decoder.py): a later one never needs more memory.
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "save_attn_out",
@@ -73,6 +77,13 @@ def replace_path(node, path: str, value):
   head, _, rest = path.partition(".")
   new = replace_path(getattr(node, head), rest, value) if rest else value
   return dataclasses.replace(node, **{head: new})
+
+
+def switch_optimizer(run: RunConfig, kind: str) -> RunConfig:
+  """`run` with `kind`'s optimizer, carrying the fields both kinds share (the learning rate,
+  its schedule, clipping, decay, state dtype), as `--config.optimizer.kind=KIND` does."""
+  node = OPTIMIZERS.switched(dataclasses.asdict(run.optimizer), kind)
+  return dataclasses.replace(run, optimizer=OPTIMIZERS.parse(node, "optimizer"))
 
 
 def normalized(run: RunConfig) -> RunConfig:
@@ -172,7 +183,7 @@ class Candidate:
     if self.axes:
       run = dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, **self.axes))
     for path, v in self.knobs:
-      run = replace_path(run, path, v)
+      run = switch_optimizer(run, v) if path == KIND else replace_path(run, path, v)
     return run
 
 
@@ -214,19 +225,21 @@ def candidates(run: RunConfig, num_devices: int, entry: Entry | None = None,
   """The layout sweep: every layout (`layouts`), remat policy of REMAT_SWEEP and power-of-two
   accumulation that keeps the global batch; with `recipe`, each also with bfloat16 optimizer
   state."""
-  out, states = [], _recipe_values(run, recipe)[1:]
+  out, values = [], recipe_values(run, recipe)
+  variants = [tuple((p, v) for p, v in zip(values, combo) if v != get_path(run, p))
+              for combo in itertools.product(*values.values())]
   for axes in layouts(run, num_devices, entry):
     for accum in accumulations(run.data.batch_size, axes["data"] * axes["fsdp"] * axes["expert"]):
       for remat in REMAT_SWEEP:
         cand = Candidate.layout(axes, remat=remat, grad_accum_steps=accum, run=run)
-        out += [cand, *(cand.with_knob(STATE_DTYPE, s) for s in states)]
+        out += [dataclasses.replace(cand, knobs=cand.knobs + v) for v in variants]
   return out
 
 
-def _recipe_values(run: RunConfig, recipe: bool) -> list:
-  """optimizer.state_dtype values to try: the run's, and bfloat16 when `recipe` is asked."""
-  have = get_path(run, STATE_DTYPE)
-  return [have] + (["bfloat16"] if recipe and have == "float32" else [])
+def recipe_values(run: RunConfig, recipe: bool) -> dict[str, list]:
+  """The recipe knobs' values to try: the run's, and with `recipe` RECIPE's where it differs."""
+  return {p: [get_path(run, p)] + ([v] if recipe and get_path(run, p) != v else [])
+          for p, v in RECIPE.items() if get_path(run, p) is not None}
 
 
 def _attention_runs(run: RunConfig, path: str, implementation: str) -> bool:
@@ -266,7 +279,7 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
   if path:
     values[path] = own(path) + ([lean] if _attention_runs(run, path, lean) else [])
   if not eval_step:
-    values[STATE_DTYPE] = _recipe_values(run, recipe)
+    values.update(recipe_values(run, recipe))
   return {p: list(dict.fromkeys(v)) for p, v in values.items() if v and v != [None]}
 
 
@@ -355,10 +368,10 @@ def screen(run: RunConfig, entry: Entry, devices, cands: list[Candidate], *, usa
   c = np.dtype(dtype).itemsize
   screened, rejected, built = [], [], {}
   for cand in cands:
-    key = (tuple((cand.axes or {}).items()), cand.get(STATE_DTYPE, run))
-    if key not in built:  # shapes and shardings depend on the mesh and state dtype only
-      base = Candidate(axes=cand.axes, knobs=((ROWS, 0), (ACCUM, 1)) + (
-          ((STATE_DTYPE, key[1]),) if key[1] is not None else ()))
+    recipe = tuple((p, v) for p, v in cand.knobs if p in RECIPE)
+    key = (tuple((cand.axes or {}).items()), recipe)
+    if key not in built:  # shapes and shardings depend on the mesh and the optimizer only
+      base = Candidate(axes=cand.axes, knobs=((ROWS, 0), (ACCUM, 1)) + recipe)
       try:
         built[key] = experiment_lib.build(base.apply(run), entry, devices)
       except ConfigError as e:
@@ -383,8 +396,9 @@ def screen(run: RunConfig, entry: Entry, devices, cands: list[Candidate], *, usa
 
 
 def with_scan_twins(run: RunConfig, order: list[Candidate]) -> list[Candidate]:
-  """`order`, then each candidate again with the other model.scan_layers (the estimate does
-  not tell them apart; the compiler's memory may): compiled last, where budget is left."""
+  """`order`, then each candidate again with the other model.scan_layers (the analytic screen
+  does not tell them apart; the compiler's memory and the compiled estimate may): compiled
+  last, where budget is left, or next after their twin fits (`twin_next`)."""
   scan = get_path(run, SCAN)
   if scan is None:
     return order
@@ -409,9 +423,9 @@ def _lean(cand: Candidate, run: RunConfig, path: str | None) -> tuple | None:
 
 
 def implied(cand: Candidate, *, missed: list, fitted: list, run: RunConfig) -> str:
-  """Why `cand` need not compile ("" when it must): a compiled setting of the same layout and
-  model.scan_layers that did not fit holds at least as little memory on every knob; or one that
-  fit, with the same attention and state dtype, holds no less on any (more accumulation,
+  """Why `cand` need not compile ("" when it must): a compiled setting of the same layout,
+  model.scan_layers and optimizer that did not fit holds at least as little memory on every
+  knob; or one that fit, with the same attention too, holds no less on any (more accumulation,
   recompute or loss chunks only slow a step down). Assumes that each knob's leaner value never
   needs more memory."""
   path = attention_path(run)
@@ -422,11 +436,11 @@ def implied(cand: Candidate, *, missed: list, fitted: list, run: RunConfig) -> s
                                                      for p in ps if p)
   for other in missed:
     o = _lean(other, run, path)
-    if o is not None and same(other, SCAN) and all(a <= b for a, b in zip(lean, o)):
+    if o is not None and same(other, SCAN, KIND) and all(a <= b for a, b in zip(lean, o)):
       return f"no leaner than {other.flags() or 'the config as given'}, which does not fit"
   for other in fitted:
     o = _lean(other, run, path)
-    if o is not None and same(other, path, STATE_DTYPE) and all(
+    if o is not None and same(other, path, SCAN, STATE_DTYPE, KIND) and all(
         a >= b for a, b in zip(lean, o)):
       return f"no faster than {other.flags() or 'the config as given'}, which fits"
   return ""
@@ -471,15 +485,27 @@ def _compile_plan(cand: Candidate, run: RunConfig, entry: Entry, devices, *, con
     return "the compiler ran out of device memory"
 
 
+def twin_next(queue: list[Candidate], cand: Candidate, run: RunConfig) -> list[Candidate]:
+  """`queue` with the scan_layers twin of `cand` (which fits) first: the compiled estimate can
+  rank them apart (a scanned stack stacks and slices per-layer buffers; unrolled layers do
+  not)."""
+  scan = cand.get(SCAN, run)
+  twin = cand.with_knob(SCAN, not scan) if scan is not None else None
+  return [twin] + [c for c in queue if c != twin] if twin in queue else queue
+
+
 def compile_in_order(order: list[Candidate], run: RunConfig, entry: Entry, devices, *,
                      config_name: str, budget_s: float, limit: int, margin: float,
                      progress=None) -> tuple[list, list, list, int]:
   """(fitting [(Candidate, Plan)], rejected, implied, skipped): compiles `order` until `limit`
-  compiles or `budget_s` seconds, leaving out what earlier compiles imply (`implied`)."""
+  compiles or `budget_s` seconds, leaving out what earlier compiles imply (`implied`), the
+  twin of each that fits next (`twin_next`)."""
   start, fitting, rejected, missed, left_out, compiled = time.perf_counter(), [], [], [], [], 0
-  for i, cand in enumerate(order):
+  queue = list(order)
+  while queue:
     if compiled >= limit or time.perf_counter() - start > budget_s:
-      return fitting, rejected, left_out, len(order) - i
+      return fitting, rejected, left_out, len(queue)
+    cand = queue.pop(0)
     why = implied(cand, missed=missed, fitted=[c for c, _ in fitting], run=run)
     if why:
       left_out.append((cand, why))
@@ -494,6 +520,7 @@ def compile_in_order(order: list[Candidate], run: RunConfig, entry: Entry, devic
       progress(cand, p)
     if p.fits:
       fitting.append((cand, p))
+      queue = twin_next(queue, cand, run)
     else:
       rejected.append((cand, f"short by {plan_report.gib(-p.headroom)}"))
       missed.append(cand)

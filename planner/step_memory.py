@@ -103,12 +103,14 @@ def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> 
     listed = ", ".join(f"{cand.flags()} (model: {plan_report.gib(b)})" for cand, b in options)
     return (f"what would fit by the analytic model (it puts this step at "
             f"{plan_report.gib(now)}): {listed}{sweep}")
-  state = plan_sweep.get_path(exp.run, plan_sweep.STATE_DTYPE)
-  recipe = (", or use optimizer.state_dtype=bfloat16" if not eval_step and state == "float32"
-            else "")
+  recipe = "" if eval_step else "".join(
+      f", or optimizer.{path.split('.')[-1]}={value}" for path, value in plan_sweep.RECIPE.items()
+      if plan_sweep.get_path(exp.run, path) not in (None, value))
+  sweep = (f"; `axtrain plan --sweep --sweep_recipe --mesh={entry.name}` compiles them"
+           if sweep and not eval_step else "")
   return (f"no change of {KNOBS[what]} fits by the analytic model (it puts this step at "
           f"{plan_report.gib(now)}); {LAST_RESORT[what]}{recipe} (these change the training "
-          f"recipe)")
+          f"recipe){sweep}")
 
 
 def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None, entry=None):

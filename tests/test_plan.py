@@ -357,9 +357,15 @@ def test_a_compile_that_does_not_fit_leaves_out_what_holds_no_less():
   assert not plan_sweep.implied(cand(accum=4), missed=[], fitted=fitted, run=run)
   splash = cand(accum=4, remat="full").with_knob("model.block.attention.implementation", "splash")
   assert not plan_sweep.implied(splash, missed=[], fitted=fitted, run=run)  # may be faster
-  unrolled = fitted[0].with_knob(plan_sweep.SCAN, True)
-  assert plan_sweep.implied(unrolled, missed=[], fitted=fitted, run=run)  # its scan twin
-  assert not plan_sweep.implied(unrolled, missed=missed, fitted=[], run=run)
+  # The other scan_layers is neither: the compiler's memory and estimate may differ.
+  scanned = fitted[0].with_knob(plan_sweep.SCAN, True)
+  assert not plan_sweep.implied(scanned, missed=[], fitted=fitted, run=run)
+  assert not plan_sweep.implied(scanned, missed=missed, fitted=[], run=run)
+  # It compiles next after its twin fits (else last, where the budget lasts).
+  order = plan_sweep.with_scan_twins(run, [fitted[0], cand(accum=4)])
+  assert order[2:] == [scanned, cand(accum=4).with_knob(plan_sweep.SCAN, True)]
+  assert plan_sweep.twin_next(order[1:], fitted[0], run)[:2] == [scanned, cand(accum=4)]
+  assert plan_sweep.twin_next(order[1:], cand(accum=8), run) == order[1:]
 
 
 def test_where_no_layout_fits_the_sweep_turns_to_the_memory_knobs():
@@ -379,14 +385,21 @@ def test_where_no_layout_fits_the_sweep_turns_to_the_memory_knobs():
 
 
 def test_sweep_recipe_labels_what_changes_the_training_recipe():
+  """Only with --sweep_recipe: bfloat16 optimizer state and Adafactor (the learning rate and its
+  schedule carried over), each setting that uses them labelled."""
   run = _run(configs.llama.get_config("size=test"))
   plain = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu")
   widened = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu", recipe=True)
-  assert not any(c.recipe_changes() for c in plain) and len(widened) == 2 * len(plain)
-  changed = [c for c in widened if c.recipe_changes()]
-  assert changed and all(c.get(plan_sweep.STATE_DTYPE) == "bfloat16" for c in changed)
-  assert plan_sweep.label(changed[0]).endswith(
-      "[changes the training recipe: optimizer.state_dtype]")
+  assert not any(c.recipe_changes() for c in plain) and len(widened) == 4 * len(plain)
+  both = [c for c in widened if len(c.recipe_changes()) == 2]
+  assert both and all(c.get(plan_sweep.STATE_DTYPE) == "bfloat16"
+                      and c.get(plan_sweep.KIND) == "adafactor" for c in both)
+  assert plan_sweep.label(both[0]).endswith(
+      "[changes the training recipe: optimizer.state_dtype, optimizer.kind]")
+  switched = both[0].apply(run).optimizer
+  assert (switched.kind, switched.state_dtype) == ("adafactor", "bfloat16")
+  assert (switched.learning_rate, switched.schedule) == (run.optimizer.learning_rate,
+                                                        run.optimizer.schedule)
 
 
 def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):

@@ -179,8 +179,11 @@ def test_nothing_to_change_says_the_recipe_changes_that_remain():
                      "model.block.attention.query_chunk_size": 32})
   text = _refusal(exp, share=0.05)
   assert "no change of gradient accumulation, remat, loss chunks or attention fits" in text
-  assert text.endswith("lower data.batch_size or data.seq_len, or use "
-                       "optimizer.state_dtype=bfloat16 (these change the training recipe)")
+  assert text.endswith("lower data.batch_size or data.seq_len, or optimizer.state_dtype="
+                       "bfloat16, or optimizer.kind=adafactor (these change the training recipe)")
+  entry = meshes.lookup("tpu-v5e-1")
+  assert _refusal(exp, share=0.05, entry=entry).endswith(
+      "; `axtrain plan --sweep --sweep_recipe --mesh=tpu-v5e-1` compiles them")
 
 
 def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
