@@ -95,14 +95,15 @@ def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> 
   eval_step = what == "eval step"
   now = plan_sweep.model_bytes(exp, eval_step=eval_step)
   # The model's figures are compared at its own scale: the device's memory times now / need.
-  options = plan_sweep.fixes(exp, eval_step=eval_step, within=memory * now / (need or now),
-                             entry=entry) if memory else []
+  within = memory * now / (need or now) if memory else 0
+  options = plan_sweep.fixes(exp, eval_step=eval_step, within=within, entry=entry)
   sweep = (f"; `axtrain plan --sweep --mesh={entry.name}` compiles and ranks them"
            if entry is not None and entry.num_devices else "")
   if options:
     listed = ", ".join(f"{cand.flags()} (model: {plan_report.gib(b)})" for cand, b in options)
     return (f"what would fit by the analytic model (it puts this step at "
-            f"{plan_report.gib(now)}): {listed}{sweep}")
+            f"{plan_report.gib(now)}, the device at {plan_report.gib(within)} on that scale): "
+            f"{listed}{sweep}")
   recipe = "" if eval_step else "".join(
       f", or optimizer.{path.split('.')[-1]}={value}" for path, value in plan_sweep.RECIPE.items()
       if plan_sweep.get_path(exp.run, path) not in (None, value))
