@@ -1,12 +1,14 @@
 """`axtrain plan`: will this config fit that mesh, and how fast should it run? Ahead of time.
 
 usage:
-  axtrain plan --config=FILE [--config.a.b=VALUE ...] --mesh=NAME [--json] [--sweep] [--ops]
+  axtrain plan --config=FILE [--config.a.b=VALUE ...] --mesh=NAME [--json] [--ops]
+               [--sweep [--sweep_limit=N] [--sweep_budget_s=S] [--sweep_recipe]]
 
 examples:
   axtrain plan --config=configs/llm_1b.py --mesh=tpu-v5e-16
   axtrain plan --config=configs/llm_70b.py --mesh=gpu-h100-8x16 --json
   axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-4 --sweep
+  axtrain plan --config=configs/llama.py:size=125m --mesh=tpu-v5e-1 --sweep
   axtrain plan --config=configs/tiny.py --mesh=tpu-v5e-8 --ops --noeval --nowindowed_einsum
 
 Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
@@ -17,10 +19,18 @@ analytic memory model. A plan that does not fit is a report like any other (exit
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
 module (planner/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
 matmuls and their collectives apart, so that every op is counted once.
+--sweep tries settings that keep the run's math (planner/plan_sweep.py): mesh axes, remat and
+gradient accumulation on an entry of several devices; on one device, or where no layout fits,
+also trainer.loss_chunk_size, the platform's native lean attention (splash on TPU) and
+model.scan_layers, and the eval.microbatch_rows the best one's eval step needs. It compiles the
+likeliest first and prints those that fit, fastest first, then the best one's flags.
+--sweep_recipe also tries optimizer.state_dtype=bfloat16 and optimizer.kind=adafactor, which
+change the training recipe (labelled so).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -41,9 +51,14 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   config_loading.define(fv, argv)
   flags.DEFINE_string("mesh", None, "Mesh entry to plan for (docs/meshes.md).", flag_values=fv)
   flags.DEFINE_boolean("json", False, "Print the report as JSON.", flag_values=fv)
-  flags.DEFINE_boolean("sweep", False, "Try mesh axes, remat policies and gradient "
-                       "accumulation that keep the global batch; rank those that fit.",
-                       flag_values=fv)
+  flags.DEFINE_boolean("sweep", False, "Try settings that keep the run's math (mesh axes, "
+                       "remat, gradient accumulation; on one device, or where no layout fits, "
+                       "also loss chunks, attention, scan_layers, eval rows per pass); rank "
+                       "those that fit.", flag_values=fv)
+  flags.DEFINE_boolean("sweep_recipe", False, "With --sweep: also try "
+                       "optimizer.state_dtype=bfloat16 and optimizer.kind=adafactor, which "
+                       "change the training recipe "
+                       "(labelled so).", flag_values=fv)
   flags.DEFINE_boolean("ops", False, "Also list the train step's ops by bytes and by "
                        "estimated time, named by module, with totals by category.",
                        flag_values=fv)
@@ -142,6 +157,10 @@ def main(argv: list[str]) -> int:
     raise config_loading.translate(e, argv) from None
   if fv.ops_top < 1:
     raise UserError(f"plan: --ops_top must be at least 1, got {fv.ops_top}")
+  if fv.sweep_limit < 1:
+    raise UserError(f"plan: --sweep_limit must be at least 1, got {fv.sweep_limit}")
+  if fv.sweep_recipe and not fv.sweep:
+    raise UserError("plan: --sweep_recipe widens a sweep; add --sweep")
   if not 0 <= fv.margin < 1:
     raise UserError(f"plan: --margin={fv.margin:g}: give the fraction of device memory to keep "
                     f"free, from 0 up to (not including) 1, e.g. 0.05 for 5%")
@@ -151,26 +170,13 @@ def main(argv: list[str]) -> int:
 def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   # pylint: disable-next=import-outside-toplevel
   from trainer import config as config_lib
-  from planner import plan as plan_lib, plan_report, plan_sweep
+  from planner import plan as plan_lib, plan_report
   cfg = fv["config"].value
   rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
   name = config_loading.config_file_arg(argv)
   if fv.sweep:
-    def progress(cand, p):
-      verdict = "fits" if p.fits else "does not fit"
-      print(f"  compiled {cand.flags()}: {verdict} ({p.train.seconds:.0f} s)", file=sys.stderr)
-    result = plan_sweep.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
-                              limit=fv.sweep_limit, margin=fv.margin, progress=progress)
-    if fv.json:
-      print(json.dumps({"ranked": [{"flags": c.flags(), "plan": plan_report.to_json(p)}
-                                   for c, p in result.ranked],
-                        "rejected": [{"flags": c.flags(), "reason": r}
-                                     for c, r in result.rejected],
-                        "skipped": result.skipped}, indent=1, default=str))
-    else:
-      sys.stdout.write(plan_sweep.sweep_text(result))
-    return 0
+    return _sweep(fv, run, entry, name)
   options = plan_lib.WINDOWED_EINSUM_OFF if (
       not fv.windowed_einsum and entry.hardware.platform == "tpu") else None
   p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval, compiler_options=options)
@@ -182,4 +188,30 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   else:
     sys.stdout.write(plan_report.text(p) + (f"  mesh rule: {rule!r}\n" if rule else "")
                      + (plan_report.ops_text(p, fv.ops_top) if fv.ops else ""))
+  return 0
+
+
+def _sweep(fv: flags.FlagValues, run, entry: meshes.Entry, name: str) -> int:
+  """`plan --sweep`: the ranking as text (the best one's flags last) or JSON."""
+  from planner import plan_report, plan_sweep  # pylint: disable=import-outside-toplevel
+
+  def progress(cand, p):
+    verdict = "fits" if p.fits else "does not fit"
+    print(f"  compiled {plan_sweep.label(cand)}: {verdict} ({p.train.seconds:.0f} s)",
+          file=sys.stderr)
+  result = plan_sweep.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
+                            limit=fv.sweep_limit, margin=fv.margin, progress=progress,
+                            with_eval=fv.eval, recipe=fv.sweep_recipe)
+  if not fv.json:
+    sys.stdout.write(plan_sweep.sweep_text(result))
+    return 0
+  flags_of = lambda c: {"flags": c.flags(), "recipe_changes": c.recipe_changes()}
+  print(json.dumps({
+      "mode": result.mode,
+      "ranked": [dict(flags_of(c), plan=plan_report.to_json(p)) for c, p in result.ranked],
+      "rejected": [dict(flags_of(c), reason=r) for c, r in result.rejected],
+      "implied": [dict(flags_of(c), reason=r) for c, r in result.implied],
+      "skipped": result.skipped,
+      "eval": dataclasses.asdict(result.eval) if result.eval else None,
+      "best": flags_of(result.best) if result.best else None}, indent=1, default=str))
   return 0

@@ -177,7 +177,7 @@ def _train(this: Run) -> int:
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
   extension = _extension(rd, exp) if state == "extend" else None
-  compiled = _check_memory(exp)  # the step's one compile; refused here, nothing is written
+  compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
   if this.main_process:
     _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
@@ -272,14 +272,16 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   return 0
 
 
-def _check_memory(exp: experiment_lib.Experiment) -> dict:
+def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry) -> dict:
   """Compiles the train and eval steps for batches shaped like the data's; refuses (ConfigError)
-  a step that needs more memory than a device has. Returns the train step's compiled_stats."""
+  a step that needs more memory than a device has (naming `entry`'s sweep). Returns the train
+  step's compiled_stats."""
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_batch = next(exp.source.train_iterator(**process))
   eval_batch = exp.source.eval_batches(batch_size=exp.run.eval.batch_size, num_batches=1,
                                        **process)[0]
-  return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch)
+  return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch,
+                                 entry=entry)
 
 
 def _extension(rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment) -> dict:

@@ -66,20 +66,38 @@ def model_shape(params, *, top_k: int | None) -> Shape:
 # Per token and layer, bytes kept for the backward pass under each remat policy (c: bytes of
 # the compute dtype; heads and mlp widths split over the `model` axis, the residual stream
 # not). A rough model (after Korthikanti et al. 2022, without dropout); the TPU compiler's
-# figures replace it where they exist.
-def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: int) -> float:
+# figures replace it where they exist. `scores`: the share of the [queries, keys] attention
+# logits held (scores_share).
+def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: int,
+                           scores: float = 1.0) -> float:
   q, kv, mlp, heads = s.q_width / model, s.kv_width / model, s.mlp / model, s.heads / model
   matmul_outputs = c * (q + 2 * kv + s.dim + mlp + s.dim)
-  attention_scores = (4 + c) * heads * seq_len  # float32 scores + probabilities
+  attention_scores = (4 + c) * heads * seq_len * scores  # float32 scores + probabilities
   everything = c * (4 * s.dim + 2 * q + 2 * kv + 2 * mlp) + attention_scores
   return {
       "none": everything,
       "full": c * s.dim,  # the layer's input
-      "dots_saveable": c * s.dim + matmul_outputs + c * heads * seq_len,
+      "dots_saveable": c * s.dim + matmul_outputs + c * heads * seq_len * scores,
       "dots_with_no_batch_dims_saveable": c * s.dim + matmul_outputs,
       "save_qkv_proj": c * (s.dim + q + 2 * kv),
       "save_attn_out": c * (s.dim + 2 * q + 2 * kv),
   }.get(policy, c * (s.dim + 2 * q + 2 * kv))
+
+
+def scores_share(run, length: int) -> tuple[float, float, float]:
+  """Shares of the whole [queries, keys] attention logits that the model's attention
+  implementation (modules/attn_registry.py) holds, for `length` queries per row: (kept for the
+  backward pass, held during one layer's pass, moved to and from HBM). `xla` and `dot_product`
+  write them all; `chunked` keeps none (each block of query_chunk_size queries is recomputed)
+  and holds one block; `splash`, a kernel, keeps them in on-chip memory."""
+  attention = flops_lib.find_field(run.model, "attention")
+  implementation = getattr(attention, "implementation", "xla")
+  if implementation == "splash":
+    return 0.0, 0.0, 0.0
+  chunk = getattr(attention, "query_chunk_size", 0)
+  if implementation == "chunked" and 0 < chunk < length and length % chunk == 0:
+    return 0.0, chunk / length, 1.0
+  return 1.0, 1.0, 1.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,12 +166,14 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   sp = split(exp)
   seq, tokens, model = sp.seq_len, sp.tokens, sp.model
   policy = getattr(run.model, "remat", "none")
+  kept, held, _ = scores_share(run, sp.positions)
   # A stage saves its own layers for every tick of the pipeline: (M + S - 1) / M microbatches'
   # worth; attention scores span the whole sequence (keys gathered under context parallelism).
-  saved = (_saved_per_token_layer(policy, shape, compute_bytes, seq, model) * shape.layers
+  saved = (_saved_per_token_layer(policy, shape, compute_bytes, seq, model, kept) * shape.layers
            / sp.stages * sp.ticks_per_microbatch)
   if policy != "none":  # one layer's recompute at a time
-    saved += _saved_per_token_layer("none", shape, compute_bytes, seq, model) / sp.microbatches
+    saved += (_saved_per_token_layer("none", shape, compute_bytes, seq, model, held)
+              / sp.microbatches)
   if sp.stages > 1:  # the pipeline's inputs and outputs of every microbatch
     saved += 2 * compute_bytes * shape.dim
   activations = int(tokens * saved)
@@ -172,7 +192,7 @@ def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_b
 
   Per microbatch: the gathered weights read once per pass (forward, the recompute under
   remat, backward), saved activations written and read once, the attention scores written
-  and read in every pass; per step: the optimizer reads parameters, gradients and state and
+  and read in every pass (not by a kernel: scores_share); per step: the optimizer reads parameters, gradients and state and
   writes parameters and state.
   """
   run = exp.run
@@ -190,9 +210,27 @@ def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_b
       sp.microbatches + sp.stages - 1)
   per_micro += 2 * analytic.activations
   per_micro += passes * tokens * shape.layers / sp.stages * sp.ticks_per_microbatch * (
-      4 + compute_bytes) * (shape.heads / sp.model) * seq
+      4 + compute_bytes) * (shape.heads / sp.model) * seq * scores_share(run, sp.positions)[2]
   optimizer = 2 * (analytic.params + analytic.opt_state) + analytic.grads
   return accum * per_micro + optimizer
+
+
+def eval_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> int:
+  """The eval step's bytes per device by the same model: the parameters, one layer's working
+  set and the logits (compute dtype and float32, and the float32 log-softmax) of the tokens of
+  one pass on the device (exp.eval_microbatches passes per eval batch: eval.microbatch_rows)."""
+  run = exp.run
+  params = _sharded_bytes(nn_unbox(exp.abstract_state).params, exp.state_shardings.params)
+  shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
+  sp = split(exp)
+  _, batch_shards = experiment_lib.mesh_size(exp.mesh, exp.rules, "act_batch")
+  rows = max(run.eval.batch_size // batch_shards // exp.eval_microbatches, 1)
+  layer = _saved_per_token_layer("none", shape, compute_bytes, sp.seq_len, sp.model,
+                                 scores_share(run, sp.positions)[1])
+  chunk = run.trainer.loss_chunk_size
+  positions = chunk * sp.positions // sp.seq_len if chunk else sp.positions
+  vocab = shape.vocab // (sp.model if shape.vocab % sp.model == 0 else 1)
+  return int(params + rows * sp.positions * layer + rows * positions * vocab * (compute_bytes + 8))
 
 
 def nn_unbox(tree):

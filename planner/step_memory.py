@@ -4,8 +4,9 @@ The train step (and the eval step) are compiled with abstract, sharded inputs, t
 `axtrain plan` compiles them (planner/plan.py); the executable's memory analysis gives the
 bytes one device needs: arguments + outputs not aliased to them + temporaries. The compile is
 the one the run would make anyway: jit's cache hands the same executable to the first real
-step. A step that needs more than the device has is refused in one line that says by how much,
-instead of a RESOURCE_EXHAUSTED part-way into the run.
+step. A step that needs more than the device has is refused in one line, instead of a
+RESOURCE_EXHAUSTED part-way into the run: by how much, and what would fit (`fix`): changes
+that keep the run's math, not already made, each with the analytic memory model's figure.
 
 Device memory: what the backend reports (`memory_stats()["bytes_limit"]` on GPU and TPU); on
 CPU, the host memory available now (/proc/meminfo MemAvailable) shared by the local devices.
@@ -20,12 +21,19 @@ import re
 import jax
 
 from core.registry import ConfigError
+from planner import plan_report, plan_sweep
 from trainer import metrics as metrics_lib
 
 GiB = 1024 ** 3
-# What lowers each step's memory, for the refusal.
-FIX = {"train step": "lower data.batch_size or data.seq_len, or use remat (model.remat=full)",
-       "eval step": "lower eval.batch_size or data.seq_len"}
+# The TPU compiler's words when it refuses a program: its temporaries and the HBM it had.
+_UNITS = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4, "P": 1024 ** 5}
+_TEMPORARIES = re.compile(r"HLO temporaries \(([\d.]+)([KMGTP])\)")
+_AVAILABLE = re.compile(r"available HBM \(([\d.]+)([KMGTP])\)")
+# What the refusal's advice may change, in words; and the last resort, which changes the recipe.
+KNOBS = {"train step": "gradient accumulation, remat, loss chunks or attention",
+         "eval step": "eval rows per pass, loss chunks or attention"}
+LAST_RESORT = {"train step": "lower data.batch_size or data.seq_len",
+               "eval step": "lower eval.batch_size or data.seq_len"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,9 +76,48 @@ def device_memory(devices) -> DeviceMemory | None:
   return None
 
 
-def compile_step(fn, args, *, exp, what: str):
+def refused_bytes(message: str) -> tuple[int | None, int | None]:
+  """(temporaries, available HBM) in bytes, from the TPU compiler's RESOURCE_EXHAUSTED
+  message ("... HLO temporaries (1.23T) exceeds available HBM (15.75G)"); None where absent."""
+  def find(pattern):
+    m = pattern.search(message)
+    return int(float(m[1]) * _UNITS[m[2]]) if m else None
+  return find(_TEMPORARIES), find(_AVAILABLE)
+
+
+def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> str:
+  """What to change for a step of `exp` that needs `need` bytes where a device has `memory`:
+  the changes that keep the run's math and mesh which the analytic model puts within the
+  device (its figures scaled by need / its figure for the step: planner/plan_sweep.py:fixes),
+  only changes not already made, at most three, each with the model's figure; else the last
+  resort, which changes the recipe. `entry`: the mesh entry, to name the sweep that compiles
+  them."""
+  eval_step = what == "eval step"
+  now = plan_sweep.model_bytes(exp, eval_step=eval_step)
+  # The model's figures are compared at its own scale: the device's memory times now / need.
+  within = memory * now / (need or now) if memory else 0
+  options = plan_sweep.fixes(exp, eval_step=eval_step, within=within, entry=entry)
+  sweep = (f"; `axtrain plan --sweep --mesh={entry.name}` compiles and ranks them"
+           if entry is not None and entry.num_devices else "")
+  if options:
+    listed = ", ".join(f"{cand.flags()} (model: {plan_report.gib(b)})" for cand, b in options)
+    return (f"what would fit by the analytic model (it puts this step at "
+            f"{plan_report.gib(now)}, the device at {plan_report.gib(within)} on that scale): "
+            f"{listed}{sweep}")
+  recipe = "" if eval_step else "".join(
+      f", or optimizer.{path.split('.')[-1]}={value}" for path, value in plan_sweep.RECIPE.items()
+      if plan_sweep.get_path(exp.run, path) not in (None, value))
+  sweep = (f"; `axtrain plan --sweep --sweep_recipe --mesh={entry.name}` compiles them"
+           if sweep and not eval_step else "")
+  return (f"no change of {KNOBS[what]} fits by the analytic model (it puts this step at "
+          f"{plan_report.gib(now)}); {LAST_RESORT[what]}{recipe} (these change the training "
+          f"recipe){sweep}")
+
+
+def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None, entry=None):
   """`fn.lower(*args).compile()` under the experiment's mesh and rules; a compiler that runs out
-  of device memory (the TPU compiler refuses such programs) is a ConfigError."""
+  of device memory (the TPU compiler refuses such programs) is a ConfigError that says what
+  would fit (`fix`)."""
   with exp.context():
     lowered = fn.lower(*args)
     try:
@@ -78,40 +125,54 @@ def compile_step(fn, args, *, exp, what: str):
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
-      m = re.search(r"HLO temporaries \(([\d.]+)G\)", str(e))  # the TPU compiler's words
-      need = f"needs {m[1]} GiB of temporaries" if m else "does not fit"
-      raise ConfigError(f"the {what} {need}: the compiler ran out of device memory; "
-                        f"{FIX[what]}") from None
+      message = str(e)
+  # Outside the mesh context: the model reads the boxed parameters, whose unboxing would
+  # apply their sharding constraints under it.
+  temporaries, available = refused_bytes(message)
+  has = available or (memory.bytes if memory else None)
+  need = f"needs {plan_report.gib(temporaries)} of temporaries" if temporaries else (
+      "does not fit")
+  where = f" ({plan_report.gib(has)} available)" if has else ""
+  state = plan_sweep.state_bytes(exp, eval_step=what == "eval step")
+  advice = fix(exp, what=what, need=temporaries and temporaries + state, memory=has,
+               entry=entry)
+  raise ConfigError(f"the {what} {need}: the compiler ran out of device memory{where}; "
+                    f"{advice}")
 
 
-def check(stats: dict, *, what: str, memory: DeviceMemory | None) -> None:
-  """ConfigError when a compiled step's `stats` (metrics.compiled_stats) exceed `memory`."""
+def check(stats: dict, *, exp, what: str, memory: DeviceMemory | None, entry=None) -> None:
+  """ConfigError when a compiled step's `stats` (metrics.compiled_stats) exceed `memory`; it
+  says what would fit (`fix`)."""
   need = stats.get("total_bytes")
   if need is None or memory is None or need <= memory.bytes:
     return
-  raise ConfigError(f"the {what} needs {need / GiB:,.1f} GiB per device, the device has "
-                    f"{memory.bytes / GiB:,.1f} GiB ({memory.source}); {FIX[what]}")
+  advice = fix(exp, what=what, need=need, memory=memory.bytes, entry=entry)
+  raise ConfigError(f"the {what} needs {plan_report.gib(need)} per device, the device has "
+                    f"{plan_report.gib(memory.bytes)} ({memory.source}); {advice}")
 
 
-def check_train(exp, *, train_batch: dict, eval_batch: dict) -> dict:
+def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None) -> dict:
   """Compiles the train and eval steps of `exp` for global batches shaped like `train_batch`
   and `eval_batch` (one process's rows of each); refuses (ConfigError) a step that does not
-  fit. Returns the train step's compiled_stats."""
+  fit. `entry`: the run's mesh entry (the refusal names its sweep). Returns the train step's
+  compiled_stats."""
   memory = device_memory(exp.mesh.local_devices)
   state = exp.abstract_state_inputs()
+  batch = exp.abstract_batch(train_batch, rows=exp.source.batch_size)
   train = metrics_lib.compiled_stats(compile_step(
-      exp.step_fn, (state, exp.abstract_batch(train_batch, rows=exp.source.batch_size)),
-      exp=exp, what="train step"))
-  check(train, what="train step", memory=memory)
-  check_eval(exp, eval_batch, memory=memory)
+      exp.step_fn, (state, batch), exp=exp, what="train step", memory=memory, entry=entry))
+  check(train, exp=exp, what="train step", memory=memory, entry=entry)
+  check_eval(exp, eval_batch, memory=memory, entry=entry)
   return train
 
 
-def check_eval(exp, eval_batch: dict, *, memory: DeviceMemory | None = None) -> None:
+def check_eval(exp, eval_batch: dict, *, memory: DeviceMemory | None = None,
+               entry=None) -> None:
   """Compiles the eval step for eval.batch_size rows shaped like `eval_batch`; refuses one that
   does not fit."""
   memory = memory or device_memory(exp.mesh.local_devices)
   args = (exp.abstract_state_inputs().params,
           exp.abstract_batch(eval_batch, rows=exp.run.eval.batch_size))
-  stats = metrics_lib.compiled_stats(compile_step(exp.eval_fn, args, exp=exp, what="eval step"))
-  check(stats, what="eval step", memory=memory)
+  stats = metrics_lib.compiled_stats(compile_step(exp.eval_fn, args, exp=exp, what="eval step",
+                                                  memory=memory, entry=entry))
+  check(stats, exp=exp, what="eval step", memory=memory, entry=entry)

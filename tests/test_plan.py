@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -11,6 +12,7 @@ import flax.linen as nn
 import jax
 import pytest
 
+import configs.llama
 import configs.llm_1b
 import configs.tiny
 from launcher import main as main_lib
@@ -291,3 +293,129 @@ def test_the_compilers_log_becomes_a_note_and_the_rest_passes_through(capfd):
   os.write(2, b"after\n")
   err = capfd.readouterr().err
   assert "something else entirely" in err and "after" in err and "Contact Shardy" not in err
+
+
+# --- the memory sweep: knobs that keep the run's math, on one chip ------------------------
+
+def _chip(hbm_bytes: int | None = None, name: str = "tpu-v5e-1") -> meshes.Entry:
+  """A TPU entry, its HBM replaced by `hbm_bytes` (a smaller chip: what the plan fits against)."""
+  entry = meshes.lookup(name)
+  if hbm_bytes is None:
+    return entry
+  return dataclasses.replace(entry, hardware=dataclasses.replace(entry.hardware,
+                                                                 hbm_bytes=hbm_bytes))
+
+
+def _logits_heavy():
+  """The `test` model with a 32768-token vocabulary and 16 sequences a step: its logits are
+  most of its memory, as in the LLM configs."""
+  cfg = configs.llama.get_config("size=test")
+  cfg.data.batch_size = 16
+  cfg.model.vocab_size = 32768
+  return _run(cfg)
+
+
+def test_memory_sweep_on_one_chip_finds_settings_that_fit_where_the_config_does_not():
+  """One v5e chip with half the memory the compiled train step needs as configured: the sweep
+  tries the knobs that keep the batch, and what it ranks fits by the TPU compiler's figures,
+  eval step included (its plan, compiled again with the best one's flags, says so)."""
+  run = _logits_heavy()
+  as_given = plan.plan(run, _chip(), config_name="test", with_eval=False)
+  entry = _chip(int(as_given.train.peak / 2))
+  assert as_given.train.peak > entry.hardware.hbm_bytes * 0.95  # does not fit as configured
+  result = plan_sweep.sweep(run, entry, config_name="test", limit=1)
+  assert result.mode == "memory: one device" and result.ranked, plan_sweep.sweep_text(result)
+  assert all(p.fits and p.batch == 16 and p.seq_len == run.data.seq_len
+             for _, p in result.ranked)
+  best = result.best
+  assert best.axes is None and best.knobs and not best.recipe_changes()
+  assert set(dict(best.knobs)) <= {"trainer.grad_accum_steps", "model.remat",
+                                   "trainer.loss_chunk_size", "model.scan_layers",
+                                   "model.block.attention.implementation", "eval.microbatch_rows"}
+  text = plan_sweep.sweep_text(result)
+  assert text.splitlines()[-1] == f"best: {best.flags()}"
+  checked = plan.plan(best.apply(run), entry, config_name="test", with_eval=True)
+  assert checked.fits and checked.eval.peak <= checked.usable, plan_report.text(checked)
+  assert result.eval.fits and result.eval.rows == best.get("eval.microbatch_rows", run)
+
+
+def test_a_compile_that_does_not_fit_leaves_out_what_holds_no_less():
+  """What the compiled results imply: a setting no leaner on any knob than one that did not fit
+  need not compile; nor one no less lean (with the same attention) than one that fit."""
+  run = _run(configs.llama.get_config("size=test"))
+  cand = lambda **k: plan_sweep.Candidate(knobs=tuple(
+      (plan_sweep.ACCUM if n == "accum" else plan_sweep.REMAT if n == "remat" else
+       plan_sweep.CHUNK, v) for n, v in k.items()))
+  missed = [cand(accum=2, remat="save_attn_out")]
+  assert plan_sweep.implied(cand(accum=2), missed=missed, fitted=[], run=run)
+  assert plan_sweep.implied(cand(accum=1, remat="save_attn_out"), missed=missed, fitted=[],
+                            run=run)
+  assert not plan_sweep.implied(cand(accum=4), missed=missed, fitted=[], run=run)
+  assert not plan_sweep.implied(cand(accum=2, chunk=32), missed=missed, fitted=[], run=run)
+  fitted = [cand(accum=2, remat="save_attn_out")]
+  assert plan_sweep.implied(cand(accum=4, remat="full"), missed=[], fitted=fitted, run=run)
+  assert not plan_sweep.implied(cand(accum=4), missed=[], fitted=fitted, run=run)
+  splash = cand(accum=4, remat="full").with_knob("model.block.attention.implementation", "splash")
+  assert not plan_sweep.implied(splash, missed=[], fitted=fitted, run=run)  # may be faster
+  # The other scan_layers is neither: the compiler's memory and estimate may differ.
+  scanned = fitted[0].with_knob(plan_sweep.SCAN, True)
+  assert not plan_sweep.implied(scanned, missed=[], fitted=fitted, run=run)
+  assert not plan_sweep.implied(scanned, missed=missed, fitted=[], run=run)
+  # It compiles next after its twin fits (else last, where the budget lasts).
+  order = plan_sweep.with_scan_twins(run, [fitted[0], cand(accum=4)])
+  assert order[2:] == [scanned, cand(accum=4).with_knob(plan_sweep.SCAN, True)]
+  assert plan_sweep.twin_next(order[1:], fitted[0], run)[:2] == [scanned, cand(accum=4)]
+  assert plan_sweep.twin_next(order[1:], cand(accum=8), run) == order[1:]
+
+
+def test_where_no_layout_fits_the_sweep_turns_to_the_memory_knobs():
+  """tpu-v5e-4 with less memory than the analytic model gives any layout of mesh axes, remat and
+  accumulation: the sweep searches the memory knobs (loss chunks, splash) too."""
+  run = _logits_heavy()
+  entry = _chip(name="tpu-v5e-4")
+  devices, _ = plan.target_devices(entry)
+  layouts, _ = plan_sweep.screen(run, entry, devices, plan_sweep.candidates(run, 4, entry),
+                                 usable=float("inf"))
+  least = min(total for _, total in layouts)
+  mode, order, _ = plan_sweep.search(run, entry, devices, usable=least * 0.99)
+  assert mode == "memory: no layout fits by the analytic model"
+  knobs = {p for c in order for p, _ in c.knobs}
+  assert {"trainer.loss_chunk_size", "model.block.attention.implementation"} <= knobs
+  assert all(c.axes and math.prod(c.axes.values()) == 4 for c in order)
+
+
+def test_sweep_recipe_labels_what_changes_the_training_recipe():
+  """Only with --sweep_recipe: bfloat16 optimizer state and Adafactor (the learning rate and its
+  schedule carried over), each setting that uses them labelled."""
+  run = _run(configs.llama.get_config("size=test"))
+  plain = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu")
+  widened = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu", recipe=True)
+  assert not any(c.recipe_changes() for c in plain) and len(widened) == 4 * len(plain)
+  both = [c for c in widened if len(c.recipe_changes()) == 2]
+  assert both and all(c.get(plan_sweep.STATE_DTYPE) == "bfloat16"
+                      and c.get(plan_sweep.KIND) == "adafactor" for c in both)
+  assert plan_sweep.label(both[0]).endswith(
+      "[changes the training recipe: optimizer.state_dtype, optimizer.kind]")
+  switched = both[0].apply(run).optimizer
+  assert (switched.kind, switched.state_dtype) == ("adafactor", "bfloat16")
+  assert (switched.learning_rate, switched.schedule) == (run.optimizer.learning_rate,
+                                                        run.optimizer.schedule)
+
+
+def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):
+  result = cli("plan", "--config=configs/llama.py:size=test", "--mesh=tpu-v5e-1", "--sweep",
+               "--sweep_limit=1", "--noeval", "--json")
+  assert result.returncode == 0, result.stderr[-2000:]
+  report = json.loads(result.stdout)
+  assert report["mode"] == "memory: one device" and len(report["ranked"]) == 1
+  assert report["best"]["flags"] == report["ranked"][0]["flags"] and report["eval"] is None
+  assert "  compiled " in result.stderr
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--sweep", "--sweep_limit=0"], "plan: --sweep_limit must be at least 1, got 0"),
+    (["--sweep_recipe"], "plan: --sweep_recipe widens a sweep; add --sweep"),
+])
+def test_sweep_flags_are_checked_before_compiling(capsys, args, error):
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-1", *args)
+  assert code == 2 and out.err == f"axtrain: error: {error}\n"

@@ -192,8 +192,8 @@ def test_the_sweeps_order_puts_network_traffic_where_the_layout_puts_it():
   devices, _ = plan.target_devices(meshes.lookup("tpu-v5e-16"))
 
   def estimate(data, fsdp, accum):
-    cand = plan_sweep.Candidate(axes={"data": data, "fsdp": fsdp, "model": 1}, remat="full",
-                                grad_accum_steps=accum)
+    cand = plan_sweep.Candidate.layout({"data": data, "fsdp": fsdp, "model": 1}, remat="full",
+                                       grad_accum_steps=accum)
     exp = experiment.build(cand.apply(run), entry, devices)
     return plan_sweep.screen_estimate(exp, entry, compute_bytes=2)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import pytest
 
+import configs.llama
 from core.registry import ConfigError
 from launcher import main as main_lib
+from planner import plan, plan_sweep, step_memory
 from tests.test_run_dirs import QUICK, snapshot
-from planner import step_memory
+from trainer import config as config_lib, experiment, meshes, metrics
 
 
 @pytest.fixture
@@ -64,14 +68,161 @@ def test_a_step_larger_than_the_device_is_refused_before_writing(quick, capsys, 
   assert not (quick / "big").exists()
 
 
+def _test_exp(**changes):
+  """The `test` model on one CPU device, with `changes` ({config path: value}) made."""
+  cfg = configs.llama.get_config("size=test")
+  for path, value in changes.items():
+    *parents, name = path.split(".")
+    node = cfg
+    for parent in parents:
+      node = node[parent]
+    node[name] = value
+  return experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"), jax.devices("cpu")[:1])
+
+
 def test_check_compares_the_compiled_bytes_with_the_device():
+  exp = _test_exp()
   memory = step_memory.DeviceMemory(bytes=3 * step_memory.GiB, source="test")
-  step_memory.check({"total_bytes": 3 * step_memory.GiB}, what="train step", memory=memory)
+  step_memory.check({"total_bytes": 3 * step_memory.GiB}, exp=exp, what="train step",
+                    memory=memory)
   with pytest.raises(ConfigError, match=r"^the train step needs 3\.5 GiB per device, the device "
-                                        r"has 3\.0 GiB \(test\); lower data.batch_size"):
-    step_memory.check({"total_bytes": 3.5 * step_memory.GiB}, what="train step", memory=memory)
-  step_memory.check({}, what="train step", memory=memory)  # no analysis: nothing to check
-  step_memory.check({"total_bytes": 10 ** 15}, what="eval step", memory=None)  # unknown device
+                                        r"has 3 GiB \(test\); what would fit"):
+    step_memory.check({"total_bytes": 3.5 * step_memory.GiB}, exp=exp, what="train step",
+                      memory=memory)
+  step_memory.check({}, exp=exp, what="train step", memory=memory)  # no analysis: no check
+  step_memory.check({"total_bytes": 10 ** 15}, exp=exp, what="eval step", memory=None)
+
+
+def _refusal(exp, *, share: float, what: str = "train step", entry=None) -> str:
+  """The refusal of `exp`'s compiled step on a device with `share` of the memory it needs."""
+  if what == "train step":
+    fn, args = exp.step_fn, (exp.abstract_state_inputs(), _abstract_batch(exp, exp.source.batch_size))
+  else:
+    fn, args = exp.eval_fn, (exp.abstract_state_inputs().params,
+                             _abstract_batch(exp, exp.run.eval.batch_size))
+  stats = metrics.compiled_stats(step_memory.compile_step(fn, args, exp=exp, what=what))
+  memory = step_memory.DeviceMemory(bytes=int(stats["total_bytes"] * share), source="test")
+  with pytest.raises(ConfigError) as refused:
+    step_memory.check(stats, exp=exp, what=what, memory=memory, entry=entry)
+  text = str(refused.value)
+  assert "\n" not in text and text.startswith(f"the {what} needs "), text
+  return text
+
+
+def _abstract_batch(exp, rows: int) -> dict:
+  return {name: jax.ShapeDtypeStruct((rows, exp.source.seq_len), dtype,
+                                     sharding=exp.batch_sharding)
+          for name, dtype in exp.source.fields().items()}
+
+
+def _listed(text: str) -> list[dict]:
+  """The refusal's options: {config path: value as written} each."""
+  listed = text.split("): ", 1)[1].split("; `axtrain plan")[0]
+  return [dict(re.findall(r"--config\.(\S+)=(\S+)", option))
+          for option in re.split(r" \(model: [^)]*\),? ?", listed) if option]
+
+
+def _unchanged(exp, options: list[dict]) -> list[str]:
+  """Listed changes that the run already has (none should be)."""
+  return [f"{path}={value}" for option in options for path, value in option.items()
+          if str(plan_sweep.get_path(exp.run, path)).lower() == value.lower()]
+
+
+def test_refusal_lists_accumulation_first_for_a_plain_step_and_never_a_change_made():
+  """The `test` model as configured (no accumulation, remat or chunking), on a device with half
+  the memory its compiled train step needs: each listed option is a change of the run, the
+  analytic model's figure with it, at most three, one change each (fewest first)."""
+  exp = _test_exp()
+  text = _refusal(exp, share=0.5, entry=meshes.lookup("tpu-v5e-1"))
+  options = _listed(text)
+  assert 1 <= len(options) <= 3 and not _unchanged(exp, options), text
+  assert any("trainer.grad_accum_steps" in o for o in options), text
+  assert text.count("(model: ") == len(options) and "(it puts this step at " in text
+  assert text.endswith("; `axtrain plan --sweep --mesh=tpu-v5e-1` compiles and ranks them")
+
+
+def test_refusal_lists_remat_and_chunks_once_accumulation_is_used_up():
+  """The batch already one sequence per microbatch (8 of 8): remat, a shorter loss chunk or
+  chunked attention are what is left, never accumulation again nor a setting already made."""
+  exp = _test_exp(**{"trainer.grad_accum_steps": 8, "data.seq_len": 512})
+  options = _listed(_refusal(exp, share=0.8))
+  assert options and not _unchanged(exp, options)
+  assert not any("trainer.grad_accum_steps" in o for o in options)
+  assert any(set(o) & {"model.remat", "trainer.loss_chunk_size",
+                       "model.block.attention.implementation"} for o in options), options
+  assert all(o.get("model.block.attention.implementation") != "splash" for o in options)
+
+
+def test_refusal_lists_loss_chunks_where_the_logits_are_what_is_left():
+  """Accumulation used up and remat full already set, a large vocabulary: the loss chunk."""
+  exp = _test_exp(**{"trainer.grad_accum_steps": 8, "model.remat": "full",
+                     "model.vocab_size": 32768})
+  text = _refusal(exp, share=0.7)
+  options = _listed(text)
+  assert options and not _unchanged(exp, options), text
+  assert "model.remat=full" not in text
+  assert any("trainer.loss_chunk_size" in o for o in options), text
+
+
+def test_eval_refusal_lists_eval_rows_per_pass():
+  exp = _test_exp(**{"eval.batch_size": 64, "model.vocab_size": 32768})
+  options = _listed(_refusal(exp, share=0.5, what="eval step"))
+  assert options and not _unchanged(exp, options)
+  assert any("eval.microbatch_rows" in o for o in options)
+
+
+def test_nothing_to_change_says_the_recipe_changes_that_remain():
+  """Every knob at its leanest: the refusal names the last resort, which changes the recipe."""
+  exp = _test_exp(**{"trainer.grad_accum_steps": 8, "model.remat": "full",
+                     "trainer.loss_chunk_size": 8,
+                     "model.block.attention.implementation": "chunked",
+                     "model.block.attention.query_chunk_size": 32})
+  text = _refusal(exp, share=0.05)
+  assert "no change of gradient accumulation, remat, loss chunks or attention fits" in text
+  assert text.endswith("lower data.batch_size or data.seq_len, or optimizer.state_dtype="
+                       "bfloat16, or optimizer.kind=adafactor (these change the training recipe)")
+  entry = meshes.lookup("tpu-v5e-1")
+  assert _refusal(exp, share=0.05, entry=entry).endswith(
+      "; `axtrain plan --sweep --sweep_recipe --mesh=tpu-v5e-1` compiles them")
+
+
+def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
+  """splash is offered on TPU only, and never where it is set; chunked where it chunks."""
+  run = _test_exp(**{"data.seq_len": 256}).run
+  path = plan_sweep.attention_path(run)
+  assert path == "model.block.attention.implementation"
+  assert plan_sweep.knob_values(run, platform="tpu", shards=1)[path] == ["xla", "splash"]
+  assert plan_sweep.knob_values(run, platform="cpu", shards=1)[path] == ["xla"]  # 256 <= 512
+  short = _test_exp(**{"data.seq_len": 256, "model.block.attention.query_chunk_size": 64}).run
+  assert plan_sweep.knob_values(short, platform="cpu", shards=1)[path] == ["xla", "chunked"]
+  splash = _test_exp(**{"model.block.attention.implementation": "splash"}).run
+  assert plan_sweep.knob_values(splash, platform="tpu", shards=1)[path] == ["splash"]
+
+
+def test_the_tpu_compilers_refusal_is_read_in_any_unit():
+  message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+             "temporaries (1.23T) exceeds available HBM (15.75G).")
+  assert step_memory.refused_bytes(message) == (int(1.23 * 1024 ** 4), int(15.75 * 1024 ** 3))
+  assert step_memory.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
+
+
+def test_a_tpu_step_the_compiler_refuses_is_one_line_with_what_would_fit():
+  """The TPU compiler (libtpu, compile-only: no TPU here) refuses the `test` model at 8 x 16384
+  positions on one v5e chip; the refusal reads its figures and lists what would fit."""
+  entry = meshes.lookup("tpu-v5e-1")
+  devices, _ = plan.target_devices(entry)
+  cfg = configs.llama.get_config("size=test")
+  cfg.data.seq_len = 16384
+  exp = experiment.build(config_lib.parse(cfg), entry, devices)
+  args = (exp.abstract_state_inputs(), _abstract_batch(exp, exp.source.batch_size))
+  with pytest.raises(ConfigError) as refused:
+    step_memory.compile_step(exp.step_fn, args, exp=exp, what="train step", entry=entry)
+  text = str(refused.value)
+  assert text.startswith("the train step needs ") and " of temporaries: the compiler ran out of "
+  assert "device memory (15.8 GiB available); what would fit by the analytic model" in text
+  options = _listed(text)
+  assert options and not _unchanged(exp, options), text
+  assert any(o.get("model.block.attention.implementation") == "splash" for o in options), text
 
 
 def test_cpu_devices_share_the_host_memory_available():
@@ -79,3 +230,14 @@ def test_cpu_devices_share_the_host_memory_available():
   one = step_memory.device_memory(cpus[:1])
   assert one is not None and one.source == "host memory available"
   assert 0 < one.bytes <= step_memory._host_available() * 1.01 + 2 ** 30  # pylint: disable=protected-access
+
+
+def test_a_run_that_sets_rows_per_device_is_told_rows_per_device():
+  """A recipe that sets trainer.microbatch_rows (the accumulation follows from the device
+  count) is told more accumulation as fewer rows, never as grad_accum_steps (which it refuses
+  beside the rows)."""
+  exp = _test_exp(**{"trainer.microbatch_rows": 4})  # 8 rows on one device: 2 microbatches
+  options = _listed(_refusal(exp, share=0.5))
+  assert options and not any("trainer.grad_accum_steps" in o for o in options), options
+  rows = [int(o["trainer.microbatch_rows"]) for o in options if "trainer.microbatch_rows" in o]
+  assert rows and all(r < 4 for r in rows)
