@@ -306,10 +306,11 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
       compiled = lowered.compile(compiler_options=compiler_options or None)
     except jax.errors.JaxRuntimeError as e:
       # The TPU compiler refuses a program whose temporaries exceed HBM; that is a verdict.
-      m = re.search(r"HLO temporaries \(([\d.]+)G\)", str(e))
-      if "RESOURCE_EXHAUSTED" not in str(e) or not m:
+      from planner import step_memory  # pylint: disable=import-outside-toplevel  (imports us)
+      temp = step_memory.refused_bytes(str(e))[0]
+      if "RESOURCE_EXHAUSTED" not in str(e) or temp is None:
         raise
-      return Compiled(argument=0, output=0, alias=0, temp=int(float(m[1]) * GiB), code=0,
+      return Compiled(argument=0, output=0, alias=0, temp=temp, code=0,
                       flops=0.0, bytes_accessed=0.0, seconds=time.perf_counter() - start,
                       collectives=hlo_collectives.Collectives(bytes_by_kind={}, count=0),
                       refused=" ".join(str(e).split())[:300], notes=tuple(notes))

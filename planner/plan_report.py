@@ -106,7 +106,8 @@ def _verdict(p: Plan) -> list[str]:
 def _time(p: Plan) -> list[str]:
   e, t = p.estimate, p.train
   if e is None:
-    lines = ["  estimate: none (the entry lists no peak FLOP/s or bandwidths)"]
+    lines = ["  estimate: none (" + ("the compiler refused the program" if t.refused else
+                                   "the entry lists no peak FLOP/s or bandwidths") + ")"]
   else:
     c = e.calibration
     lines = [
