@@ -33,16 +33,18 @@ class Calibration:
   measured: bool
 
 
-# One TPU v5e chip (the device tool, 2026-12-05). matmul: the profiled train steps of 125m
-# (b4, splash) and llm_1b (b8, full remat) summed 38.0 ms over 5.38 TFLOP and 1033 ms over
-# 153.2 TFLOP of matmul ops (141.8 and 148.3 TFLOP/s, 0.72 and 0.75 of 197). attention: the
-# splash kernel as modules/attn_splash.py sets it up (blocks 1024, keys 512 at a time, fused
-# backward), forward and forward + backward of 125m's and 1b's attention at seq 2048 with
-# packed rows: 0.740 / 2.23 ms and 4.02 / 11.46 ms for 25.8 and 137 GFLOP of causal forward
-# work (34.8 and 34.2 TFLOP/s; backward 2.0 and 1.85 forward passes). memory: the same steps'
-# memory-bound ops against their bytes in the compiled HLO (125m: 26.4 ms measured, 1b: 193 ms).
+# One TPU v5e chip (the device tool, 2026-12-05; benchmarks/chip.py, profiles joined op by op
+# with the compiled HLO). matmul: 125m at 4 rows (splash, layers unrolled) spent 34.1 ms on 5.42
+# TFLOP of matmuls (159 TFLOP/s, 0.81 of 197; some of its matmuls bound by bytes), 0.83 with
+# those timed by their bytes. attention: the splash kernel as modules/attn_splash.py sets it up
+# (blocks of 1024, keys 512 at a time, fused backward) took 21.2 ms for 12 layers' forward and
+# backward of 25.8 GFLOP of causal forward work each (0.22 of peak for a forward pass, the
+# backward 1.95 forward passes as timed alone: 2.23 / 0.74 ms and 11.5 / 4.02 ms for 125m's and
+# 1b's attention). memory: the memory-bound ops against their bytes in the compiled HLO. Checked
+# on the steps measured beside it: 125m at 4 rows 71.3 ms estimated / 68.2 measured, llm_1b at 8
+# rows (full remat, Adafactor) 1.262 / 1.244 s, 125m as shipped (64 microbatches) 4.11 / 3.93 s.
 _V5E = Calibration(
-    matmul=0.74, attention=0.175, attention_backward=1.95, memory=0.85, measured=True,
+    matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
            "splash kernel timings)")
 
