@@ -643,5 +643,6 @@ def test_to_hf_of_a_moe_run_on_an_expert_mesh_names_its_moe_parts(tmp_path, caps
   (run / "config.json").write_text(cfg.to_json_best_effort())
   code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'hf'}")
   assert code == 2 and err == ("axtrain: error: the model cannot be written as "
-                               "LlamaForCausalLM: an ffn other than SwiGLU\n"), err
+                               "LlamaForCausalLM: model.block.ffn.kind is 'moe' (LlamaForCausalLM takes "
+                               "only 'mlp')\n"), err
   assert not (tmp_path / "hf").exists()
