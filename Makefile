@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # torch==2.13.0 resolves to the CPU build on disk on our machines (a plain `torch` pulls CUDA).
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install demo test bench bench-tpu golden sweep-doc clean
+.PHONY: install demo test test-slow bench bench-tpu golden sweep-doc clean
 
 install: $(STAMP)
 
@@ -31,11 +31,16 @@ demo: $(STAMP)
 	@$(BIN)/axtrain generate --run_dir=runs/demo --prompt="$(DEMO_PROMPT)" --max_new_tokens=100 --temperature=0.6 --seed=0
 
 # Two workers (pytest-xdist), one per core of the CI machine; a test file stays on one worker
-# so its module fixtures are built once. `pytest -m 'not slow'` skips the tests marked slow
-# (over a minute each on 2 cores).
+# so its module fixtures are built once. `make test` (CI: .ci/run) is the quick suite, every test
+# not marked `slow`, under 6 minutes on 2 cores; `make test-slow` runs the tests marked `slow`
+# (each over a minute on 2 cores: large-model TPU compiles, the expert-parallel worker, the
+# runnable doc commands, two processes' kill-and-resume, the Slurm requeue), about 10 minutes.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not slow' tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m slow tests
 
 golden: $(STAMP)
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest tests/test_golden_configs.py

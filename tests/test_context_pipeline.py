@@ -3,7 +3,9 @@ over 6 steps of packed documents, float32 gradients), really splits the work, re
 pipelined checkpoint into a mesh without stages and back, and refuses bad input in one line.
 
 The 8-device work runs once, in tests/context_pipeline_worker.py (a subprocess: fake devices
-must be configured before jax is imported), the CLI's bad-input runs included.
+must be configured before jax is imported), the CLI's bad-input runs included: about two minutes
+of CPU on 2 cores, so the module is `slow` (`make test-slow`; the quick suite keeps context
+parallelism's one-device equality in tests/test_attention_impls.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_sharding import REL_TOL, max_rel_diff
+
+pytestmark = pytest.mark.slow
 
 GRAD_TOL = 1e-5  # float32 gradients: the meshes only reorder sums
 CASES = ("context=8", "fsdp=2,context=4 (chunked)", "stage=4,data=2", "stage=2,fsdp=4 (remat)")

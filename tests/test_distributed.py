@@ -35,11 +35,6 @@ def launch_argv(run_dir, *launch_flags: str) -> list[str]:
           f"--output_dir={run_dir}", *STEPS]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("jax_cache")
-
-
 def wait_for(predicate, what: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
   deadline = time.monotonic() + timeout_s
   while not predicate():
@@ -48,7 +43,7 @@ def wait_for(predicate, what: str, proc: subprocess.Popen, timeout_s: float = 30
     time.sleep(0.05)
 
 
-@pytest.mark.slow  # launches, a kill, a reference: over a minute on 2 cores (make test runs it)
+@pytest.mark.slow  # launches, a kill, a reference: over a minute on 2 cores (make test-slow runs it)
 def test_two_processes_train_like_one_survive_a_kill_and_resume(tmp_path, cache):
   one = tmp_path / "one"
   result = cu.run(one, cache, *STEPS, devices=4)

@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.test_sharding import REL_TOL, max_rel_diff
 
 # One worker process compiles eleven steps on 8 fake devices: about two minutes of the suite on
-# 2 cores. `make test` (CI) runs it; `pytest -m 'not slow'` skips it.
+# 2 cores. `make test-slow` runs it; `make test` (CI) skips it.
 pytestmark = pytest.mark.slow
 
 GRAD_TOL = 1e-5  # float32: the meshes move tokens and reorder sums, nothing else

@@ -97,7 +97,8 @@ LLAMA3_ROPE = dict(theta=10_000.0, factor=8.0, low_freq_factor=1.0, high_freq_fa
                    original_max_position=16)  # head_dim 8: one frequency in each band
 
 
-@pytest.mark.parametrize("case", ["gqa_tied_packed_accumulated", "splash_packed"])
+@pytest.mark.parametrize("case", ["gqa_tied_packed_accumulated", pytest.param(
+    "splash_packed", marks=pytest.mark.slow)])  # splash in Pallas interpret mode: slow on CPU
 def test_options_keep_the_math(case):
   """Every option of plain_jax against the axtrain run it stands for, at float32: GQA, a tied
   head, a padded vocabulary (120 -> 128), LLaMA-3 RoPE, packed documents, 2 microbatches, loss
@@ -168,6 +169,7 @@ def test_plain_refuses_what_it_does_not_write():
       compare.plain_options(exp))
 
 
+@pytest.mark.slow  # rounds of timed steps on every side
 def test_measure_times_every_side_each_round_and_rates_the_fastest_plain_variant():
   """benchmarks.compare.measure's rounds (what `benchmarks.chip compare` runs on the chip):
   every side timed once a round from the same start, the same losses at step K, and the ratio

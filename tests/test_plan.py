@@ -269,7 +269,13 @@ SINGLE_HOST_TPUS = sorted(n for n, e in meshes.MESHES.items()
                           if e.topology and e.num_hosts == 1 and e.num_slices == 1)
 
 
-@pytest.mark.parametrize("name", SINGLE_HOST_TPUS)
+# The quick suite compiles the chip this project measures on (v5e-1) and v4's megacore; `make
+# test-slow` the other entries (about 10 s of CPU each).
+QUICK_TPUS = ("tpu-v5e-1", "tpu-v4-8")
+
+
+@pytest.mark.parametrize("name", [n if n in QUICK_TPUS else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in SINGLE_HOST_TPUS])
 def test_every_single_host_tpu_entry_compiles(name):
   """libtpu makes each single-host slice with that host's chips (a 1-chip or 8-chip host is not
   its default 2x2x1) and one device per chip (v4's megacore): tiny compiles for every one."""
@@ -315,6 +321,7 @@ def _logits_heavy():
   return _run(cfg)
 
 
+@pytest.mark.slow  # a dozen TPU compiles: over a minute on 2 cores
 def test_memory_sweep_on_one_chip_finds_settings_that_fit_where_the_config_does_not():
   """One v5e chip with half the memory the compiled train step needs as configured: the sweep
   tries the knobs that keep the batch, and what it ranks fits by the TPU compiler's figures,
@@ -402,6 +409,7 @@ def test_sweep_recipe_labels_what_changes_the_training_recipe():
                                                         run.optimizer.schedule)
 
 
+@pytest.mark.slow  # the sweep of the test model on one chip, in a process of its own
 def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):
   result = cli("plan", "--config=configs/llama.py:size=test", "--mesh=tpu-v5e-1", "--sweep",
                "--sweep_limit=1", "--noeval", "--json")

@@ -4,7 +4,7 @@ A 2-task job (two jax processes, one CPU device each, gloo collectives) trains l
 with two devices; a job that gets SIGTERM mid-run (`scancel --signal=TERM`) checkpoints, exits
 75, requeues itself (`scontrol requeue`), resumes and logs the uninterrupted run's losses.
 Skipped, with the reason, where Slurm is not installed (.ci/run installs slurm-wlm). The requeue
-test is `slow`: `make test` (CI) runs it, `pytest -m 'not slow'` does not.
+test is `slow`: `make test-slow` runs it, `make test` (CI) does not.
 """
 
 from __future__ import annotations
@@ -34,11 +34,6 @@ def slurm(tmp_path_factory):
   cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm")).start()
   yield cluster
   cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("jax_cache")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +95,7 @@ def test_two_task_job_trains_like_one_process(slurm, cache, reference, tmp_path)
                   "--format=JobID,JobName%30,State,ExitCode,NodeList").stdout)
 
 
-@pytest.mark.slow  # two job starts and a requeue: over a minute on 2 cores (`make test` runs it)
+@pytest.mark.slow  # two job starts and a requeue: over a minute on 2 cores (`make test-slow` runs it)
 def test_sigterm_checkpoints_requeues_and_resumes(slurm, cache, reference, tmp_path):
   run_dir = tmp_path / "requeued"
   held, release = tmp_path / "held", tmp_path / "release"

@@ -19,18 +19,11 @@ import time
 import numpy as np
 import pytest
 
+from launcher.preemption import EXIT_PREEMPTED
 from tests import ckpt_util as cu
 from tests.launch_with_hooks import SaveParamsAtStart, StopAfter
 
 pytestmark = pytest.mark.tpu
-
-EXIT_PREEMPTED = 75  # launcher/preemption.py, docs/fault_tolerance.md
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("jax_cache")
-
 
 @pytest.fixture(scope="module")
 def chip_ref(tmp_path_factory, cache):
