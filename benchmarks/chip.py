@@ -169,6 +169,9 @@ def run(argv: list[str]) -> int:
   p.add_argument("--keep_traces", action="store_true",
                  help="copy each trace's .xplane.pb into --out (under 16 MB each)")
   p.add_argument("--work", default="/tmp/axtrain-chip", help="run directories (scratch)")
+  p.add_argument("--commit", default="", help="the commit of the tree that runs (the chip's copy "
+                 "of the tree may carry another .git: `git rev-parse --short HEAD > .chip/commit`"
+                 " here, then --commit=$(cat .chip/commit) there)")
   p.add_argument("settings", nargs="*", default=list(SETTINGS),
                  help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
   args = p.parse_args(argv)
@@ -178,7 +181,7 @@ def run(argv: list[str]) -> int:
   out.mkdir(parents=True, exist_ok=True)
   work = pathlib.Path(args.work)
   head = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "commit": machine.git_commit(), "device": jax.devices()[0].device_kind,
+          "commit": args.commit or machine.git_commit(), "device": jax.devices()[0].device_kind,
           "devices": jax.device_count(), "jax": jax.__version__}
   with open(out / "chip.jsonl", "a", encoding="utf-8") as f:
     for spec in args.settings:
@@ -230,7 +233,7 @@ def _gib(n) -> str:
 
 
 def table(rows: list[dict], plans: dict) -> str:
-  lines = ["| date | commit | setting | step time | tokens/s | MFU | peak memory (device) | "
+  lines = ["| date | commit | setting | step time | tokens/s | MFU | peak memory (device, polled) | "
            "step memory (compiler) | plan: step | plan: peak |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -240,9 +243,14 @@ def table(rows: list[dict], plans: dict) -> str:
     step = plan.get("step_s")
     err = f" ({step / r['step_time_s'] - 1:+.0%})" if step else ""
     compiled = (r.get("compiled_step") or {}).get("total_bytes")
+    watched = r.get("memory_stats_max") or {}
+    # The most held at once while it ran: buffers plus the scratch reserved for a running step
+    # (trainer/metrics.py:device_peak), polled; the allocator's own peaks last the process.
+    peak = (watched["bytes_in_use"] + watched.get("bytes_reserved", 0)
+            if "bytes_in_use" in watched else r.get("memory_peak_bytes"))
     lines.append(f"| {r['date']} | {r['commit']} | {r['setting']} | {r['step_time_s']:.4g} s | "
                  f"{r['tokens_per_sec']:,.0f} | {r['mfu']:.3f} | "
-                 f"{_gib(r.get('memory_peak_bytes'))} | {_gib(compiled)} | "
+                 f"{_gib(peak)} | {_gib(compiled)} | "
                  + (f"{step:.4g} s{err}" if step else "-") + f" | {_gib(plan.get('train_peak'))} |")
   return "\n".join(lines)
 
@@ -324,7 +332,7 @@ def _compare_head() -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   from benchmarks import machine  # pylint: disable=import-outside-toplevel
   return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "commit": machine.git_commit(), "device": jax.devices()[0].device_kind,
+          "commit": args.commit or machine.git_commit(), "device": jax.devices()[0].device_kind,
           "devices": jax.device_count(), "jax": jax.__version__}
 
 

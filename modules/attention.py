@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from modules import attn_registry, context
-from modules.attn_registry import Context, Mask
+from modules.attn_registry import Context, Mask, option
 from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
@@ -60,6 +60,10 @@ class AttentionConfig:
   # head_dim, one scale per head_dim shared by the heads) before the position encoding;
   # None = off. On: --config.model.block.attention.norm.kind=rmsnorm
   norm: Any = child("norm", None)
+  # Gemma-2's attention logit soft-capping: each scaled logit becomes cap * tanh(logit / cap)
+  # before the mask, bounding it to (-cap, cap) (Gemma-2: 50.0); None = off. A per-layer option:
+  # only the implementations that declare it run with it (xla, chunked, splash).
+  logit_softcap: float | None = option(None)
 
   def heads(self, dim: int) -> tuple[int, int, int]:
     kv = self.num_kv_heads or self.num_heads
@@ -83,6 +87,9 @@ class AttentionConfig:
     if self.splash_block_size <= 0 or self.splash_block_size % 128:
       raise ConfigError(f"attention.splash_block_size must be a positive multiple of 128, got "
                         f"{self.splash_block_size}")
+    if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
+      raise ConfigError(f"attention.logit_softcap must be a positive number (None = off), got "
+                        f"{self.logit_softcap}")
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")

@@ -12,7 +12,7 @@ from modules.attn_xla import xla_attention
 
 
 @IMPLEMENTATIONS.register("chunked", Supports(segments=True, context=Context.GATHERED,
-                                              decode=True))
+                                              decode=True, options=("logit_softcap",)))
 def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   """`xla_attention` over blocks of `cfg.query_chunk_size` queries (lax.map), each block under
   jax.checkpoint. The result equals xla_attention's; a length that the chunk does not divide

@@ -72,13 +72,14 @@ def check_context(cfg, *, length: int, count: int) -> None:
 def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, cfg, *,
             interpret: bool, offset: int = 0):
   """The kernel on local arrays: one causal mask per local head (query i sees keys up to
-  i + offset), vmapped over the rows; blocks of `cfg.splash_block_size`."""
+  i + offset), vmapped over the rows; blocks of `cfg.splash_block_size`; `cfg.logit_softcap`
+  caps the (pre-scaled) logits, cap * tanh(logits / cap), inside the kernel."""
   _, h, q_length, _ = q_BxHxQxK.shape
   kv_length = k_BxGxSxK.shape[2]
   mask = sa.MultiHeadMask([sa.CausalMask((q_length, kv_length), offset=offset)] * h)
   blocks = block_sizes(q_length, cfg.splash_block_size, kv_length=kv_length)
   kernel = sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                              interpret=interpret)
+                              attn_logits_soft_cap=cfg.logit_softcap, interpret=interpret)
   if segment_ids_BxQ is None:
     return jax.vmap(kernel)(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK)
   return jax.vmap(lambda q, k, v, s, t: kernel(q, k, v, segment_ids=sa.SegmentIds(s, t)))(
@@ -116,7 +117,8 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, ax
                         q_BxHxQxK, k, v, segment_ids_BxQ, kv_segments)
 
 
-@IMPLEMENTATIONS.register("splash", Supports(segments=True, context=Context.OWN, decode=False),
+@IMPLEMENTATIONS.register("splash", Supports(segments=True, context=Context.OWN, decode=False,
+                                             options=("logit_softcap",)),
                           check_context=check_context)
 def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   """Causal attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads, packed

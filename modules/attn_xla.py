@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
 
 
-@IMPLEMENTATIONS.register("xla", Supports(segments=True, context=Context.GATHERED, decode=True))
+@IMPLEMENTATIONS.register("xla", Supports(segments=True, context=Context.GATHERED, decode=True,
+                                          options=("logit_softcap",)))
 def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
 
@@ -28,12 +29,16 @@ def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   [queries, keys]: on llm_1b packed, 369 -> 355 GB accessed, 0.697 -> 0.672 s cost-model
   step), and the output is divided by them after it (as flash attention does), not the
   [queries, keys] weights.
+
+  `cfg.logit_softcap` (Gemma-2): the scaled logits become cap * tanh(logits / cap), in float32,
+  before the mask.
   """
   b, length, h, k = q_BxLxHxK.shape
   g = k_BxSxGxK.shape[2]
   r = h // g
   mask_Bx1xLxS = mask.array(length)
   logits_dtype = jnp.float32 if cfg.logits_dtype == "float32" else None
+  scale, cap = k ** -0.5, cfg.logit_softcap
   q_RxBxGxLxK = q_BxLxHxK.reshape(b, length, g, r, k).transpose(3, 0, 2, 1, 4)
   k_BxGxSxK = k_BxSxGxK.transpose(0, 2, 1, 3)
   v_BxGxSxK = v_BxSxGxK.transpose(0, 2, 1, 3)
@@ -43,10 +48,13 @@ def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   for q_BxGxLxK in q_RxBxGxLxK:  # the R query heads of each kv group, one at a time
     logits = jnp.einsum("bgqk,bgsk->bgqs", q_BxGxLxK, k_BxGxSxK,
                         preferred_element_type=logits_dtype)
+    if cap is not None:  # scaled, capped, then masked (Gemma-2); the scale is applied here
+      logits = (cap * jnp.tanh(logits.astype(jnp.float32) * (scale / cap))).astype(logits.dtype)
     # The mask is applied in the logits' dtype, so that the matmul's fusion writes them in it
     # (a float32 cast right after the matmul would be folded into it: float32 logits in memory).
     logits_BxGxLxS = jnp.where(mask_Bx1xLxS, logits,
-                               jnp.finfo(logits.dtype).min).astype(jnp.float32) * (k ** -0.5)
+                               jnp.finfo(logits.dtype).min).astype(jnp.float32) * (
+                                   scale if cap is None else 1.0)
     top = jax.lax.stop_gradient(jnp.max(logits_BxGxLxS, axis=-1, keepdims=True))
     exp_BxGxLxS = jnp.exp(logits_BxGxLxS - top)
     out_BxLxGxK1 = jnp.einsum("bgqs,bgsk->bqgk", exp_BxGxLxS.astype(v_BxSxGxK.dtype), v_BxGxSxK1,

@@ -352,6 +352,7 @@ _LLAMA = FieldMap(
             "block.attention.head_dim": Key("head_dim", to=lambda _, m: _heads(m)[2]),
             "block.attention.qkv_bias": Key("attention_bias"),
             "block.attention.out_bias": Same("block.attention.qkv_bias"),
+            "block.attention.logit_softcap": only(None),  # Gemma-2's; LLaMA has none
             "block.attention.position.theta": Key("rope_theta"),
             "block.attention.position.factor": Key("rope_scaling.factor"),
             "block.attention.position.low_freq_factor": Key("rope_scaling.low_freq_factor"),
@@ -537,6 +538,7 @@ _GPT2 = FieldMap(
                 lambda v, m: (v or m.dim // m.block.attention.num_heads)
                 * m.block.attention.num_heads == m.dim, "None or dim / num_heads"),
             "block.attention.qkv_bias": only(True), "block.attention.out_bias": only(True),
+            "block.attention.logit_softcap": only(None),
             "block.ffn.hidden_dim": Key("n_inner"),
             "block.ffn.activation": Key("activation_function", values={
                 ours: theirs for theirs, ours in reversed(_GPT2_ACTIVATIONS.items())}),

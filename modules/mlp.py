@@ -19,6 +19,7 @@ ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
     "relu": jax.nn.relu,
+    "relu2": lambda x: jnp.square(jax.nn.relu(x)),  # squared ReLU (Primer, So et al. 2021)
 }
 Activation = Literal[tuple(ACTIVATIONS)]  # one of the names of ACTIVATIONS
 

@@ -35,7 +35,7 @@ LENGTH = 128  # one block of `splash` (its blocks are multiples of 128)
 PREFILL = 96  # a decode test's prompt: 3 query chunks of `chunked`, then one token a step
 # A value that turns each per-layer option (an `option()` field of AttentionConfig) on, for the
 # test that every implementation declaring it agrees with `xla` and every other refuses it.
-OPTION_VALUES: dict = {}
+OPTION_VALUES: dict = {"logit_softcap": 0.5}  # below the test's logits: the cap bites
 
 
 def _cfg(implementation: str, **fields) -> AttentionConfig:
@@ -143,6 +143,64 @@ def test_declared_support_matches_what_it_does(name):
                     _value_and_grad(ref_on, params, x, pos, seg), name=name)
     else:
       _one_line_refusal(lambda: on.cfg.check(dim=32), f"attention.{option}=", name)
+
+
+def _by_hand(q, k, v, segments, *, cap):
+  """Causal GQA attention in float64 NumPy, logits scaled by K**-0.5, then Gemma-2's soft cap
+  cap * tanh(logit / cap) (None: none), then the mask of causal positions in one segment."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  b, length, h, dim = q.shape
+  k, v = (np.repeat(a, h // a.shape[2], axis=2) for a in (k, v))
+  logits = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(dim)
+  if cap is not None:
+    logits = cap * np.tanh(logits / cap)
+  seen = np.tril(np.ones((length, length), bool))[None] & (
+      segments[:, :, None] == segments[:, None, :])
+  logits = np.where(seen[:, None], logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  return np.einsum("bhqs,bshk->bqhk", weights / weights.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_logit_softcap_by_hand(cap):
+  """`xla` (the reference the others are held to) against attention written out in NumPy, on
+  packed rows: the soft cap applies to the scaled logits, before the mask."""
+  keys = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(keys[0], (2, 16, 4, 8)) * 3  # logits of a few units: the cap bites
+  k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in keys[1:])
+  segments = np.repeat(np.array([[0, 1], [0, 0]]), 8, axis=1)
+  got = IMPLEMENTATIONS.get("xla").attend(q, k, v, Mask(segment_ids_BxL=jnp.asarray(segments)),
+                                          _cfg("xla", logit_softcap=cap))
+  want = _by_hand(q, k, v, segments, cap=cap)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  if cap is not None:  # not the uncapped attention
+    assert np.abs(want - _by_hand(q, k, v, segments, cap=None)).max() > 1e-2
+
+
+def test_logit_softcap_refused_where_not_supported(tmp_path):
+  """dot_product refuses it in one line when the model is built, before anything is written;
+  so does a bad value; LLaMA (and Qwen3, GPT-2) export refuses it by its field's path."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  from modules import hf_maps  # pylint: disable=import-outside-toplevel
+  for impl, cap, words in (("dot_product", 50.0, "attention.implementation=dot_product does not "
+                            "support attention.logit_softcap=50.0; implementations that do: "
+                            "chunked, splash, xla"),
+                           ("xla", -1.0, "attention.logit_softcap must be a positive number")):
+    out = tmp_path / impl
+    assert main_lib.main(["axtrain", "--config=configs/llama.py:size=test",
+                          f"--config.model.block.attention.implementation={impl}",
+                          f"--config.model.block.attention.logit_softcap={cap}",
+                          f"--output_dir={out}"]) == 2
+    assert not out.exists()
+    _one_line_refusal(lambda: _cfg(impl, logit_softcap=cap).check(dim=32), words)
+  node = hf_maps.FAMILIES["LlamaForCausalLM"].model_node(
+      {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+       "num_attention_heads": 4, "max_position_embeddings": 64})
+  node.block.attention.logit_softcap = 50.0
+  m = registry("model").parse(node, "model")
+  _one_line_refusal(lambda: hf_maps.family_of_model(m).hf_config(m),
+                    "model.block.attention.logit_softcap is 50.0 (LlamaForCausalLM takes only "
+                    "None)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from launcher.launch_local import free_port
+from launcher.launch.local import free_port
 from tests import ckpt_util as cu
 from tests.conftest import ROOT, xla_flags
 

@@ -13,6 +13,7 @@ import pathlib
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -471,3 +472,28 @@ def test_slurm_script_and_local_dry_run(batch):
   assert len(address) == 1
   assert sorted(p.name for p in cpu.iterdir()) == [".lock", "launch"]  # as a run leaves it
   assert "run it with: axtrain launch --backend=local --num_processes=2" in results[2].stderr
+
+
+def test_the_supervisor_says_a_processes_cpp_abort_in_one_line(tmp_path):
+  """A process that aborts with absl's fatal report (jaxlib's, when process 0 and the
+  coordination service it hosts are gone) keeps its reason line; the stack trace's frames are
+  one line, and the other process's output passes unchanged."""
+  import io  # pylint: disable=import-outside-toplevel
+  from launcher.launch import job as launch_job, local  # pylint: disable=import-outside-toplevel
+  abort = ("import os, sys\n"
+           "print('F1205 client.h:80] Terminating process because the JAX distributed service "
+           "detected fatal errors', file=sys.stderr)\n"
+           "print('*** Check failure stack trace: ***', file=sys.stderr)\n"
+           "for i in range(9): print(f'    @     0x7f00000{i}  (unknown)', file=sys.stderr)\n"
+           "sys.stderr.flush(); os.abort()\n")
+  layout = launch_layout.resolve("cpu", num_processes=2, devices_per_process=1)
+  job = launch_job.Job(name="t", layout=layout, train_args=(), axtrain=(), workdir=str(tmp_path),
+                       run_dir=tmp_path, record_dir=tmp_path, command="test")
+  out, err = io.StringIO(), io.StringIO()
+  code = local.Supervisor(job, [[sys.executable, "-c", "print('fine')"],
+                                [sys.executable, "-c", abort]], out=out, err=err).run()
+  lines = err.getvalue().splitlines()
+  p1 = [line for line in lines if line.startswith("[p1] ")]
+  assert code == 134 and out.getvalue() == "[p0] fine\n"
+  assert p1[0].startswith("[p1] F1205 client.h:80] Terminating process") and len(p1) == 2, lines
+  assert "stack trace of 9 frames left out" in p1[1]

@@ -38,6 +38,14 @@ def rsqrt(step, w=16, end=0.0):
   return warm(step, w, max(PEAK * end, PEAK / math.sqrt(max(step, w) / w)))
 
 
+def rsqrt_cooled(step, w=10, timescale=30, cooldown=0.0):
+  """big_vision's rsqrt (Zhai et al. 2022) as it writes it: 1 / sqrt(1 + (s - w) / timescale)
+  after the warm-up, times min(1, (T - s) / L) over the last L = cooldown * T steps."""
+  length = round(cooldown * TOTAL)
+  ramp = min(1.0, max(TOTAL - step, 0) / length) if length else 1.0
+  return warm(step, w, PEAK / math.sqrt(1 + (step - w) / timescale) * ramp)
+
+
 def wsd(step, w=10, fraction=0.2, shape="1-sqrt", end=0.0):
   start = TOTAL - TOTAL * fraction
   x = min(max((step - start) / (TOTAL * fraction), 0), 1)
@@ -57,6 +65,10 @@ CASES = {
                    lambda s: linear(s, decay=50, end=0.5)),
     "rsqrt": (dict(warmup_steps=16), rsqrt),
     "rsqrt floor": (dict(warmup_steps=16, end_ratio=0.45), lambda s: rsqrt(s, end=0.45)),
+    "rsqrt no warm-up": (dict(warmup_steps=0), lambda s: PEAK / math.sqrt(max(s, 1))),
+    "rsqrt timescale": (dict(warmup_steps=10, timescale=30), rsqrt_cooled),
+    "rsqrt cooldown": (dict(warmup_steps=10, timescale=30, cooldown_fraction=0.2),
+                       lambda s: rsqrt_cooled(s, cooldown=0.2)),
     "wsd 1-sqrt": (dict(warmup_steps=10), wsd),
     "wsd linear": (dict(warmup_steps=10, decay_shape="linear", decay_fraction=0.5, end_ratio=0.1),
                    lambda s: wsd(s, shape="linear", fraction=0.5, end=0.1)),
@@ -90,6 +102,9 @@ def test_every_schedule_is_tested():
     ("wsd", dict(decay_fraction=1.2), 100,
      "decay_fraction: 1.2 is outside the allowed range (0, 1]"),
     ("wsd", dict(decay_fraction=float("nan")), 100, "decay_fraction: nan is outside"),
+    ("rsqrt", dict(timescale=0), 100, "timescale: 0 is outside the allowed range [1, inf)"),
+    ("rsqrt", dict(cooldown_fraction=1.5), 100,
+     "cooldown_fraction: 1.5 is outside the allowed range [0, 1]"),
 ])
 def test_bad_values_are_refused(kind, fields, total, words):
   prefix = "" if words.startswith("optimizer.") else "optimizer.schedule."
@@ -121,6 +136,10 @@ SHORT = {
                          "shrinks to 0 steps"),
     "rsqrt 10 steps": ("rsqrt", dict(warmup_steps=16), 10, lambda s: rsqrt(s, w=1),
                        "shrinks to 1 steps"),
+    "rsqrt cooldown 20 steps": ("rsqrt", dict(warmup_steps=18, cooldown_fraction=0.5), 20,
+                                lambda s: warm(s, 2, PEAK * math.sqrt(2 / max(s, 2))
+                                               * min(1, max(20 - s, 0) / 10)),
+                                "(10 steps before rsqrt's decay): the warm-up shrinks to 2"),
 }
 
 
@@ -153,6 +172,10 @@ def test_extension_note_names_what_changes():
   wsd = parsed("wsd", warmup_steps=10)
   assert "decay over steps 321-400 (was: decay over steps 241-300)" in schedules.extension_note(
       wsd, wsd, peak=PEAK, old_total=300, new_total=400, at_step=240)
+  cooled = parsed("rsqrt", warmup_steps=10, cooldown_fraction=0.1)
+  assert "cooldown over steps 361-400 (was: cooldown over steps 271-300)" in (
+      schedules.extension_note(cooled, cooled, peak=PEAK, old_total=300, new_total=400,
+                               at_step=300))
   flat = parsed("constant", warmup_steps=0)
   assert "its shape does not depend on trainer.max_steps" in schedules.extension_note(
       flat, flat, peak=PEAK, old_total=10, new_total=20, at_step=10)

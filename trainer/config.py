@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import typing
 from typing import Any, Literal
 
@@ -40,6 +41,10 @@ class TrainerConfig:
   # Positions per cross-entropy chunk: the LM head and loss run chunk by chunk, never holding
   # float32 [batch, seq, vocab] logits; must divide data.seq_len. 0 = the whole sequence at once.
   loss_chunk_size: int = 0
+  # PaLM's z-loss: this coefficient times log(Z)^2 (Z: each counted token's softmax normaliser)
+  # added to the training loss, which keeps the output logits from drifting (PaLM, OLMo-2:
+  # 1e-4); the `loss` and `eval_loss` metrics stay the cross-entropy. 0 = off.
+  z_loss: float = 0.0
   # A step whose loss or gradient is NaN/Inf: False stops the run (exit 1); True leaves the
   # parameters and optimizer state unchanged for that step and counts it (metric nonfinite_skipped).
   skip_nonfinite: bool = False
@@ -62,6 +67,9 @@ class TrainerConfig:
     if self.loss_chunk_size < 0 or self.microbatch_rows < 0:
       raise ConfigError(f"trainer.loss_chunk_size and microbatch_rows must be >= 0, got "
                         f"{self.loss_chunk_size} and {self.microbatch_rows}")
+    if not 0 <= self.z_loss < math.inf:
+      raise ConfigError(f"trainer.z_loss must be a finite number >= 0 (0 = off), got "
+                        f"{self.z_loss}")
     if self.hang_timeout_s < 0 or self.peak_flops < 0:
       raise ConfigError("trainer: hang_timeout_s and peak_flops must be >= 0")
     if self.profile_steps and (len(self.profile_steps) != 2

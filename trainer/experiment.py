@@ -80,7 +80,8 @@ class Experiment:
                            compute_dtype=self.compute_dtype,
                            grad_accum_steps=self.run.trainer.grad_accum_steps,
                            skip_nonfinite=self.run.trainer.skip_nonfinite,
-                           loss_chunk_size=self.run.trainer.loss_chunk_size)
+                           loss_chunk_size=self.run.trainer.loss_chunk_size,
+                           z_loss=self.run.trainer.z_loss)
     replicated = NamedSharding(self.mesh, PartitionSpec())
     return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
                    out_shardings=(self.state_shardings, replicated), donate_argnums=0)

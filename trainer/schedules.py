@@ -171,19 +171,48 @@ def linear(*, cfg: LinearConfig, peak: float, total_steps: int):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RsqrtConfig(_Checked):
+  """Inverse square root: peak / sqrt(1 + (step - W) / timescale) after the warm-up (W =
+  max(warmup_steps, 1); the default timescale W gives fairseq's inverse_sqrt, peak *
+  sqrt(W / step)), optionally cooled down linearly to 0 over the end of the run (Zhai et al.
+  2022, "Scaling Vision Transformers"; big_vision's rsqrt schedule)."""
   kind: str = "rsqrt"
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
-  end_ratio: float = 0.0  # floor: the rate never falls below this fraction of the peak
-  RANGES: ClassVar = {"warmup_steps": NON_NEGATIVE, "end_ratio": FRACTION}
+  # floor of the inverse square root: it never falls below this fraction of the peak (the
+  # cooldown, where there is one, scales the floored rate down to 0)
+  end_ratio: float = 0.0
+  # steps after the warm-up in which the rate falls to peak / sqrt(2); None = max(warmup_steps, 1)
+  timescale: int | None = None
+  # share of trainer.max_steps, at the end, over which the rate ramps linearly down to 0; 0 = none
+  cooldown_fraction: float = 0.0
+  RANGES: ClassVar = {"warmup_steps": NON_NEGATIVE, "end_ratio": FRACTION,
+                      "timescale": Interval(1), "cooldown_fraction": FRACTION}
+
+  def cooldown_length(self, total_steps: int) -> int:
+    return round(self.cooldown_fraction * total_steps)
+
+  def warmup_room(self, total_steps: int) -> int:
+    return total_steps - self.cooldown_length(total_steps)
+
+  def ends(self, total_steps: int) -> str:
+    length = self.cooldown_length(total_steps)
+    return f"cooldown over steps {total_steps - length + 1}-{total_steps}" if length else ""
 
 
 @SCHEDULES.register("rsqrt", RsqrtConfig)
 def rsqrt(*, cfg: RsqrtConfig, peak: float, total_steps: int):
-  """peak * sqrt(warmup_steps / step) after the warm-up (warmup_steps 0 counts as 1)."""
+  """max(end, peak / sqrt(1 + (max(step, W) - W) / timescale)) after the warm-up (W =
+  max(warmup_steps, 1), timescale None = W: peak * sqrt(W / step)), times (T - step) / L over
+  the last L = round(cooldown_fraction * T) steps."""
   cfg = cfg.fitted(total_steps)
   w = max(cfg.warmup_steps, 1)
-  return _with_warmup(peak, cfg.warmup_steps, lambda s: jnp.maximum(
-      peak * cfg.end_ratio, peak * jnp.sqrt(w / jnp.maximum(s, w))))
+  timescale, cooldown = cfg.timescale or w, cfg.cooldown_length(total_steps)
+
+  def after(s):
+    rate = jnp.maximum(peak * cfg.end_ratio,
+                       peak / jnp.sqrt(1 + (jnp.maximum(s, w) - w) / timescale))
+    return rate if not cooldown else rate * jnp.clip((total_steps - s) / cooldown, 0.0, 1.0)
+
+  return _with_warmup(peak, cfg.warmup_steps, after)
 
 
 _SHAPES = {

@@ -44,11 +44,14 @@ def cast_floats(tree, dtype):
 
 
 def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
-              loss_chunk_size: int = 0) -> tuple[jax.Array, dict]:
-  """(sum of token losses + weighted aux losses, stats) for one (micro)batch, in float32.
+              loss_chunk_size: int = 0, z_loss: float = 0.0) -> tuple[jax.Array, dict]:
+  """(sum of token losses + weighted aux losses + z_loss * sum of log(Z)^2, stats) for one
+  (micro)batch, in float32.
 
   `loss_chunk_size` > 0: the LM head and the cross-entropy run over chunks of that many
   positions (chunked_loss_sum), never holding the [batch, seq, vocab] logits at once.
+  `z_loss` > 0: PaLM's z-loss, log(Z)^2 of each counted token's softmax normaliser (its
+  logsumexp), keeps the logits from drifting; stats["z_sum"] is its weighted sum (0 when off).
   stats["metrics"]: what the modules sowed into the "metrics" collection (sown_means).
   """
   variables = {"params": cast_floats(params, compute_dtype)}
@@ -58,19 +61,28 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
   if loss_chunk_size:
     (x, head), state = model.apply(variables, *args, head=False, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
-      loss_sum = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size)
+      loss_sum, z_sum = chunked_loss_sum(x, head, batch["targets"], weights,
+                                         chunk=loss_chunk_size, z_loss=z_loss > 0)
   else:
     logits, state = model.apply(variables, *args, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
-      token_loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                                   batch["targets"])
-      loss_sum = jnp.sum(token_loss * weights)
+      loss_sum, z_sum = token_loss_sums(logits, batch["targets"], weights, z_loss=z_loss > 0)
   weight_sum = jnp.sum(weights)
   aux = sum((jnp.sum(x) for x in jax.tree.leaves(state.get("losses", {}))), jnp.float32(0))
   # Aux losses (e.g. MoE load balancing) are means; scale them like the token sum.
-  return loss_sum + aux * weight_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum,
-                                       "aux_loss": aux,
-                                       "metrics": sown_means(state.get("metrics", {}))}
+  return loss_sum + aux * weight_sum + z_loss * z_sum, {
+      "loss_sum": loss_sum, "weight_sum": weight_sum, "aux_loss": aux, "z_sum": z_sum,
+      "metrics": sown_means(state.get("metrics", {}))}
+
+
+def token_loss_sums(logits, targets, weights, *, z_loss: bool) -> tuple[jax.Array, jax.Array]:
+  """(sum of weights * cross-entropy, sum of weights * log(Z)^2, or 0 without `z_loss`), in
+  float32, of logits [..., V] against integer targets [...]."""
+  logits = logits.astype(jnp.float32)
+  loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights)
+  if not z_loss:
+    return loss, jnp.float32(0)
+  return loss, jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * weights)
 
 
 def sown_means(collection) -> dict[str, jax.Array]:
@@ -85,9 +97,9 @@ def sown_means(collection) -> dict[str, jax.Array]:
           for name, leaves in sorted(groups.items())}
 
 
-def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *,
-                     chunk: int) -> jax.Array:
-  """sum(weights * cross-entropy(x @ head, targets)) over sequence chunks of `chunk` positions.
+def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *, chunk: int,
+                     z_loss: bool = False) -> tuple[jax.Array, jax.Array]:
+  """token_loss_sums(x @ head, targets, weights) over sequence chunks of `chunk` positions.
 
   A scan over chunks whose body is rematerialised: forward and backward each hold one
   chunk's float32 logits [B, chunk, V], and the head's gradient accumulates across chunks.
@@ -107,17 +119,16 @@ def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *,
     return jnp.moveaxis(a.reshape(b, chunk, n, *a.shape[2:]), 2, 0)
 
   @jax.checkpoint
-  def body(total, xs):
+  def body(totals, xs):
     x_BxCxD, targets_BxC, weights_BxC = xs
     logits = head.logits(x_BxCxD)
     logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                             targets_BxC)
-    return total + jnp.sum(losses * weights_BxC), None
+    loss, z = token_loss_sums(logits, targets_BxC, weights_BxC, z_loss=z_loss)
+    return ((totals[0] + loss, totals[1] + z) if z_loss else (totals[0] + loss,)), None
 
-  total, _ = jax.lax.scan(body, jnp.float32(0),
-                          (split(x_BxLxD), split(targets_BxL), split(weights_BxL)))
-  return total
+  zeros = (jnp.float32(0),) * (2 if z_loss else 1)  # no z-loss: the carry it always had
+  totals, _ = jax.lax.scan(body, zeros, (split(x_BxLxD), split(targets_BxL), split(weights_BxL)))
+  return totals[0], totals[1] if z_loss else jnp.float32(0)
 
 
 def _microbatches(batch, n: int):
@@ -134,7 +145,7 @@ def _microbatches(batch, n: int):
 
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,
                compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False,
-               loss_chunk_size: int = 0):
+               loss_chunk_size: int = 0, z_loss: float = 0.0):
   """One optimizer step on a global batch; returns (new state, metrics of this step).
 
   metrics["nonfinite"] is 1.0 when the loss or gradient norm is NaN/Inf; with
@@ -142,7 +153,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
   (the step counter still advances, so the data stream stays aligned).
   """
   grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype,
-                                       loss_chunk_size=loss_chunk_size), has_aux=True)
+                                       loss_chunk_size=loss_chunk_size, z_loss=z_loss),
+                     has_aux=True)
   if grad_accum_steps == 1:
     grads, stats = grad_fn(state.params, batch)
   else:
@@ -181,6 +193,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
       "nonfinite": 1.0 - finite.astype(jnp.float32),
       **stats["metrics"],  # sown by the modules (e.g. MoE router statistics)
   }
+  if z_loss:
+    metrics["z_loss"] = stats["z_sum"] / denom  # mean log(Z)^2, before its coefficient
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

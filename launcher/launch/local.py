@@ -122,6 +122,11 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
   return Supervisor(job, commands(job, job.coordinator_port)).run()
 
 
+# absl's fatal report: this line, then one "    @ 0x..." line per frame.
+_STACK_TRACE = "*** Check failure stack trace: ***"
+_FRAME = re.compile(r"^\s+@\s+0x[0-9a-f]+")
+
+
 class Supervisor:
   """Runs the processes, prefixes their output, stops them all when one fails."""
 
@@ -138,12 +143,32 @@ class Supervisor:
       self.err.flush()
 
   def _pump(self, stream, prefix: str, sink) -> None:
+    frames = None  # frames of a C++ abort's stack trace left out, once one has begun
     for raw in iter(stream.readline, b""):
       line = raw.decode(errors="replace").rstrip("\r\n")
+      if frames is not None and _FRAME.match(line):
+        frames += 1
+        continue
+      if frames is not None:
+        self._frames_left_out(prefix, sink, frames)
+        frames = None
+      if line.strip() == _STACK_TRACE:
+        frames = 0
+        continue
       with self._lock:
         sink.write(f"{prefix}{line}\n")
         sink.flush()
+    if frames is not None:
+      self._frames_left_out(prefix, sink, frames)
     stream.close()
+
+  def _frames_left_out(self, prefix: str, sink, frames: int) -> None:
+    """A process's C++ abort (absl's fatal report: jaxlib's when process 0, which hosts JAX's
+    coordination service, is gone) in one line: the reason is the F line before it."""
+    with self._lock:
+      sink.write(f"{prefix}(a C++ stack trace of {frames} frames left out: the process aborted "
+                 f"for the reason on the line above; docs/fault_tolerance.md)\n")
+      sink.flush()
 
   def _on_signal(self, signum, frame) -> None:
     del signum, frame
