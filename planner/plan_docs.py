@@ -166,8 +166,9 @@ def chosen(args: list[str]) -> list[Report]:
 def load(report: Report):
   """The stored report as a planner.plan.Plan (its per-op listing, which --json leaves out,
   is None), and its mesh rule."""
-  from planner import calibration, hlo_collectives, memory_model  # pylint: disable=import-outside-toplevel
-  from planner import plan as plan_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from planner import calibration, hlo_collectives, memory_model
+  from planner import plan as plan_lib
   data = json.loads(report.path.read_text())
 
   def build(cls, d: dict, **nested):
@@ -177,8 +178,8 @@ def load(report: Report):
   def compiled(d: dict | None):
     if d is None:
       return None
-    return build(plan_lib.Compiled, d, collectives=build(hlo_collectives.Collectives, d["collectives"]),
-                 notes=tuple(d["notes"]), ops=None)
+    collectives = build(hlo_collectives.Collectives, d["collectives"])
+    return build(plan_lib.Compiled, d, collectives=collectives, notes=tuple(d["notes"]), ops=None)
 
   e = data["estimate"]
   estimate = None if e is None else build(
@@ -384,7 +385,7 @@ PEERS = (
     Peer("llm_7b@gpu-h100-8x2", "llm_7b@gpu-h100-8x2~hsdp-dots-4",
          "MaxText, Llama-2-7B on 2 A3 hosts (16 H100): data=2 fsdp=8, 4 sequences of 4096 a GPU "
          "in one pass, cuDNN flash attention (Transformer Engine), remat `minimal_flash`",
-         "422 TFLOP/s a GPU",
+         "422 TFLOP/s a GPU (492 on one host of 8 GPUs)",
          "MaxText's `MaxText/configs/a3/llama_2_7b/README.md` and `2vm.sh` (2024)",
          tflops=422e12),
     Peer("llm_70b@gpu-h100-8x16", "llm_70b@gpu-h100-8x16~fsdp128-full-4",

@@ -78,23 +78,30 @@ def _relative(fresh: float, stored: float) -> float:
 MEMORY = ("argument", "output", "alias", "temp")  # the compiler's bytes per device
 ESTIMATE = ("step_s", "serial_s", "mfu", "mfu_serial")
 
-needs_gpu_compiler = pytest.mark.skipif(
-    not GPU_PLUGIN_DIR.is_dir() and importlib.util.find_spec("jax_cuda12_plugin") is None,
-    reason=f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` puts "
-           f"it in {GPU_PLUGIN_DIR}")
+GPU_COMPILER = GPU_PLUGIN_DIR.is_dir() or importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+def _cheapest() -> str:
+  """The stored report whose train step compiled fastest when it was stored (its `compile:`
+  seconds), so that the one fresh compile costs least."""
+  stored = [r for r in plan_docs.REPORTS if r.path.is_file()]
+  return min(stored, key=lambda r: plan_docs.json_of(r.name)["train"]["seconds"]).name
 
 
 @pytest.mark.slow
-@needs_gpu_compiler
-@pytest.mark.parametrize("name", ["llm_1b@gpu-h100-8"])
-def test_a_fresh_compile_gives_the_stored_figures(name):
+def test_a_fresh_compile_gives_the_stored_figures():
   """The cheapest stored report compiled again: memory within 2%, the estimate within 5%."""
-  stored = json.loads(plan_docs.BY_NAME[name].path.read_text())
-  fresh = plan_docs.fresh(plan_docs.BY_NAME[name])
+  name = _cheapest()
+  report = plan_docs.BY_NAME[name]
+  if report.mesh.startswith("gpu-") and not GPU_COMPILER:
+    pytest.skip(f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` "
+                f"puts it in {GPU_PLUGIN_DIR}")
+  stored = json.loads(report.path.read_text())
+  fresh = plan_docs.fresh(report)
   off = {f"train.{k}": _relative(fresh["train"][k], stored["train"][k]) for k in MEMORY}
   off.update({f"estimate.{k}": _relative(fresh["estimate"][k], stored["estimate"][k])
               for k in ESTIMATE})
   over = {k: f"{v:.1%}" for k, v in off.items()
           if v > (0.02 if k.startswith("train.") else 0.05)}
   assert not over, (f"{name} compiled now differs from its stored report by {over}; store it "
-                    f"again: python -m planner.plan_docs {name} --render")
+                    f"again (and render the docs): python -m planner.plan_docs {name}")
