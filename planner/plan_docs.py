@@ -13,7 +13,7 @@ in a fragment between `<!-- plan-docs:KEY -->` and `<!-- /plan-docs:KEY -->`, wh
 `render` rewrites from the stored reports (`FRAGMENTS`): a report as `axtrain plan` prints it
 (planner/plan_report.py:text of the stored JSON), lines of one, a table of several, a figure.
 tests/test_docs_plans.py checks that the docs are what the stored reports render to, and
-(marked slow) that a fresh compile of the cheapest reports still gives their figures.
+(marked slow) that a fresh compile of the cheapest stored report still gives its figures.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every figure sits in a fragment that planner/plan_docs.py renders from a stored 
 --json` report (tests/testdata/plans/). Fast: the docs are what the stored reports render to
 (a figure typed by hand, or a report stored without the docs rendered again, fails), no report
 output stands outside a fragment, and the store holds exactly the reports plan_docs names.
-Slow: the cheapest reports compiled afresh still give their stored figures, memory within 2%
-and the step estimate within 5% (a planner change that moves them fails here until
+Slow: the stored report that compiled fastest, compiled afresh, still gives its figures: memory
+within 2% and the step estimate within 5% (a planner change that moves them fails here until
 `python -m planner.plan_docs NAME` stores them again).
 """
 
