@@ -33,8 +33,9 @@ demo: $(STAMP)
 # Two workers (pytest-xdist), one per core of the CI machine; a test file stays on one worker
 # so its module fixtures are built once. `make test` (CI: .ci/run) is the quick suite, every test
 # not marked `slow`, under 6 minutes on 2 cores; `make test-slow` runs the tests marked `slow`
-# (each over a minute on 2 cores: large-model TPU compiles, the expert-parallel worker, the
-# runnable doc commands, two processes' kill-and-resume, the Slurm requeue), about 10 minutes.
+# (most over a minute on 2 cores: large-model TPU compiles, the one-chip memory sweep, the
+# expert-parallel and context/pipeline workers, the runnable doc commands, two processes'
+# kill-and-resume, the Slurm requeue).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not slow' tests
