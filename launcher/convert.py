@@ -29,7 +29,8 @@ the command that trains on a corpus.
 run directory. The vocabulary rows that pad the embedding and LM head to
 model.vocab_multiple are added (zeros) on import and dropped on export. Output
 goes to a temporary directory that is renamed into place at the end, so a
-mistake writes nothing.
+mistake writes nothing. An --output_dir that is not empty, or that lies inside a
+run directory (where that run would hold files it did not write), is refused.
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ def main(argv: list[str]) -> int:
   output = pathlib.Path(args["output_dir"])
   from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
   check_writable(output)
+  _check_outside_runs(output)
   _check_empty(output)
   if "from_hf" in args:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
@@ -244,6 +246,19 @@ def main(argv: list[str]) -> int:
     to_hf(pathlib.Path(args["to_hf"]), output)
   print(f"axtrain: wrote {output}", file=sys.stderr)
   return 0
+
+
+def _check_outside_runs(path: pathlib.Path) -> None:
+  """Refuses an output inside a run directory: a converted run there would nest in it, and
+  either output would be a folder that run did not write, so that run could no longer be
+  resumed or extended (launcher/folders.py)."""
+  from launcher.folders import enclosing_run  # pylint: disable=import-outside-toplevel
+  run = enclosing_run(path)
+  if run is not None:
+    inside = pathlib.Path(path).absolute().relative_to(run)
+    raise UserError(f"--output_dir {path} is inside the run directory {run} ({inside.parts[0]}/"
+                    f" of that run), which would then hold files it did not write; choose a "
+                    f"folder outside it")
 
 
 def _check_empty(path: pathlib.Path) -> None:
