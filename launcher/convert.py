@@ -237,7 +237,8 @@ def main(argv: list[str]) -> int:
   output = pathlib.Path(args["output_dir"])
   from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
   check_writable(output)
-  _check_outside_runs(output)
+  from launcher.folders import check_outside_runs  # pylint: disable=import-outside-toplevel
+  check_outside_runs(output)
   _check_empty(output)
   if "from_hf" in args:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
@@ -246,19 +247,6 @@ def main(argv: list[str]) -> int:
     to_hf(pathlib.Path(args["to_hf"]), output)
   print(f"axtrain: wrote {output}", file=sys.stderr)
   return 0
-
-
-def _check_outside_runs(path: pathlib.Path) -> None:
-  """Refuses an output inside a run directory: a converted run there would nest in it, and
-  either output would be a folder that run did not write, so that run could no longer be
-  resumed or extended (launcher/folders.py)."""
-  from launcher.folders import enclosing_run  # pylint: disable=import-outside-toplevel
-  run = enclosing_run(path)
-  if run is not None:
-    inside = pathlib.Path(path).absolute().relative_to(run)
-    raise UserError(f"--output_dir {path} is inside the run directory {run} ({inside.parts[0]}/"
-                    f" of that run), which would then hold files it did not write; choose a "
-                    f"folder outside it")
 
 
 def _check_empty(path: pathlib.Path) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 
+from launcher.errors import UserError
 from trainer.run_files import axtrain_run_json
 
 TOKENS_META = "tokens.json"  # what `axtrain tokenize` writes (trainer/data/corpus.py:META)
@@ -65,6 +66,18 @@ def nested_message(path: pathlib.Path, run: pathlib.Path, *, flag: str = "--outp
   inside = pathlib.Path(path).absolute().relative_to(run)
   return (f"{flag} {path} is inside the run directory {run} ({inside.parts[0]}/ of that run); "
           f"runs never nest: give {flag}={run} to resume that run, or a folder outside it")
+
+
+def check_outside_runs(path: pathlib.Path, *, flag: str = "--output_dir") -> None:
+  """Refuses an output that is not a run (a converted model, a tokenized corpus) inside a run
+  directory: that run would then hold a folder it did not write (a nested run, for
+  `convert --from_hf`), so its own command could no longer resume or extend it."""
+  run = enclosing_run(path)
+  if run is not None:
+    inside = pathlib.Path(path).absolute().relative_to(run)
+    raise UserError(f"{flag} {path} is inside the run directory {run} ({inside.parts[0]}/ of "
+                    f"that run), which would then hold files it did not write; choose a folder "
+                    f"outside it")
 
 
 def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_dir") -> str:
