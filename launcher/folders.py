@@ -74,10 +74,9 @@ def check_outside_runs(path: pathlib.Path, *, flag: str = "--output_dir") -> Non
   `convert --from_hf`), so its own command could no longer resume or extend it."""
   run = enclosing_run(path)
   if run is not None:
-    inside = pathlib.Path(path).absolute().relative_to(run)
-    raise UserError(f"{flag} {path} is inside the run directory {run} ({inside.parts[0]}/ of "
-                    f"that run), which would then hold files it did not write; choose a folder "
-                    f"outside it")
+    raise UserError(f"{flag} {path} is inside the run directory {run}, which would then hold "
+                    f"files it did not write (and its command would refuse to resume or extend "
+                    f"it); choose a path outside it")
 
 
 def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_dir") -> str:
@@ -95,5 +94,9 @@ def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_di
     return (f"{path} is a Hugging Face model (as `axtrain convert --to_hf` writes); to train "
             f"from it, `axtrain convert --from_hf={path} --output_dir=NEW_RUN`; choose another "
             f"{flag}")
+  if is_run(path):
+    return (f"{path} is a run directory that also holds files axtrain did not write "
+            f"({_names(foreign)}); move them out of it to resume, extend or start over this "
+            f"run, or choose another {flag}")
   return (f"{path} holds files that axtrain did not write ({_names(foreign)}); it is not a run "
           f"directory, choose another {flag}")

@@ -659,5 +659,5 @@ def test_output_inside_a_run_is_refused_and_the_run_left_alone(tmp_path, capsys,
                [f"--to_hf={run}", f"--output_dir={run / 'checkpoints' / 'hf'}"]):
     code, err = _convert(capsys, *args)
     assert code == 2 and err.count("\n") == 1, err
-    assert f"is inside the run directory {run}" in err and "choose a folder outside it" in err
+    assert f"is inside the run directory {run}" in err and "choose a path outside it" in err
   assert sorted(p.relative_to(run) for p in run.rglob("*")) == before

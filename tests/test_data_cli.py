@@ -194,6 +194,7 @@ def test_tokenize_into_a_run_directory_is_refused_and_the_run_left_alone(capsys,
                         f"--output_dir={out}"])
   err = capsys.readouterr().err
   assert code == 2 and err == (f"axtrain: error: --output_dir {out} is inside the run directory "
-                               f"{run} (tokens/ of that run), which would then hold files it "
-                               f"did not write; choose a folder outside it\n")
+                               f"{run}, which would then hold files it did not write (and its "
+                               f"command would refuse to resume or extend it); choose a path "
+                               f"outside it\n")
   assert sorted(p.name for p in run.iterdir()) == ["config.json", "run.json"]

@@ -531,3 +531,16 @@ def test_the_readme_sweep_names_the_directories_the_loop_makes():
   made = [pathlib.PurePath("runs/tiny", _named(f"--config.optimizer.learning_rate={lr}"))
           for lr in loop.group(1).split()]
   assert said == made
+
+
+def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
+  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
+  but called what it is, with the way to resume it: not "not a run directory", whose advice
+  (another --output_dir) would start the run over elsewhere."""
+  (copied / "notes.txt").write_text("mine")
+  before = snapshot(copied)
+  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
+                 "write (notes.txt); move them out of it to resume, extend or start over this "
+                 "run, or choose another --output_dir\n")
+  assert snapshot(copied) == before
