@@ -324,3 +324,13 @@ def test_tokenize_help_lists_every_flag(capsys):
   for flag in ("--input", "--kind", "--field", "--tokenizer", "--tokenizer_path", "--format",
                "--shard_tokens", "--add_bos", "--add_eos", "--on_error", "--output_dir"):
     assert flag in out, flag
+
+
+def test_a_mixture_weight_outside_0_1_names_the_config_argument(capsys):
+  """weight is the config argument the user typed: the refusal names it, not the stdlib
+  component's derived weight (1 - weight) that a value above 1 made negative."""
+  code, _, err = run_main(capsys, "--config=configs/tiny_mixture.py:path=c.jsonl,weight=1.5",
+                          "--print_config")
+  assert code == 2 and err == ("axtrain: error: config file 'configs/tiny_mixture.py:path=c.jsonl,"
+                               "weight=1.5': config argument weight=1.5: the share of each batch "
+                               "drawn from path, in (0, 1)\n"), err
