@@ -334,3 +334,14 @@ def test_a_mixture_weight_outside_0_1_names_the_config_argument(capsys):
   assert code == 2 and err == ("axtrain: error: config file 'configs/tiny_mixture.py:path=c.jsonl,"
                                "weight=1.5': config argument weight=1.5: the share of each batch "
                                "drawn from path, in (0, 1)\n"), err
+
+
+@pytest.mark.parametrize("word,hint", [
+    ("evals", " (did you mean 'eval'?)"), ("genrate", " (did you mean 'generate'?)"),
+    ("train", " (training takes no command word: axtrain --config=FILE ...)"),
+    ("trian", " (training takes no command word: axtrain --config=FILE ...)")])
+def test_a_mistyped_command_word_gets_a_hint(capsys, word, hint):
+  code, _, err = run_main(capsys, word, "--config=configs/tiny.py")
+  assert code == 2 and err == (f"axtrain: error: unexpected argument '{word}'{hint}; flags look "
+                               f"like --name=value, commands: convert, tokenize, plan, generate, "
+                               f"runs, eval, launch\n"), err
