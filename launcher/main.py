@@ -154,7 +154,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'{_command_hint(argv)}; flags look like"
                     f" --name=value, commands: {', '.join(COMMANDS)}")
-  config_loading.check_file(config_loading.config_file_arg(argv))
+  config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   try:
     fv(argv)
   except ConfigError:

@@ -345,3 +345,16 @@ def test_a_mistyped_command_word_gets_a_hint(capsys, word, hint):
   assert code == 2 and err == (f"axtrain: error: unexpected argument '{word}'{hint}; flags look "
                                f"like --name=value, commands: convert, tokenize, plan, generate, "
                                f"runs, eval, launch\n"), err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--confg=configs/tiny.py"], "unknown flag --confg (did you mean 'config'?); see --help"),
+    (["--config=configs/tinny.py"],
+     "config file 'configs/tinny.py' not found (did you mean 'configs/tiny.py'?)"),
+    (["--config=gpt2.py:size=small"], "config file 'gpt2.py' not found (did you mean "
+                                      "'configs/gpt2.py'?)"),
+    (["--config=configs/zzz.py"], "config file 'configs/zzz.py' not found")])
+def test_a_misspelt_config_flag_or_file_gets_a_did_you_mean(capsys, args, message):
+  """Run from the repository root (as the README's commands are)."""
+  code, _, err = run_main(capsys, *args)
+  assert code == 2 and err == f"axtrain: error: {message}\n", err
