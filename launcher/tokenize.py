@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags
 
 from core.registry import ConfigError
-from launcher.errors import UserError
+from launcher.errors import UserError, suggest
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 from trainer.data.config import DocumentFilesConfig
 from trainer.data.tokens import META
@@ -82,6 +82,9 @@ def main(argv: list[str]) -> int:
     return 0
   try:
     fv(argv)
+  except flags.UnrecognizedFlagError as e:
+    raise UserError(f"tokenize: unknown flag --{e.flagname}{suggest(e.flagname, list(fv))}; see "
+                    f"axtrain tokenize --help") from None
   except flags.Error as e:
     raise UserError(f"tokenize: {' '.join(str(e).split())}") from None
   if not fv.input or not fv.output_dir:

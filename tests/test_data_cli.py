@@ -198,3 +198,10 @@ def test_tokenize_into_a_run_directory_is_refused_and_the_run_left_alone(capsys,
                                f"command would refuse to resume or extend it); choose a path "
                                f"outside it\n")
   assert sorted(p.name for p in run.iterdir()) == ["config.json", "run.json"]
+
+
+def test_tokenize_names_a_misspelt_flag_in_one_line(capsys):
+  code = cli_main.main(["axtrain", "tokenize", "--inptu=c.jsonl", "--output_dir=out"])
+  assert code == 2 and capsys.readouterr().err == (
+      "axtrain: error: tokenize: unknown flag --inptu (did you mean 'input'?); see axtrain "
+      "tokenize --help\n")
