@@ -9,6 +9,7 @@ mixture sets seq_len and batch_size for all. See docs/data.md.
 
 from configs.base import lm_config
 from core.config_args import parse_arg
+from core.registry import ConfigError
 from modules import llama
 from trainer.config import switch_kind
 from trainer.data.mixture import component
@@ -16,6 +17,9 @@ from trainer.data.mixture import component
 
 def get_config(arg=None):
   args = parse_arg(arg, path="corpus.jsonl", weight=0.3)
+  if not 0 < args["weight"] < 1:  # else the stdlib share, 1 - weight, is what gets refused
+    raise ConfigError(f"config argument weight={args['weight']}: the share of each batch drawn "
+                      f"from path, in (0, 1)")
   cfg = lm_config(llama.model_node("tiny"), max_steps=600, learning_rate=3e-3,
                   batch_size=16, seq_len=256, warmup_steps=50)
   switch_kind(cfg, "data", "mixture", sources=(

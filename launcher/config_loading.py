@@ -15,6 +15,7 @@ module turns each into a UserError that says what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import pathlib
@@ -208,12 +209,30 @@ def config_file_arg(argv: list[str]) -> str | None:
   return None
 
 
-def check_file(value: str | None) -> None:
+def _file_hint(path: pathlib.Path) -> str:
+  """' (did you mean 'configs/tiny.py'?)': a close name in the same folder, or in configs/ for a
+  bare file name."""
+  bare = path.parent == pathlib.Path()
+  for folder in [path.parent] + ([pathlib.Path("configs")] if bare else []):
+    names = sorted(p.name for p in folder.glob("*.py")) if folder.is_dir() else []
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)  # by name, not folder
+    if close:
+      return f" (did you mean '{folder / close[0]}'?)"
+  return ""
+
+
+def check_file(value: str | None, *, argv: tuple[str, ...] = ()) -> None:
+  """UserError unless --config names an existing file; a misspelt flag or file name gets a
+  did-you-mean (`--confg=...`, `configs/tinny.py`)."""
   if not value:
+    for arg in argv:
+      name = arg.lstrip("-").split("=", 1)[0]
+      if arg.startswith("-") and name != "config" and suggest(name, ["config"]):
+        raise UserError(f"unknown flag --{name} (did you mean 'config'?); see --help")
     raise UserError("--config is required, e.g. --config=configs/tiny.py")
-  path = value.split(":", 1)[0]
-  if not pathlib.Path(path).is_file():
-    raise UserError(f"config file '{path}' not found")
+  path = pathlib.Path(value.split(":", 1)[0])
+  if not path.is_file():
+    raise UserError(f"config file '{path}' not found{_file_hint(path)}")
 
 
 def _last_line(text: str) -> str:

@@ -29,7 +29,8 @@ the command that trains on a corpus.
 run directory. The vocabulary rows that pad the embedding and LM head to
 model.vocab_multiple are added (zeros) on import and dropped on export. Output
 goes to a temporary directory that is renamed into place at the end, so a
-mistake writes nothing.
+mistake writes nothing. An --output_dir that is not empty, or that lies inside a
+run directory (where that run would hold files it did not write), is refused.
 """
 
 from __future__ import annotations
@@ -236,6 +237,8 @@ def main(argv: list[str]) -> int:
   output = pathlib.Path(args["output_dir"])
   from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
   check_writable(output)
+  from launcher.folders import check_outside_runs  # pylint: disable=import-outside-toplevel
+  check_outside_runs(output)
   _check_empty(output)
   if "from_hf" in args:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],

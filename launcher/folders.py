@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 
+from launcher.errors import UserError
 from trainer.run_files import axtrain_run_json
 
 TOKENS_META = "tokens.json"  # what `axtrain tokenize` writes (trainer/data/corpus.py:META)
@@ -67,6 +68,17 @@ def nested_message(path: pathlib.Path, run: pathlib.Path, *, flag: str = "--outp
           f"runs never nest: give {flag}={run} to resume that run, or a folder outside it")
 
 
+def check_outside_runs(path: pathlib.Path, *, flag: str = "--output_dir") -> None:
+  """Refuses an output that is not a run (a converted model, a tokenized corpus) inside a run
+  directory: that run would then hold a folder it did not write (a nested run, for
+  `convert --from_hf`), so its own command could no longer resume or extend it."""
+  run = enclosing_run(path)
+  if run is not None:
+    raise UserError(f"{flag} {path} is inside the run directory {run}, which would then hold "
+                    f"files it did not write (and its command would refuse to resume or extend "
+                    f"it); choose a path outside it")
+
+
 def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_dir") -> str:
   """Why `path` (which holds `foreign`, entries no run writes) cannot be a run directory."""
   path = pathlib.Path(path)
@@ -82,5 +94,9 @@ def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_di
     return (f"{path} is a Hugging Face model (as `axtrain convert --to_hf` writes); to train "
             f"from it, `axtrain convert --from_hf={path} --output_dir=NEW_RUN`; choose another "
             f"{flag}")
+  if is_run(path):
+    return (f"{path} is a run directory that also holds files axtrain did not write "
+            f"({_names(foreign)}); move them out of it to resume, extend or start over this "
+            f"run, or choose another {flag}")
   return (f"{path} holds files that axtrain did not write ({_names(foreign)}); it is not a run "
           f"directory, choose another {flag}")

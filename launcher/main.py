@@ -43,7 +43,7 @@ import sys
 from absl import flags
 
 from launcher import config_loading, distributed, platforms
-from launcher.errors import EXIT_USAGE, ConfigError, UserError
+from launcher.errors import EXIT_USAGE, ConfigError, UserError, suggest
 
 
 def _define_flags(argv: list[str]) -> flags.FlagValues:
@@ -133,6 +133,15 @@ def main(argv: list[str], *, callbacks=()) -> int:
     return EXIT_USAGE
 
 
+def _command_hint(argv: list[str]) -> str:
+  """A did-you-mean for a mistyped command word (the first argument); training has none."""
+  if len(argv) < 2 or argv[1].startswith("-"):
+    return ""
+  if argv[1] == "train" or suggest(argv[1], ["train"]):
+    return " (training takes no command word: axtrain --config=FILE ...)"
+  return suggest(argv[1], COMMANDS)
+
+
 def parse_flags(argv: list[str]) -> flags.FlagValues:
   fv = _define_flags(argv)
   if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
@@ -143,9 +152,9 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
     raise SystemExit(0)
   positional = [a for a in argv[1:] if not a.startswith("-")]
   if positional:
-    raise UserError(f"unexpected argument '{positional[0]}'; flags look like --name=value, "
-                    f"commands: {', '.join(COMMANDS)}")
-  config_loading.check_file(config_loading.config_file_arg(argv))
+    raise UserError(f"unexpected argument '{positional[0]}'{_command_hint(argv)}; flags look like"
+                    f" --name=value, commands: {', '.join(COMMANDS)}")
+  config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   try:
     fv(argv)
   except ConfigError:

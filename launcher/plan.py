@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
       # The CPU device count is fixed when jax initialises: run ourselves again with it.
       return _restart(argv, dict(
           os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {want}".strip()))
-  config_loading.check_file(config_loading.config_file_arg(argv))
+  config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   fv = _define_flags(argv)
   try:
     fv(argv)

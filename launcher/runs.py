@@ -25,6 +25,7 @@ import pathlib
 import statistics
 import sys
 
+from launcher import folders
 from launcher.errors import UserError, suggest
 from launcher.flat import flatten
 
@@ -310,7 +311,8 @@ PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}  # --plot's suffix:
 
 
 def check_plot_path(target: pathlib.Path) -> None:
-  """UserError unless --plot names a .png/.svg/.pdf file in an existing directory."""
+  """UserError unless --plot names a .png/.svg/.pdf file in an existing directory outside every
+  run directory (a run holding a file it did not write can no longer be resumed or extended)."""
   if target.suffix.lower() not in PLOT_FORMATS:
     raise UserError(f"runs: --plot={target}: name a {', '.join(PLOT_FORMATS)} file (the suffix "
                     f"chooses the format)")
@@ -322,6 +324,7 @@ def check_plot_path(target: pathlib.Path) -> None:
     raise UserError(f"runs: --plot={target}: directory {target.parent} does not exist")
   if target.is_dir():
     raise UserError(f"runs: --plot={target} is a directory; name a file in it")
+  folders.check_outside_runs(target, flag="runs: --plot")
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], dict]:

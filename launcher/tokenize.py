@@ -10,7 +10,8 @@ NAME.tokens.npy + NAME.lengths.npy (flat ids + document lengths) or
 NAME.array_record (one record per document: its ids as little-endian bytes).
 It is written under DIR.partial and renamed when complete; a run that fails
 (a bad document without --on_error=skip, no documents) removes DIR.partial, and
-an existing DIR is never overwritten.
+an existing DIR is never overwritten (nor is a DIR inside a run directory
+accepted: that run would then hold files it did not write).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from absl import flags
 
 from core.registry import ConfigError
-from launcher.errors import UserError
+from launcher.errors import UserError, suggest
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 from trainer.data.config import DocumentFilesConfig
 from trainer.data.tokens import META
@@ -81,6 +82,9 @@ def main(argv: list[str]) -> int:
     return 0
   try:
     fv(argv)
+  except flags.UnrecognizedFlagError as e:
+    raise UserError(f"tokenize: unknown flag --{e.flagname}{suggest(e.flagname, list(fv))}; see "
+                    f"axtrain tokenize --help") from None
   except flags.Error as e:
     raise UserError(f"tokenize: {' '.join(str(e).split())}") from None
   if not fv.input or not fv.output_dir:
@@ -90,6 +94,8 @@ def main(argv: list[str]) -> int:
   out = pathlib.Path(os.path.expanduser(fv.output_dir))
   from launcher.run_dir import check_writable  # pylint: disable=import-outside-toplevel
   check_writable(out)  # a parent that is a file, or not writable: one line, nothing written
+  from launcher.folders import check_outside_runs  # pylint: disable=import-outside-toplevel
+  check_outside_runs(out)
   if out.exists():
     raise UserError(f"--output_dir '{out}' exists; choose a new directory")
   try:

@@ -324,3 +324,37 @@ def test_tokenize_help_lists_every_flag(capsys):
   for flag in ("--input", "--kind", "--field", "--tokenizer", "--tokenizer_path", "--format",
                "--shard_tokens", "--add_bos", "--add_eos", "--on_error", "--output_dir"):
     assert flag in out, flag
+
+
+def test_a_mixture_weight_outside_0_1_names_the_config_argument(capsys):
+  """weight is the config argument the user typed: the refusal names it, not the stdlib
+  component's derived weight (1 - weight) that a value above 1 made negative."""
+  code, _, err = run_main(capsys, "--config=configs/tiny_mixture.py:path=c.jsonl,weight=1.5",
+                          "--print_config")
+  assert code == 2 and err == ("axtrain: error: config file 'configs/tiny_mixture.py:path=c.jsonl,"
+                               "weight=1.5': config argument weight=1.5: the share of each batch "
+                               "drawn from path, in (0, 1)\n"), err
+
+
+@pytest.mark.parametrize("word,hint", [
+    ("evals", " (did you mean 'eval'?)"), ("genrate", " (did you mean 'generate'?)"),
+    ("train", " (training takes no command word: axtrain --config=FILE ...)"),
+    ("trian", " (training takes no command word: axtrain --config=FILE ...)")])
+def test_a_mistyped_command_word_gets_a_hint(capsys, word, hint):
+  code, _, err = run_main(capsys, word, "--config=configs/tiny.py")
+  assert code == 2 and err == (f"axtrain: error: unexpected argument '{word}'{hint}; flags look "
+                               f"like --name=value, commands: convert, tokenize, plan, generate, "
+                               f"runs, eval, launch\n"), err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--confg=configs/tiny.py"], "unknown flag --confg (did you mean 'config'?); see --help"),
+    (["--config=configs/tinny.py"],
+     "config file 'configs/tinny.py' not found (did you mean 'configs/tiny.py'?)"),
+    (["--config=gpt2.py:size=small"], "config file 'gpt2.py' not found (did you mean "
+                                      "'configs/gpt2.py'?)"),
+    (["--config=configs/zzz.py"], "config file 'configs/zzz.py' not found")])
+def test_a_misspelt_config_flag_or_file_gets_a_did_you_mean(capsys, args, message):
+  """Run from the repository root (as the README's commands are)."""
+  code, _, err = run_main(capsys, *args)
+  assert code == 2 and err == f"axtrain: error: {message}\n", err

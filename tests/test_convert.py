@@ -646,3 +646,19 @@ def test_to_hf_of_a_moe_run_on_an_expert_mesh_names_its_moe_parts(tmp_path, caps
                                "LlamaForCausalLM: model.block.ffn.kind is 'moe' (LlamaForCausalLM takes "
                                "only 'mlp')\n"), err
   assert not (tmp_path / "hf").exists()
+
+
+def test_output_inside_a_run_is_refused_and_the_run_left_alone(tmp_path, capsys, tensors):
+  """Either direction's output inside a run directory would be a folder that run did not write
+  (from_hf: a run nested in a run), after which the run can no longer be resumed or extended;
+  both are refused before anything is written."""
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  before = sorted(p.relative_to(run) for p in run.rglob("*"))
+  for args in ([f"--from_hf={hf}", f"--output_dir={run / 'sub'}"],
+               [f"--to_hf={run}", f"--output_dir={run / 'checkpoints' / 'hf'}"]):
+    code, err = _convert(capsys, *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"is inside the run directory {run}" in err and "choose a path outside it" in err
+  assert sorted(p.relative_to(run) for p in run.rglob("*")) == before

@@ -178,3 +178,30 @@ def test_as_flags_renames_only_tokenize_flags():
 def _chdir_repo(monkeypatch):
   from tests.conftest import ROOT
   monkeypatch.chdir(ROOT)
+
+
+def test_tokenize_into_a_run_directory_is_refused_and_the_run_left_alone(capsys, tmp_path):
+  """A corpus written inside a run would be a folder that run did not write, so the run's own
+  command could no longer resume or extend it: refused in one line, nothing written."""
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text("{}")
+  (run / "run.json").write_text(json.dumps({"command": "axtrain --config=configs/tiny.py",
+                                            "versions": {"axtrain": "0.1.0"}}))
+  corpus = write_jsonl(tmp_path / "c.jsonl")
+  out = run / "tokens"
+  code = cli_main.main(["axtrain", "tokenize", f"--input={corpus}", "--kind=jsonl",
+                        f"--output_dir={out}"])
+  err = capsys.readouterr().err
+  assert code == 2 and err == (f"axtrain: error: --output_dir {out} is inside the run directory "
+                               f"{run}, which would then hold files it did not write (and its "
+                               f"command would refuse to resume or extend it); choose a path "
+                               f"outside it\n")
+  assert sorted(p.name for p in run.iterdir()) == ["config.json", "run.json"]
+
+
+def test_tokenize_names_a_misspelt_flag_in_one_line(capsys):
+  code = cli_main.main(["axtrain", "tokenize", "--inptu=c.jsonl", "--output_dir=out"])
+  assert code == 2 and capsys.readouterr().err == (
+      "axtrain: error: tokenize: unknown flag --inptu (did you mean 'input'?); see axtrain "
+      "tokenize --help\n")

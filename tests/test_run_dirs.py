@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -517,3 +518,29 @@ def test_a_directory_named_with_max_steps_or_the_mesh_is_still_found(quick, caps
   assert code == 2 and err == ("axtrain: error: runs/quick holds 2 runs that this command "
                                "continues (trainer.max_steps=2, base; trainer.max_steps and the "
                                "mesh name no directory now); give --output_dir=<one of them>\n")
+
+
+def test_the_readme_sweep_names_the_directories_the_loop_makes():
+  """README's "Sweeps" loop and the directories its comment says it makes: each name as the
+  command names it (the value as resolved and written by Python, not as typed)."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  loop = re.search(r"^for lr in ([^;]+); do axtrain --config=configs/tiny\.py "
+                   r"--config\.optimizer\.learning_rate=\$lr; done\n# -> (.+)$", text, re.M)
+  assert loop, "README's sweep loop and its `# -> ...` comment"
+  said = [pathlib.PurePath(p) for p in loop.group(2).split()]
+  made = [pathlib.PurePath("runs/tiny", _named(f"--config.optimizer.learning_rate={lr}"))
+          for lr in loop.group(1).split()]
+  assert said == made
+
+
+def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
+  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
+  but called what it is, with the way to resume it: not "not a run directory", whose advice
+  (another --output_dir) would start the run over elsewhere."""
+  (copied / "notes.txt").write_text("mine")
+  before = snapshot(copied)
+  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
+                 "write (notes.txt); move them out of it to resume, extend or start over this "
+                 "run, or choose another --output_dir\n")
+  assert snapshot(copied) == before

@@ -236,3 +236,17 @@ def test_docs_show_the_table_of_the_saved_sweep(capsys):
   header = cells(runs_lib.table([], []).splitlines()[0])
   rows = re.findall(r"^\| `([^`|]+)`(?:, `([^`|]+)`)? \|", doc, re.M)
   assert [c for row in rows for c in row if c] == header
+
+
+def test_plot_inside_a_run_directory_is_refused(capsys, tmp_path):
+  """A plot written into a run would be a file that run did not write, after which the run's
+  own command refuses to resume or extend it: refused in one line, nothing written."""
+  run = tmp_path / "run"
+  shutil.copytree(ROOT / "tests" / "testdata" / "sweep" / "lr=1e-3", run)
+  before = sorted(p.name for p in run.iterdir())
+  code, out, err = axtrain(capsys, run, f"--plot={run / 'loss.png'}")
+  assert code == 2 and out == "" and err == (
+      f"axtrain: error: runs: --plot {run / 'loss.png'} is inside the run directory {run}, "
+      f"which would then hold files it did not write (and its command would refuse to resume "
+      f"or extend it); choose a path outside it\n")
+  assert sorted(p.name for p in run.iterdir()) == before
