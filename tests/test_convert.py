@@ -256,7 +256,7 @@ def test_converted_config_says_what_it_trains_on_and_how_to_train_on_a_corpus(
                         "--config.trainer.max_steps=10", "--print_config"])
   out, err = capsys.readouterr()
   assert code == 0 and err == ("axtrain: note: optimizer.schedule.warmup_steps 100 does not fit "
-                               "in trainer.max_steps 10: the warm-up shrinks to 1 steps (10% of "
+                               "in trainer.max_steps 10: the warm-up shrinks to 1 step (10% of "
                                "the run)\n"), err
 
 

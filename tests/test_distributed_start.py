@@ -77,6 +77,7 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two processes waiting out the join timeout (make test-slow)
 def test_processes_that_cannot_all_join_end_within_the_timeout(tmp_path):
   """Three starts at once, each with --distributed_timeout=3: process 0 whose peer never comes,
   process 1 whose coordinator host does not resolve, process 1 whose coordinator never answers."""

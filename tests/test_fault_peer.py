@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launcher.launch.local import free_port
 from tests import ckpt_util as cu
 from tests.conftest import ROOT, xla_flags
@@ -34,6 +36,7 @@ def _start(tmp_path, port: int, index: int) -> subprocess.Popen:
                           stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # two processes, one killed (make test-slow)
 def test_a_dead_peer_ends_the_survivor_with_one_line(tmp_path):
   port = free_port()
   procs = [_start(tmp_path, port, i) for i in range(2)]

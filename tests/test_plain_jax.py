@@ -130,6 +130,7 @@ def test_options_keep_the_math(case):
       np.testing.assert_allclose(mine[name], theirs[name], atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow  # three compiles of the benchmark step (make test-slow)
 def test_bfloat16_compute_on_float32_weights():
   """compute_dtype bfloat16 on both sides: every matmul of the plain forward pass takes bfloat16
   operands, its parameters and optimizer state stay float32, and the losses agree with

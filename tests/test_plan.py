@@ -123,6 +123,7 @@ ENTRY %main (a: f32[8]) -> f32[8] {
   assert c.cross_host_bytes == 2 * across
 
 
+@pytest.mark.slow  # a TPU compile of two slices (make test-slow)
 def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
   """Multi-slice: tpu-v5e-8x2 is two 8-chip slices (libtpu's num_slices), data=2 over the
   data-center network, fsdp=8 within a slice; the gradient all-reduce crosses slices."""
@@ -142,6 +143,7 @@ def test_tiny_on_two_tpu_slices_is_data_parallel_across_them():
                                          + c.cross_host_bytes / hw.host_bandwidth)
 
 
+@pytest.mark.slow  # the Pallas kernel compiled for TPU (make test-slow)
 def test_tiny_with_splash_attention_compiles_the_pallas_kernel_for_tpu(monkeypatch):
   """attention.implementation=splash on tpu-v5e-4: the TPU compiler takes the Pallas kernel
   (a tpu_custom_call in the compiled step, not interpret mode's loops)."""

@@ -135,7 +135,7 @@ SHORT = {
     "constant 3 steps": ("constant", dict(warmup_steps=10), 3, lambda s: PEAK,
                          "shrinks to 0 steps"),
     "rsqrt 10 steps": ("rsqrt", dict(warmup_steps=16), 10, lambda s: rsqrt(s, w=1),
-                       "shrinks to 1 steps"),
+                       "shrinks to 1 step"),
     "rsqrt cooldown 20 steps": ("rsqrt", dict(warmup_steps=18, cooldown_fraction=0.5), 20,
                                 lambda s: warm(s, 2, PEAK * math.sqrt(2 / max(s, 2))
                                                * min(1, max(20 - s, 0) / 10)),

@@ -23,6 +23,7 @@ from planner import plan
 RECORD = ROOT / "tests" / "testdata" / "tpu_efficiency" / "tiny_v5e-4.json"
 
 
+@pytest.mark.slow  # TPU compiles of the recorded settings (make test-slow)
 def test_tiny_step_bytes_per_chip_stay_within_5_percent_of_the_record():
   cfg = configs.tiny.get_config()
   assert not cfg.model.scan_layers  # the cost model sees every layer

@@ -64,14 +64,18 @@ def fit_note(cfg, *, total_steps: int) -> str | None:
   if fitted == cfg:
     return None
   room = cfg.warmup_room(total_steps)
-  where = "" if room == total_steps else f" ({room} steps before {cfg.kind}'s decay)"
+  where = "" if room == total_steps else f" ({_steps(room)} before {cfg.kind}'s decay)"
   share = (f"{WARMUP_SHARE:.0%} of the run" if fitted.warmup_steps < room
            else "every step before the decay")
   text = (f"{_PATH}.warmup_steps {cfg.warmup_steps} does not fit in trainer.max_steps "
-          f"{total_steps}{where}: the warm-up shrinks to {fitted.warmup_steps} steps ({share})")
+          f"{total_steps}{where}: the warm-up shrinks to {_steps(fitted.warmup_steps)} ({share})")
   if getattr(fitted, "decay_steps", None) != getattr(cfg, "decay_steps", None):
     text += f", and {_PATH}.decay_steps {cfg.decay_steps} to the end of the run"
   return text
+
+
+def _steps(n: int) -> str:
+  return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def extension_note(old, new, *, peak: float, old_total: int, new_total: int,
