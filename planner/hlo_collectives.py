@@ -152,15 +152,69 @@ def computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
   return comps, entry
 
 
-def trip_count(line: str, comps: dict[str, list[str]]) -> int:
-  """A while loop's trips: known_trip_count if annotated, else N of the condition's
-  `i < constant(N)`; 1 if neither says."""
+def trip_count(line: str, comps: dict[str, list[str]], caller: list[str] = ()) -> int:
+  """A while loop's trips: known_trip_count if annotated, else those of the condition's
+  `i < constant(N)`: (N - start) / step rounded up, with the counter's step read from the body
+  (`i + constant(step)`: libtpu's windowed einsum loops count by 2) and its start from the
+  tuple the loop is given in `caller` (0 where neither says); 1 if the condition says nothing."""
   if m := _TRIP.search(line):
     return int(m[1])
   cond = re.search(r"condition=%?([\w.\-]+)", line)
-  body = "\n".join(comps.get(cond[1], ())) if cond else ""
-  constants = re.findall(r"constant\((\d+)\)", body)
-  return int(constants[0]) if len(constants) == 1 and "direction=LT" in body else 1
+  text = "\n".join(comps.get(cond[1], ())) if cond else ""
+  constants = re.findall(r"constant\((\d+)\)", text)
+  if len(constants) != 1 or "direction=LT" not in text:
+    return 1
+  index = re.search(r"get-tuple-element\(%?[\w.\-]+\), index=(\d+)", text)
+  body = re.search(r"body=%?([\w.\-]+)", line)
+  if index is None or body is None:
+    return int(constants[0])
+  i = int(index[1])
+  step = _counter_step(comps.get(body[1], []), i)
+  start = _tuple_constant(caller, re.search(r"while\(%?([\w.\-]+)\)", line), i)
+  return max(0, -(-(int(constants[0]) - start) // step))
+
+
+def _defs(lines) -> dict[str, str]:
+  """name -> its instruction's text, for the lines of one computation."""
+  return {m[1]: line for line in lines
+          if (m := re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line))}
+
+
+def _operands(text: str, op: str) -> list[str]:
+  m = re.search(rf"\b{op}\(([^)]*)\)", text)
+  return [a.strip().lstrip("%") for a in m[1].split(",")] if m else []
+
+
+def _scalar(text: str | None) -> int | None:
+  m = re.search(r"\bconstant\((-?\d+)\)", text or "")
+  return int(m[1]) if m else None
+
+
+def _counter_step(body: list[str], index: int) -> int:
+  """What the loop body adds to tuple element `index` each trip (1 unless it reads
+  `element + constant(k)` with k > 0)."""
+  defs = _defs(body)
+  root = next((line for line in body if line.lstrip().startswith("ROOT ")), "")
+  outs = _operands(root, "tuple")
+  if index >= len(outs):
+    return 1
+  parts = _operands(defs.get(outs[index], ""), "add")
+  steps = [_scalar(defs.get(a)) for a in parts]
+  reads = [re.search(rf"get-tuple-element\([^)]*\), index={index}\b", defs.get(a, ""))
+           for a in parts]
+  if len(parts) == 2 and any(reads) and any(k and k > 0 for k in steps):
+    return next(k for k in steps if k and k > 0)
+  return 1
+
+
+def _tuple_constant(caller: list[str], operand, index: int) -> int:
+  """Element `index` of the tuple a loop is given, where `caller` defines it as a constant."""
+  if operand is None:
+    return 0
+  defs = _defs(caller)
+  elements = _operands(defs.get(operand[1], ""), "tuple")
+  value = _scalar(defs.get(elements[index])) if index < len(elements) else None
+  return value if value is not None else 0
 
 
 def runs(comps: dict[str, list[str]], entry: str, *, into_fusions: bool = True) -> dict[str, int]:
@@ -180,7 +234,8 @@ def runs(comps: dict[str, list[str]], entry: str, *, into_fusions: bool = True) 
         if kind == "to_apply" and op != "call":
           continue  # a reduction's scalar function, not a computation of its own
         if callee in comps and callee != name:
-          visit(callee, n * (trip_count(line, comps) if kind == "body" else 1))
+          visit(callee, n * (trip_count(line, comps, comps.get(name, ())) if kind == "body"
+                             else 1))
 
   visit(entry, 1)
   return times
