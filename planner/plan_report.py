@@ -172,8 +172,8 @@ def ops_text(p: Plan, n: int = 10) -> str:
     lines.append(f"    these sums are {cov_bytes:.0%} of the compiler's bytes accessed and "
                  f"{cov_flops:.0%} of its FLOPs")
   if cov_flops > 1.3:
-    lines.append("    (well above the compiler's: matmuls it made into loops with their "
-                 "collectives, windowed einsum, are counted in every trip; on TPU entries "
+    lines.append("    (well above the compiler's: it counts a loop it made of a matmul and its "
+                 "collectives, windowed einsum, once, these sums every trip; on TPU entries "
                  "--nowindowed_einsum compiles without them)")
   for key, title in (("bytes", "bytes"), ("seconds", "estimated time")):
     lines.append(f"  top {n} by {title} (ops grouped by module, primitive and pass):")
