@@ -153,6 +153,7 @@ def test_head_dim_0_is_dim_over_num_heads(capsys):
   assert counts["0"] == counts["None"] != counts["64"]
 
 
+@pytest.mark.slow  # a step of splash in Pallas interpret mode (make test-slow)
 def test_splash_off_tpu_says_it_runs_in_interpret_mode(capsys, tmp_path):
   """One `axtrain: note:` line: splash is a Pallas TPU kernel, interpreted (slowly) elsewhere."""
   code, _, err = run_main(capsys, "--config=configs/llama.py:size=test", "--noprogress",

@@ -480,6 +480,7 @@ def test_from_hf_of_an_axtrain_run_says_it_is_not_a_hugging_face_folder(tmp_path
                  f"directory: export it with --to_hf)\n")
 
 
+@pytest.mark.slow  # the README's commands, two trainings (make test-slow)
 def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, capfd, tensors):
   """convert, then the README's command as written, then a 2-step run with --overwrite whose
   first loss is the converted model's loss on that batch, computed by transformers."""

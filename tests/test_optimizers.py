@@ -225,7 +225,10 @@ def test_muon_weight_decay_is_the_shared_one(llama_test):
 LEARNING_RATES = {"adamw": 3e-3, "adafactor": 3e-3, "lion": 1e-3, "sgd": 0.3, "muon": 3e-3}
 
 
-@pytest.mark.parametrize("kind", LEARNING_RATES)
+# The default (adamw) in the quick suite; every kind trains through the CLI there too
+# (tests/test_kinds_cli.py), and `make test-slow` trains each of the others fifty steps.
+@pytest.mark.parametrize("kind", [k if k == "adamw" else pytest.param(k, marks=pytest.mark.slow)
+                                  for k in LEARNING_RATES])
 def test_fifty_steps_of_tiny_lower_the_loss(kind):
   cfg = tiny.get_config()  # the demo recipe with LLaMA size `test` (2 layers, dim 64)
   cfg.model = llama.model_node("test")

@@ -71,6 +71,7 @@ def _train_both(exp, options: plain_jax.Options, steps: int):
   return out, state, params, start
 
 
+@pytest.mark.slow  # the benchmark's own check, three compiles (make test-slow)
 def test_same_losses_over_three_steps():
   exp = _experiment(_model(scan=True))
   metrics, state, params, start = _train_both(exp, compare.plain_options(exp), 3)
@@ -97,8 +98,8 @@ LLAMA3_ROPE = dict(theta=10_000.0, factor=8.0, low_freq_factor=1.0, high_freq_fa
                    original_max_position=16)  # head_dim 8: one frequency in each band
 
 
-@pytest.mark.parametrize("case", ["gqa_tied_packed_accumulated", pytest.param(
-    "splash_packed", marks=pytest.mark.slow)])  # splash in Pallas interpret mode: slow on CPU
+@pytest.mark.slow  # the benchmark's own checks (make test-slow)
+@pytest.mark.parametrize("case", ["gqa_tied_packed_accumulated", "splash_packed"])
 def test_options_keep_the_math(case):
   """Every option of plain_jax against the axtrain run it stands for, at float32: GQA, a tied
   head, a padded vocabulary (120 -> 128), LLaMA-3 RoPE, packed documents, 2 microbatches, loss

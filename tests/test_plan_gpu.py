@@ -73,8 +73,9 @@ def test_target_versions_are_what_the_plugin_was_built_with():
 
 # --- the GPU compiler end to end ------------------------------------------------------------
 
+@pytest.mark.slow  # 16-46 s on 2 cores (make test-slow)
 @needs_plugin
-def test_tiny_compiles_with_the_gpu_compiler():  # 46 s on 2 cores
+def test_tiny_compiles_with_the_gpu_compiler():
   """tiny on one 8-GPU H100 host: the GPU compiler's figures, its fit, its reduce-scatters
   (the CPU stand-in all-reduced the gradients), and --ops reading the GPU HLO; nothing about
   the missing CUDA driver on stderr."""
