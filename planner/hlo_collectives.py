@@ -180,9 +180,24 @@ def _defs(lines) -> dict[str, str]:
           if (m := re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line))}
 
 
-def _operands(text: str, op: str) -> list[str]:
-  m = re.search(rf"\b{op}\(([^)]*)\)", text)
-  return [a.strip().lstrip("%") for a in m[1].split(",")] if m else []
+def split_operands(rest: str) -> tuple[tuple[str, ...], str]:
+  """`a, %b, /*index=2*/%c), attrs...` (what follows an op's opening parenthesis) ->
+  (operand names, attributes)."""
+  depth = 0
+  for i, ch in enumerate(rest):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      if depth == 0:
+        return tuple(re.findall(r"%([\w.\-]+)", rest[:i])), rest[i + 1:]
+      depth -= 1
+  return (), rest
+
+
+def _operands(text: str, op: str) -> tuple[str, ...]:
+  """The operand names of instruction `text`, an `op`."""
+  m = re.search(rf"\b{op}\(", text)
+  return split_operands(text[m.end():])[0] if m else ()
 
 
 def _scalar(text: str | None) -> int | None:

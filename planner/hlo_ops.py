@@ -141,21 +141,6 @@ class Report:
             self.flops / self.compiler_flops if self.compiler_flops else 0.0)
 
 
-def _split_operands(rest: str) -> tuple[tuple[str, ...], str]:
-  """`a, %b, /*index=2*/%c), attrs...` -> (names, attrs)."""
-  depth = 0
-  for i, ch in enumerate(rest):
-    if ch in "([{":
-      depth += 1
-    elif ch in ")]}":
-      if depth == 0:
-        inside, after = rest[:i], rest[i + 1:]
-        names = tuple(m for m in re.findall(r"%([\w.\-]+)", inside))
-        return names, after
-      depth -= 1
-  return (), rest
-
-
 def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, list[str]], str | None]:
   """computation name -> its instructions (and its lines); the entry computation's name."""
   lines, entry = hlo_collectives.computations(hlo_text)
@@ -164,7 +149,7 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, list[str]], 
     comps[name] = []
     for line in body:
       if m := _LINE.match(line):
-        operands, rest = _split_operands(m["rest"])
+        operands, rest = hlo_collectives.split_operands(m["rest"])
         if m["op"] == "parameter":  # its number, for _param_names
           operands = (m["rest"].split(")", 1)[0],)
         comps[name].append(Instr(m["name"], m["out"], m["op"], operands, rest))

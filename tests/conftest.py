@@ -82,6 +82,17 @@ def cli_batch(commands: list[list[str]], *, devices: int | None = None,
           for args, r in zip(commands, json.loads(done.stdout))]
 
 
+def gpu_compiler_missing() -> str | None:
+  """Why XLA's GPU compiler (the jax-cuda12 plugin `axtrain plan` of GPU entries uses) is not
+  here, or None where it is."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from launcher.plan import GPU_PLUGIN_DIR  # pylint: disable=import-outside-toplevel
+  if GPU_PLUGIN_DIR.is_dir() or importlib.util.find_spec("jax_cuda12_plugin") is not None:
+    return None
+  return (f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` puts "
+          f"it in {GPU_PLUGIN_DIR}")
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
   """A module's JAX compile cache (tests/ckpt_util.py): its runs of one config share programs."""

@@ -12,14 +12,13 @@ within 2% and the step estimate within 5% (a planner change that moves them fail
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import re
 
 import pytest
 
-from launcher.plan import GPU_PLUGIN_DIR
 from planner import plan_docs
+from tests.conftest import gpu_compiler_missing
 
 # A line of `axtrain plan`'s report, as it would stand in a doc that quotes one.
 REPORT_LINE = re.compile(r"^\s*(plan: \S+ on |memory: (fits|does NOT fit)|ESTIMATE |"
@@ -78,7 +77,6 @@ def _relative(fresh: float, stored: float) -> float:
 MEMORY = ("argument", "output", "alias", "temp")  # the compiler's bytes per device
 ESTIMATE = ("step_s", "serial_s", "mfu", "mfu_serial")
 
-GPU_COMPILER = GPU_PLUGIN_DIR.is_dir() or importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 
 def _cheapest() -> str:
@@ -93,9 +91,8 @@ def test_a_fresh_compile_gives_the_stored_figures():
   """The cheapest stored report compiled again: memory within 2%, the estimate within 5%."""
   name = _cheapest()
   report = plan_docs.BY_NAME[name]
-  if report.mesh.startswith("gpu-") and not GPU_COMPILER:
-    pytest.skip(f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` "
-                f"puts it in {GPU_PLUGIN_DIR}")
+  if report.mesh.startswith("gpu-") and (missing := gpu_compiler_missing()):
+    pytest.skip(missing)
   stored = json.loads(report.path.read_text())
   fresh = plan_docs.fresh(report)
   off = {f"train.{k}": _relative(fresh["train"][k], stored["train"][k]) for k in MEMORY}

@@ -16,16 +16,14 @@ import configs.llm_70b
 import configs.tiny
 from launcher import main as main_lib
 from launcher.plan import GPU_PLUGIN_DIR
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, cli, gpu_compiler_missing
 from trainer import config as config_lib, experiment, meshes
 from planner import gpu_targets, hlo_collectives, plan, plan_sweep
 
 GPU_ENTRIES = [e for e in meshes.MESHES.values()
                if e.hardware.platform == "gpu" and e.num_devices is not None]
-needs_plugin = pytest.mark.skipif(
-    not GPU_PLUGIN_DIR.is_dir() and importlib.util.find_spec("jax_cuda12_plugin") is None,
-    reason=f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` puts "
-           f"it in {GPU_PLUGIN_DIR}")
+needs_plugin = pytest.mark.skipif(gpu_compiler_missing() is not None,
+                                  reason=gpu_compiler_missing() or "")
 
 
 # --- target descriptions --------------------------------------------------------------------
