@@ -169,20 +169,14 @@ def run(argv: list[str]) -> int:
   p.add_argument("--keep_traces", action="store_true",
                  help="copy each trace's .xplane.pb into --out (under 16 MB each)")
   p.add_argument("--work", default="/tmp/axtrain-chip", help="run directories (scratch)")
-  p.add_argument("--commit", default="", help="the commit of the tree that runs (the chip's copy "
-                 "of the tree may carry another .git: `git rev-parse --short HEAD > .chip/commit`"
-                 " here, then --commit=$(cat .chip/commit) there)")
+  _commit_flag(p)
   p.add_argument("settings", nargs="*", default=list(SETTINGS),
                  help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
   args = p.parse_args(argv)
-  import jax  # pylint: disable=import-outside-toplevel
-  from benchmarks import machine  # pylint: disable=import-outside-toplevel
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   work = pathlib.Path(args.work)
-  head = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "commit": args.commit or machine.git_commit(), "device": jax.devices()[0].device_kind,
-          "devices": jax.device_count(), "jax": jax.__version__}
+  head = _head(args.commit)
   with open(out / "chip.jsonl", "a", encoding="utf-8") as f:
     for spec in args.settings:
       name, _, extra = spec.partition(":")
@@ -310,6 +304,7 @@ def compare_run(argv: list[str]) -> int:
   p.add_argument("--plain", default=",".join(COMPARE_PLAIN),
                  help="plain JAX variants, comma-separated, each words joined by '+' "
                       "(benchmarks/compare.py:VARIANT_WORDS), e.g. unrolled,scan+fused+permute")
+  _commit_flag(p)
   p.add_argument("settings", nargs="*", default=list(COMPARE_SETTINGS),
                  help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
   args = p.parse_args(argv)
@@ -317,7 +312,7 @@ def compare_run(argv: list[str]) -> int:
   out.mkdir(parents=True, exist_ok=True)
   with open(out / "compare.jsonl", "a", encoding="utf-8") as f:
     for spec in args.settings:
-      row = {**_compare_head(), **compare_one(spec, plain=tuple(args.plain.split(",")),
+      row = {**_head(args.commit), **compare_one(spec, plain=tuple(args.plain.split(",")),
                                               steps=args.steps, rounds=args.rounds)}
       f.write(json.dumps(row) + "\n")
       f.flush()
@@ -328,11 +323,18 @@ def compare_run(argv: list[str]) -> int:
   return 0
 
 
-def _compare_head() -> dict:
+def _commit_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--commit", default="", help="the commit of the tree that runs (the chip's copy "
+                 "of the tree may carry another .git: `git rev-parse --short HEAD > .chip/commit`"
+                 " here, then --commit=$(cat .chip/commit) there)")
+
+
+def _head(commit: str) -> dict:
+  """What every record of `run` and `compare` starts with: when, which tree, which devices."""
   import jax  # pylint: disable=import-outside-toplevel
   from benchmarks import machine  # pylint: disable=import-outside-toplevel
   return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "commit": args.commit or machine.git_commit(), "device": jax.devices()[0].device_kind,
+          "commit": commit or machine.git_commit(), "device": jax.devices()[0].device_kind,
           "devices": jax.device_count(), "jax": jax.__version__}
 
 

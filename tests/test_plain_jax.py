@@ -192,3 +192,13 @@ def test_measure_times_every_side_each_round_and_rates_the_fastest_plain_variant
   assert row["fastest_plain"] == fastest
   assert row["ratio"] == sides[fastest].median_s / sides[compare.AXTRAIN].median_s
   assert row["sides"]["scan+fused"]["options"]["fused"] is True
+
+
+def test_chip_compare_heads_its_records_with_the_commit_given(tmp_path):
+  """`python -m benchmarks.chip compare` starts each record with the same head as `run` (it
+  named an undefined `args` there: a NameError before any setting ran); an unknown setting is
+  then refused by name."""
+  from benchmarks import chip  # pylint: disable=import-outside-toplevel
+  assert chip._head("abc1234")["commit"] == "abc1234"  # pylint: disable=protected-access
+  with pytest.raises(SystemExit, match="unknown setting 'nosuch'"):
+    chip.main(["compare", f"--out={tmp_path}", "--commit=abc1234", "nosuch"])
