@@ -8,7 +8,7 @@ written by `axtrain convert` keeps what convert wrote (CONVERT_FILES and checkpo
 
 What makes two runs the same run is what their steps compute: every config field but the ones
 `relaid` names. Those say where and how the steps run (PLACEMENT: the mesh and its rules,
-rematerialisation, gradient accumulation over the same global batch, ...) or how the run is
+rematerialisation, gradient accumulation over the same global batch, host offload, ...) or how the run is
 logged, watched and checkpointed (BOOKKEEPING); a run resumes with other values of them, on any
 mesh or device count, with a note. A stored config.json that lacks a field the config now has
 (axtrain gained it since) is the same run when the config holds that field's default. Raising
@@ -53,6 +53,7 @@ EXTENDS = "trainer.max_steps"  # the one field whose raise extends a run rather 
 # sums), the loss's chunks, the pipeline's microbatches and the attention kernel.
 PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.grad_accum_steps",
              "trainer.microbatch_rows", "eval.microbatch_rows", "trainer.loss_chunk_size",
+             "trainer.state_memory",
              "model.block.attention.implementation",
              "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
 # How the run is logged, watched, profiled and checkpointed (checkpoint.restore_step included).

@@ -27,7 +27,7 @@ import numpy as np
 
 from core.registry import ConfigError
 from modules import pipeline
-from trainer import experiment as experiment_lib, flops as flops_lib
+from trainer import experiment as experiment_lib, flops as flops_lib, metrics as metrics_lib
 from planner import calibration as calibration_lib
 from planner import gpu_targets, hlo_collectives, hlo_ops, memory_model
 from trainer.config import RunConfig
@@ -203,10 +203,17 @@ class Compiled:
   # trips (planner/hlo_ops.py): the remat policy's recompute and the compiler's own
   # rematerialisation included. GPU compiles only (no windowed-einsum loops to count twice).
   hlo_matmul_flops: float | None = None
+  # Host memory per device (trainer.state_memory="host": the state between updates), and the
+  # device peak the compiler reports for such a program (trainer/metrics.py:device_bytes).
+  host: int = 0
+  device_peak: int | None = None
 
   @property
   def peak(self) -> int:
-    """Live at once: arguments + outputs not aliased to them + temporaries."""
+    """Live at once in device memory: arguments + outputs not aliased to them + temporaries
+    (with host-resident state, the compiler's peak less its host bytes)."""
+    if self.device_peak is not None:
+      return self.device_peak
     return self.argument + self.output - self.alias + self.temp
 
 
@@ -330,8 +337,10 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
                            link_bandwidth=hw.link_bandwidth or hw.hbm_bandwidth or 1.0,
                            compiler_bytes=accessed, compiler_flops=flops)
   hlo_matmul_flops = ops.flops
+  host = metrics_lib.host_bytes(mem)
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
-                  alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
+                  alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes, host=host,
+                  device_peak=metrics_lib.device_bytes(mem) if host else None,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
                   seconds=seconds, cost_model_s=cost_model, ops=ops, notes=tuple(notes),
                   collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),

@@ -38,6 +38,11 @@ class TrainerConfig:
   # recipe line serves any device count; 0 = grad_accum_steps as set.
   microbatch_rows: int = 0
   compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+  # Where the float32 master weights and the optimizer state live between updates: "device"
+  # (accelerator memory) or "host" (host memory: each step brings the weights to the device in
+  # the compute dtype for its microbatches, then updates the state through the device one
+  # parameter at a time; docs/offload.md). Placement only: same losses, same checkpoints.
+  state_memory: Literal["device", "host"] = "device"
   # Positions per cross-entropy chunk: the LM head and loss run chunk by chunk, never holding
   # float32 [batch, seq, vocab] logits; must divide data.seq_len. 0 = the whole sequence at once.
   loss_chunk_size: int = 0

@@ -22,7 +22,7 @@ import trainer.data  # noqa: F401  (registers the data sources)
 from modules.decoder import MODELS
 from core.registry import ConfigError
 from modules import attn_registry
-from trainer import flops as flops_lib, sharding
+from trainer import flops as flops_lib, offload, sharding
 from trainer.config import RunConfig
 from trainer.data.base import DATA, Source
 from trainer.meshes import Entry
@@ -50,6 +50,7 @@ class Experiment:
   batch_sharding: NamedSharding
   compute_dtype: Any
   eval_microbatches: int = 1  # device passes per eval batch (eval.microbatch_rows on this mesh)
+  axes: Any = None  # the parameters' logical axes (trainer/param_axes.py): host offload's update
 
   @property
   def num_params(self) -> int:
@@ -81,7 +82,7 @@ class Experiment:
                            grad_accum_steps=self.run.trainer.grad_accum_steps,
                            skip_nonfinite=self.run.trainer.skip_nonfinite,
                            loss_chunk_size=self.run.trainer.loss_chunk_size,
-                           z_loss=self.run.trainer.z_loss)
+                           z_loss=self.run.trainer.z_loss, axes=self.axes)
     replicated = NamedSharding(self.mesh, PartitionSpec())
     return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
                    out_shardings=(self.state_shardings, replicated), donate_argnums=0)
@@ -242,8 +243,8 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   source = DATA.build(run.data, vocab_size=run.model.vocab_size, seed=run.trainer.seed)
   params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=source.seq_len),
                           jax.random.key(0))
-  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps,
-                               axes=logical_axes(params))
+  axes = logical_axes(params)
+  optimizer = OPTIMIZERS.build(run.optimizer, total_steps=run.trainer.max_steps, axes=axes)
   if source.vocab_size > run.model.vocab_size:
     raise ConfigError(f"data emits token ids up to {source.vocab_size - 1} but model.vocab_size "
                       f"is {run.model.vocab_size}; raise model.vocab_size")
@@ -254,9 +255,13 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
       init_state, model=model, optimizer=optimizer, seq_len=source.seq_len), jax.random.key(0)))
   state_shardings = sharding.logical_shardings(abstract, mesh, rules)
   sharding.check_divisible(abstract, state_shardings, what="parameter")
+  if run.trainer.state_memory == "host" and not offload.supports_host(devices[0]):
+    raise ConfigError(f"trainer.state_memory=host: {devices[0].device_kind} devices have no "
+                      f"host memory kind ({offload.HOST_MEMORY}) in this JAX; use 'device'")
+  state_shardings = offload.place(state_shardings, run.trainer.state_memory)
   batch_sharding = sharding.batch_sharding(mesh, rules)
   run, eval_microbatches = resolve_microbatches(run, source, batch_sharding)
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,
-                    batch_sharding=batch_sharding, eval_microbatches=eval_microbatches,
+                    batch_sharding=batch_sharding, eval_microbatches=eval_microbatches, axes=axes,
                     compute_dtype=compute_dtype(run.trainer.compute_dtype, devices[0].platform))

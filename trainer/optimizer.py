@@ -13,7 +13,7 @@ decoupled (AdamW): it is multiplied by the learning rate, not by the gradient st
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -33,6 +33,17 @@ __all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "OptimizerConfig", "clip_by_g
 class Optimizer:
   tx: optax.GradientTransformation
   schedule: optax.Schedule  # step -> learning rate, for the metrics
+  # tx is chain(clip, *after_clip's parts) when clip_norm is set, else after_clip: its state is
+  # (clip's empty state, *after_clip's state) or after_clip's. Host offload (trainer/offload.py)
+  # clips over all the gradients at once, then updates one parameter at a time with
+  # after_clip of `for_axes(that parameter's axes)`: the same optimizer built for a part of the
+  # parameters (a subtree of the logical axes, with the full tree's keys).
+  after_clip: optax.GradientTransformation | None = None
+  clip_norm: float | None = None
+  for_axes: Callable[[Any], "Optimizer"] | None = dataclasses.field(default=None, compare=False)
+  # after_clip updates each entry of a parameter from that entry's gradient and state alone
+  # (OptimizerConfig.ELEMENTWISE), so it may update a parameter in pieces of rows.
+  elementwise: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +58,10 @@ class OptimizerConfig:
   state_dtype: Literal["float32", "bfloat16"] = "float32"  # dtype of the momentum state
   RANGES: ClassVar = {"learning_rate": POSITIVE, "weight_decay": NON_NEGATIVE,
                       "clip_norm": POSITIVE}
+  # Whether the kind's update of an entry reads that entry's gradient and state alone (Adam,
+  # Lion, SGD), not statistics over a parameter's rows or columns (Adafactor) or the whole
+  # matrix (Muon): host offload then streams a parameter in pieces (trainer/offload.py).
+  ELEMENTWISE: ClassVar = False
   # What a switch to another optimizer keeps; a kind's own fields (b1, b2, eps...) take the
   # new kind's defaults even where the names agree (core/registry.py).
   SHARED: ClassVar = ("learning_rate", "schedule", "clip_norm", "weight_decay",
@@ -78,12 +93,14 @@ def _assemble(cfg: OptimizerConfig, direction: optax.GradientTransformation, *,
               total_steps: int, axes: Any) -> Optimizer:
   """The chain shared by every optimizer around its `direction` (see the module docstring)."""
   schedule = SCHEDULES.build(cfg.schedule, peak=cfg.learning_rate, total_steps=total_steps)
-  parts = [] if cfg.clip_norm is None else [clip_by_global_norm(cfg.clip_norm)]
-  parts += [direction,
-            optax.add_decayed_weights(cfg.weight_decay, decay_mask(
-                axes, decay_embeddings=cfg.decay_embeddings)),
-            optax.scale_by_learning_rate(schedule)]
-  return Optimizer(optax.chain(*parts), schedule)
+  clip = [] if cfg.clip_norm is None else [clip_by_global_norm(cfg.clip_norm)]
+  parts = [direction,
+           optax.add_decayed_weights(cfg.weight_decay, decay_mask(
+               axes, decay_embeddings=cfg.decay_embeddings)),
+           optax.scale_by_learning_rate(schedule)]
+  return Optimizer(optax.chain(*clip, *parts), schedule, after_clip=optax.chain(*parts),
+                   clip_norm=cfg.clip_norm, elementwise=cfg.ELEMENTWISE,
+                   for_axes=lambda sub: OPTIMIZERS.build(cfg, total_steps=total_steps, axes=sub))
 
 
 _BETAS = {"b1": UNIT, "b2": UNIT, "eps": POSITIVE}
@@ -96,6 +113,7 @@ class AdamWConfig(OptimizerConfig):
   b2: float = 0.95  # second-moment decay, [0, 1)
   eps: float = 1e-8  # added to the denominator sqrt(second moment)
   RANGES: ClassVar = {**OptimizerConfig.RANGES, **_BETAS}
+  ELEMENTWISE: ClassVar = True
 
 
 @OPTIMIZERS.register("adamw", AdamWConfig)
@@ -112,6 +130,7 @@ class LionConfig(OptimizerConfig):
   b1: float = 0.9  # interpolation between momentum and gradient for the sign, [0, 1)
   b2: float = 0.99  # momentum decay, [0, 1)
   RANGES: ClassVar = {**OptimizerConfig.RANGES, "b1": UNIT, "b2": UNIT}
+  ELEMENTWISE: ClassVar = True
 
 
 @OPTIMIZERS.register("lion", LionConfig)
@@ -127,6 +146,7 @@ class SgdConfig(OptimizerConfig):
   momentum: float = 0.9  # decay of the momentum (heavy ball) trace, [0, 1); 0 = plain SGD
   nesterov: bool = False  # Nesterov momentum
   RANGES: ClassVar = {**OptimizerConfig.RANGES, "momentum": UNIT}
+  ELEMENTWISE: ClassVar = True
 
 
 @OPTIMIZERS.register("sgd", SgdConfig)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from modules.decoder import LmHead
+from trainer import offload
 from trainer.optimizer import Optimizer
 
 
@@ -143,46 +144,72 @@ def _microbatches(batch, n: int):
   return jax.tree.map(split, batch)
 
 
+def accumulate(params, batch, *, grad_fn, grad_accum_steps: int):
+  """(float32 gradients of `params` summed over the batch's microbatches, the loss sums and
+  statistics of grad_fn) for one global batch. With compute-dtype `params` (host offload)
+  each microbatch's gradient is cast up before it is added: convert(gradient of the cast
+  weights) is what the gradient of float32 parameters through that cast is."""
+  up_dtype = lambda d: jnp.float32 if jnp.issubdtype(d, jnp.floating) else d
+  up = lambda g: g.astype(up_dtype(g.dtype))
+  if grad_accum_steps == 1:
+    grads, stats = grad_fn(params, batch)
+    return jax.tree.map(up, grads), stats
+
+  def body(acc, micro):
+    g, s = grad_fn(params, micro)
+    return jax.tree.map(jnp.add, acc, (jax.tree.map(up, g), s)), None
+
+  micro = _microbatches(batch, grad_accum_steps)
+  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, up_dtype(s.dtype)), shapes)
+  (grads, stats), _ = jax.lax.scan(body, zeros, micro)
+  # Means over the microbatches; the loss and weight sums stay sums.
+  return grads, dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps,
+                     metrics={k: v / grad_accum_steps for k, v in stats["metrics"].items()})
+
+
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,
                compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False,
-               loss_chunk_size: int = 0, z_loss: float = 0.0):
+               loss_chunk_size: int = 0, z_loss: float = 0.0, axes: Any = None):
   """One optimizer step on a global batch; returns (new state, metrics of this step).
 
   metrics["nonfinite"] is 1.0 when the loss or gradient norm is NaN/Inf; with
   `skip_nonfinite` such a step keeps the old parameters and optimizer state
   (the step counter still advances, so the data stream stays aligned).
+
+  A state whose parameters live in host memory (trainer.state_memory="host") is updated
+  through the device one parameter at a time (trainer/offload.py), which needs the
+  parameters' logical `axes`; the math is the same.
   """
+  offloaded = offload.any_on_host(state.params)
   grad_fn = jax.grad(functools.partial(loss_sums, model=model, compute_dtype=compute_dtype,
                                        loss_chunk_size=loss_chunk_size, z_loss=z_loss),
                      has_aux=True)
-  if grad_accum_steps == 1:
-    grads, stats = grad_fn(state.params, batch)
-  else:
-    def body(acc, micro):
-      g, s = grad_fn(state.params, micro)
-      return jax.tree.map(jnp.add, acc, (g, s)), None
-
-    micro = _microbatches(batch, grad_accum_steps)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
-        grad_fn, state.params, jax.tree.map(lambda x: x[0], micro)))
-    (grads, stats), _ = jax.lax.scan(body, zeros, micro)
-    # Means over the microbatches; the loss and weight sums stay sums.
-    stats = dict(stats, aux_loss=stats["aux_loss"] / grad_accum_steps,
-                 metrics={k: v / grad_accum_steps for k, v in stats["metrics"].items()})
+  weights = (offload.compute_weights(state.params, compute_dtype, axes) if offloaded
+             else state.params)
+  grads, stats = accumulate(weights, batch, grad_fn=grad_fn, grad_accum_steps=grad_accum_steps)
   denom = jnp.maximum(stats["weight_sum"], 1.0)
+  with jax.named_scope("metrics"):
+    loss = stats["loss_sum"] / denom
   with jax.named_scope("optimizer"):
     grads = jax.tree.map(lambda g: g / denom, grads)
-    updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
   with jax.named_scope("metrics"):
-    loss, grad_norm = stats["loss_sum"] / denom, optax.tree.norm(grads)
+    grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  if skip_nonfinite:
-    keep_old = lambda new, old: jnp.where(finite, new, old)
-    params = jax.tree.map(keep_old, params, state.params)
-    opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
-  with jax.named_scope("metrics"):
-    param_norm, update_norm = optax.tree.norm(params), optax.tree.norm(updates)
+  keep_old = (lambda new, old: jnp.where(finite, new, old)) if skip_nonfinite else None
+  with jax.named_scope("optimizer"):
+    if offloaded:
+      params, opt_state, squares = offload.streamed_update(
+          optimizer, axes, grads, state.params, state.opt_state, keep_old=keep_old)
+      param_norm, update_norm = jnp.sqrt(squares["params"]), jnp.sqrt(squares["updates"])
+    else:
+      updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      if keep_old is not None:
+        params = jax.tree.map(keep_old, params, state.params)
+        opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
+      with jax.named_scope("metrics"):
+        param_norm, update_norm = optax.tree.norm(params), optax.tree.norm(updates)
   metrics = {
       "loss": loss,
       "aux_loss": stats["aux_loss"],
@@ -202,6 +229,8 @@ def eval_step(params, batch, *, model: nn.Module, compute_dtype=jnp.float32,
               loss_chunk_size: int = 0, microbatches: int = 1):
   """(loss sum, weight sum) of one held-out batch, in `microbatches` passes (strided rows, as
   train_step's accumulation) whose sums add up."""
+  params = offload.to_device(params)
+
   def sums(micro):
     _, stats = loss_sums(params, micro, model=model, compute_dtype=compute_dtype,
                          loss_chunk_size=loss_chunk_size)
