@@ -25,6 +25,7 @@ from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
 from trainer import flops, loop, meshes, schedules, sharding
 from planner import step_memory
+from trainer.callbacks import Callback
 from trainer.progress import Progress
 
 
@@ -176,7 +177,7 @@ def _train(this: Run) -> int:
         "" if rd.unproven() else ", or pass --overwrite to train again")
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
-  extension = _extension(rd, exp) if state == "extend" else None
+  extension = _Extension(rd, exp) if state == "extend" else None
   compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
   if this.main_process:
     _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
@@ -184,6 +185,8 @@ def _train(this: Run) -> int:
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
   stop, stop_requested, callbacks = _stop_handling(this, finish, progress)
+  if this.main_process:  # says where an extension continues once the restore has said it
+    callbacks = (_ExtensionRecord(rd, exp, extension), *callbacks)
   try:
     with stop.installed():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
@@ -214,10 +217,7 @@ def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) ->
   if relaid:
     print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "
           f"steps run and are recorded, not what they compute: the same run)", file=sys.stderr)
-  if extension is not None:
-    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
-  extensions = rd.info().get("extensions", []) + (
-      [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
+  extensions = rd.info().get("extensions", []) + ([extension.record] if extension else [])
   rd.start(this.resolved, argv=this.argv, fresh=fresh,
            extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
                            "rule": this.rule},
@@ -284,16 +284,42 @@ def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry) -> dict:
                                  entry=entry)
 
 
-def _extension(rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment) -> dict:
-  """What run.json records of an extension (trainer.max_steps raised), with the note to print."""
-  stored = config_lib.parse(rd.stored_config())
-  old, new = stored.trainer.max_steps, exp.run.trainer.max_steps
-  steps = checkpoint_files.committed_steps(rd.path / "checkpoints")
-  at = steps[-1] if steps else 0
-  change = schedules.extension_note(stored.optimizer.schedule, exp.run.optimizer.schedule,
-                                    peak=exp.run.optimizer.learning_rate, old_total=old,
-                                    new_total=new, at_step=at)
-  return {"from_max_steps": old, "to_max_steps": new, "at_step": at,
-          "time": run_dir_lib.now(),
-          "note": f"extending {rd.path} from trainer.max_steps {old} to {new}, continuing "
-                  f"from step {at}; {change}"}
+class _Extension:
+  """An extension (trainer.max_steps raised): run.json records it when the run starts, without
+  the step it continues from, which only the restore knows (an unreadable newest checkpoint
+  moves it back to an older one); `_ExtensionRecord` adds that step and prints the note."""
+
+  def __init__(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment):
+    self.stored = config_lib.parse(rd.stored_config())
+    self.old, self.new = self.stored.trainer.max_steps, exp.run.trainer.max_steps
+    self.record = {"from_max_steps": self.old, "to_max_steps": self.new,
+                   "time": run_dir_lib.now()}
+
+  def note(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment, *, at: int) -> str:
+    change = schedules.extension_note(self.stored.optimizer.schedule, exp.run.optimizer.schedule,
+                                      peak=exp.run.optimizer.learning_rate, old_total=self.old,
+                                      new_total=self.new, at_step=at)
+    return (f"extending {rd.path} from trainer.max_steps {self.old} to {self.new}, continuing "
+            f"from step {at}; {change}")
+
+
+class _ExtensionRecord(Callback):
+  """Process 0, once the initial state is restored: the step an extension continues from and
+  the learning rate of its next step, in run.json's last extension that lacks them (this run's,
+  or that of an extending run that stopped before its restore), and this run's note."""
+
+  def __init__(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment,
+               extension: _Extension | None):
+    self.rd, self.exp, self.extension = rd, exp, extension
+
+  def on_train_start(self, loop) -> None:
+    info = self.rd.info()
+    extensions = info.get("extensions") or []
+    if not extensions or not isinstance(extensions[-1], dict) or "at_step" in extensions[-1]:
+      return
+    rate = self.exp.optimizer.schedule(loop.start)  # step start + 1's, as the step computes it
+    extensions[-1].update(at_step=loop.start, learning_rate=float(rate))
+    run_dir_lib.write_json(self.rd.run_json, info)
+    if self.extension is not None:
+      print(f"axtrain: note: {self.extension.note(self.rd, self.exp, at=loop.start)}",
+            file=sys.stderr)

@@ -381,6 +381,31 @@ def test_raising_max_steps_extends_a_finished_run(copied, capsys):
     assert code == 2 and words in err and "pass --overwrite" in err, err
 
 
+def test_an_extension_past_an_unreadable_checkpoint_says_where_it_really_continues(copied,
+                                                                                    capsys):
+  """The newest checkpoint does not read: the run falls back to the one before, and the
+  extension's note and run.json name that step and its next step's learning rate."""
+  run, every = copied, "--config.checkpoint.every_steps=1"
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=3", every)
+  assert code == 0 and "continuing from step 1;" in err, err  # checkpoints 1, 2, 3
+  state = run / "checkpoints" / "3" / "state"
+  biggest = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  with open(biggest, "r+b") as f:
+    f.truncate(biggest.stat().st_size // 2)
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=5", every)
+  assert code == 0, err
+  assert "falling back to step 2" in err, err
+  [note] = [line for line in err.splitlines() if "extending run" in line]
+  assert "from trainer.max_steps 3 to 5, continuing from step 2;" in note, note
+  records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+  step3 = [r for r in records if r["step"] == 3 and "loss" in r][-1]  # the resumed run's
+  assert f"the learning rate of step 3 is {step3['learning_rate']:.3g} " in note, note
+  last = json.loads((run / "run.json").read_text())["extensions"][-1]
+  assert {k: last[k] for k in ("from_max_steps", "to_max_steps", "at_step")} == {
+      "from_max_steps": 3, "to_max_steps": 5, "at_step": 2}
+  assert last["learning_rate"] == pytest.approx(step3["learning_rate"], rel=1e-6)
+
+
 def _orbax_step(path: pathlib.Path, text: str) -> None:
   """A stand-in of an Orbax step folder: its metadata file and a state."""
   path.mkdir(parents=True)
