@@ -171,7 +171,13 @@ def main(argv: list[str]) -> int:
                          record=manifest.record if manifest.files() is not None else no_record)
     writer.on_record(record)
     writer.on_train_end(None)
-  print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
-        f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
-        f"{run_dir / 'metrics.jsonl'}")
+  print(result_line(step, result, run_dir / "metrics.jsonl"))
   return 0
+
+
+def result_line(step: int, result: dict, metrics: pathlib.Path) -> str:
+  """What eval prints of `result` (eval_loss, eval_perplexity, eval_tokens), appended to
+  `metrics`; docs/runs.md shows it for a run of the README's sweep (tests/test_runs.py)."""
+  return (f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
+          f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
+          f"{metrics}")

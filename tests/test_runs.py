@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import shutil
 import statistics
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from launcher import main as main_lib, runs as runs_lib
+from launcher import eval_run, main as main_lib, runs as runs_lib
 from tests.conftest import ROOT
 
 LEARNING_RATES = ("1e-3", "3e-3", "1e-2")
@@ -229,6 +230,14 @@ def test_docs_show_the_table_of_the_saved_sweep(capsys):
     assert run_dir.differences(stored, run_dir.identity(resolved)) == [], (
         f"configs/tiny.py changed since `make sweep-doc` ran: run it again")
   doc = (ROOT / "docs" / "runs.md").read_text()
+  # The eval example: what `axtrain eval` prints for the saved lr=3e-3 run's last evaluation,
+  # which on the run's own data is the logged eval_loss (tests/test_eval.py).
+  logged = [r for r in map(json.loads, (saved / "lr=3e-3" / "metrics.jsonl").read_text()
+                           .splitlines()) if "eval_loss" in r and "source" not in r][-1]
+  line = eval_run.result_line(logged["step"], logged,
+                              pathlib.Path("runs/sweep/lr=3e-3/metrics.jsonl"))
+  assert f"\n{line}\n" in doc, f"docs/runs.md should show the saved run's eval: {line}"
+  assert f'`"eval_loss": {logged["eval_loss"]!r}` at step {logged["step"]}' in doc
   listed = re.search(r"one object per run with the keys (.*?) \(`null`", doc, re.S)[1]
   fields = list(runs_lib.as_dict(runs_lib.Run(path=ROOT, config={}, info={}, train=[],
                                               evals=[]), []))
