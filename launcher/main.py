@@ -55,6 +55,10 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_boolean("overwrite", False, "Start the run over: delete the files axtrain wrote "
                        "in the run directory (refused, naming them, if it holds any other).",
                        flag_values=fv)
+  flags.DEFINE_boolean("rewrite_config", False, "The run directory's config.json is missing or "
+                       "damaged: write it again from this command's config, once the newest "
+                       "checkpoint's parameters fit its model, and resume the checkpoints.",
+                       flag_values=fv)
   flags.DEFINE_boolean("print_config", False, "Print the resolved config as sorted `a.b.c: value`"
                        " lines and the parameter count, then exit.", flag_values=fv)
   flags.DEFINE_string("mesh", "auto", "Device mesh from the registry (docs/meshes.md), or `auto` "

@@ -43,6 +43,7 @@ class Run:
   mesh: meshes.Entry
   rule: str | None  # the mesh rule that applied (its match in words), if any
   overwrite: bool
+  rewrite_config: bool  # config.json damaged: written again from this command's config
   progress: bool
   main_process: bool
   multi_process: bool  # joined jax.distributed: stops are agreed between the processes
@@ -80,7 +81,8 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
-             overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
+             overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
+             main_process=main_process,
              multi_process=multi_process, callbacks=tuple(callbacks))
   try:
     if not main_process:
@@ -171,7 +173,10 @@ def _train(this: Run) -> int:
   """Trains in a locked run directory: fresh, resumed from its last committed checkpoint (on
   any mesh: `relaid` fields may change, with a note), or extended (trainer.max_steps raised)."""
   rd, exp = this.run_dir, this.exp
-  state = rd.prepare(this.resolved, overwrite=this.overwrite)
+  state = rd.prepare(this.resolved, overwrite=this.overwrite, rewrite_config=this.rewrite_config)
+  if state == "rewrite_config":  # the checkpoints must be this model's, else nothing is written
+    checkpoint.check_params_compatible(rd.path, exp.abstract_state.params,
+                                       field="--rewrite_config")
   if state == "completed":
     hint = "raise --config.trainer.max_steps to extend it" + (
         "" if rd.unproven() else ", or pass --overwrite to train again")
@@ -213,7 +218,17 @@ def _train(this: Run) -> int:
 def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:
   """Process 0: the notes of a resumed run (relaid fields, an extension), then run.json."""
   rd, exp = this.run_dir, this.exp
-  relaid = [] if fresh else rd.relaid_changes(this.resolved)
+  if rd.stored_config() is None and not fresh:  # --rewrite_config
+    print(f"axtrain: note: {rd.config_json} was missing or not valid JSON: written again from "
+          f"this command's config (the newest checkpoint's parameters fit its model; every "
+          f"other field is this command's)", file=sys.stderr)
+  damage = None if fresh else rd.info_damage()
+  if damage:
+    print(f"axtrain: note: {rd.run_json} {damage}: written again; lost with it: "
+          f"{', '.join(run_dir_lib.LOST)} (restarts are counted from 0 and the first start is "
+          f"this one; run.json's `rebuilt` says so); the config, checkpoints and metrics are "
+          f"intact", file=sys.stderr)
+  relaid = [] if fresh or rd.stored_config() is None else rd.relaid_changes(this.resolved)
   if relaid:
     print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "
           f"steps run and are recorded, not what they compute: the same run)", file=sys.stderr)
@@ -223,7 +238,9 @@ def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) ->
                            "rule": this.rule},
                   "num_params": exp.num_params, "process_count": jax.process_count(),
                   "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
-                  **({"extensions": extensions} if extensions else {})})
+                  **({"extensions": extensions} if extensions else {}),
+                  **({"rebuilt": {"time": run_dir_lib.now(), "reason": f"run.json {damage}",
+                                  "lost": list(run_dir_lib.LOST)}} if damage else {})})
 
 
 def _failed(this: Run, finish, message: str) -> int:

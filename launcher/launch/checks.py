@@ -104,7 +104,8 @@ def claimed(train: Train) -> Iterator[str]:
   with run_lock.RunLock(rd.path):
     if train.config_known:
       resolved = json.loads(train.config.to_json_best_effort())
-      state = rd.prepare(resolved, overwrite=train.fv.overwrite)
+      state = rd.prepare(resolved, overwrite=train.fv.overwrite,
+                         rewrite_config=train.fv.rewrite_config)
     else:
       state = "unchecked"
       foreign = rd.foreign() if rd.path.is_dir() else []
