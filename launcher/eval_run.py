@@ -98,6 +98,7 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
     raise UserError(f"eval: {e}") from None
   fv = flags.FlagValues()
   config_flags.DEFINE_config_dict("config", base, flag_values=fv, lock_config=True, sys_argv=argv)
+  config_loading.check_values(fv, argv)
   try:
     fv(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:

@@ -70,8 +70,8 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run.",
                        flag_values=fv)
   flags.DEFINE_enum("distributed", "auto", distributed.MODES, "How a multi-process run starts: "
-                    "`auto` from the three flags above, JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/"
-                    "JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
+                    "`auto` from --coordinator_address, --num_processes and --process_id, "
+                    "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
                     "(every worker of a multi-host slice).", flag_values=fv)
   flags.DEFINE_integer("distributed_timeout", distributed.DEFAULT_TIMEOUT_S, "Seconds a "
                        "multi-process run waits for all its processes to join before it gives "
@@ -158,6 +158,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'{_command_hint(argv)}; flags look like"
                     f" --name=value, commands: {', '.join(COMMANDS)}")
+  config_loading.check_values(fv, argv)
   config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   try:
     fv(argv)
@@ -165,6 +166,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
     raise
   except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
     raise config_loading.translate(e, argv) from None
+  config_loading.check_values(fv, argv)  # --config.* overrides, now that they are known
   return fv
 
 

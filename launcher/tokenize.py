@@ -82,6 +82,8 @@ def main(argv: list[str]) -> int:
     from launcher.main import options_text  # pylint: disable=import-outside-toplevel
     sys.stdout.write(__doc__.strip() + "\n\n" + options_text(fv))
     return 0
+  from launcher.config_loading import check_values  # pylint: disable=import-outside-toplevel
+  check_values(fv, argv)
   try:
     fv(argv)
   except flags.UnrecognizedFlagError as e:

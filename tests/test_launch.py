@@ -46,6 +46,8 @@ def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
   return [
       (["--backend=slurmm", "--", *run, "--mesh=gpu-h100-8x2"], "did you mean 'slurm'"),
       (["--backend=ssh", "--", *run], "unknown --backend=ssh"),
+      (["--backend", "--dry_run", "--", *run], "--backend is given no value (the next argument, "
+                                               "--dry_run, is a flag); write --backend=VALUE"),
       (["--", *run], "--backend is required"),
       (["--backend=local", "--num_processes=2"], "axtrain arguments after `--`"),
       (["--backend=slurm", "--num_processes=3", "--", *run, "--mesh=gpu-h100-8x2"],

@@ -183,6 +183,7 @@ def say(text: str) -> None:
 
 
 def _parse(fv: flags.FlagValues, ours: list[str]) -> None:
+  config_loading.check_values(fv, ours)
   try:
     rest = fv(ours)
   except flags.UnrecognizedFlagError as e:
