@@ -36,10 +36,12 @@ from trainer import config as config_lib, run_files
 # the lock it is the run's, and --overwrite keeps it.
 LAUNCH_DIR = "launch"
 KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
+# XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
+COMPILER_LOG = "compiler.log"
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       run_files.MANIFEST, *KEPT})
+                       COMPILER_LOG, run_files.MANIFEST, *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,

@@ -24,7 +24,7 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
 from trainer import flops, loop, meshes, schedules, sharding
-from planner import step_memory
+from planner import plan as plan_lib, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
@@ -183,9 +183,16 @@ def _train(this: Run) -> int:
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
-  compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
+  compiler_lines: list[str] = []  # XLA's own log of the compile, for the run's compiler.log
+  compiler_notes: list[str] = []
+  with plan_lib.compiler_log(compiler_notes, rest=compiler_lines):
+    compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
+    if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
+        rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
+      exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
   if this.main_process:
     _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
+    _keep_compiler_log(rd, compiler_lines, compiler_notes)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
@@ -241,6 +248,22 @@ def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) ->
                   **({"extensions": extensions} if extensions else {}),
                   **({"rebuilt": {"time": run_dir_lib.now(), "reason": f"run.json {damage}",
                                   "lost": list(run_dir_lib.LOST)}} if damage else {})})
+
+
+def _keep_compiler_log(rd: run_dir_lib.RunDir, lines: list[str], notes: list[str]) -> None:
+  """XLA's own lines of the steps' compile (its C++ logging, raw on the console otherwise) go
+  to the run's compiler.log, appended start after start; one note says so, and what they say
+  in words where it is known (planner/plan.py:compiler_log)."""
+  if not lines:
+    return
+  path = rd.path / run_dir_lib.COMPILER_LOG
+  rd.manifest.add(path)
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(f"# {run_dir_lib.now()}: compiling the train and eval steps\n" + "\n".join(lines)
+            + "\n")
+  said = f" ({'; '.join(notes)})" if notes else ""
+  print(f"axtrain: note: XLA logged {len(lines)} line{'s' if len(lines) > 1 else ''} while "
+        f"compiling the steps{said}; they are in {path}", file=sys.stderr)
 
 
 def _failed(this: Run, finish, message: str) -> int:
