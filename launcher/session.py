@@ -222,7 +222,7 @@ def _train(this: Run) -> int:
   return _finished(this, result, finish, progress)
 
 
-def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:
+def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: dict) -> None:
   """Process 0: the notes of a resumed run (relaid fields, an extension), then run.json."""
   rd, exp = this.run_dir, this.exp
   if rd.stored_config() is None and not fresh:  # --rewrite_config

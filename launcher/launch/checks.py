@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import shlex
 import subprocess
 import sys
 from typing import Any, Callable, Iterator
@@ -155,7 +156,7 @@ def fit(train: Train) -> Fit:
   args = [f"--config={config_loading.config_file_arg(list(train.args))}",
           *(f"--config.{path}={value}" for path, value in config_loading.overrides(
               list(train.args))), f"--mesh={train.mesh}"]
-  command = " ".join(["axtrain", "plan", *args])
+  command = shlex.join(["axtrain", "plan", *args])
   result = subprocess.run([sys.executable, "-m", "launcher", "plan", "--json", *args],
                           capture_output=True, text=True, check=False)
   if result.returncode != 0:
