@@ -117,6 +117,10 @@ BAD_INPUTS = [
      "trainer.hang_timeout_s: -1.0 is outside the allowed range [0, inf)"),
     (["--config=configs/tiny.py", "--config.checkpoint.keep=0"],
      "checkpoint.keep: 0 is outside the allowed range [1, inf)"),
+    (["--config=configs/moe_tiny.py", "--config.model.block.ffn.aux_loss_coef=-1"],
+     "moe.aux_loss_coef must be >= 0, got -1.0"),
+    (["--config=configs/llm_1b.py", "--config.model.block.attention.position.factor=0"],
+     "rope_llama3.factor must be positive, got 0.0"),
 ]
 
 
