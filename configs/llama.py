@@ -81,6 +81,10 @@ RECIPES: dict[str, Recipe] = {
         (_ONE_TPU_16GB, {"trainer.state_memory": "host", **_fit(256, **_rows(8)), **_TPU_FAST}),
         ({"platform": "tpu"}, _fit(256, **_rows(4))),
         (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
+        # Several such hosts (the launch examples' gpu-h100-8x2 and 8x4): the same recipe, 4 rows
+        # per GPU at a time, as one host's 8 microbatches are (7.8 GiB per GPU on gpu-h100-8x2).
+        ({"platform": "gpu", "devices_per_host": 8, "min_num_hosts": 2, "min_hbm_gb": 80},
+         _fit(256, **_rows(4))),
         ({"platform": "neuron", "devices_per_host": 32}, _fit(256, **_rows(2))),
     )),
     "3b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000,

@@ -231,8 +231,43 @@ def check_file(value: str | None, *, argv: tuple[str, ...] = ()) -> None:
         raise UserError(f"unknown flag --{name} (did you mean 'config'?); see --help")
     raise UserError("--config is required, e.g. --config=configs/tiny.py")
   path = pathlib.Path(value.split(":", 1)[0])
+  if path.is_dir():
+    files = sorted(p.as_posix() for p in path.glob("*.py")
+                   if "def get_config(" in p.read_text(errors="replace"))
+    listed = f"; its config files: {', '.join(files[:6])}{' ...' if len(files) > 6 else ''}" if (
+        files) else ""
+    raise UserError(f"--config={value}: '{path}' is a directory; give a config file{listed}")
   if not path.is_file():
     raise UserError(f"config file '{path}' not found{_file_hint(path)}")
+
+
+_BARE = re.compile(r"^--?([A-Za-z_][\w.-]*)$")  # a flag without `=value`
+_FLAG = re.compile(r"^--?[A-Za-z_]")  # an argument that is a flag, not a value (-1 is a value)
+
+
+def check_values(fv: flags.FlagValues, argv: list[str]) -> None:
+  """UserError for a flag of `fv` that takes a value, given without one and followed by another
+  flag, which absl would take as its value (`--output_dir --overwrite` would train into a
+  directory named `--overwrite`). After `fv(argv)` also `--config.a.b` overrides (a boolean
+  field takes no value); before it, only the flags `fv` already defines."""
+  config = fv["config"].value if "config" in fv else None
+  for arg, following in zip(argv[1:], argv[2:]):
+    m = _BARE.match(arg)
+    if not m or not _FLAG.match(following):
+      continue
+    name = m[1]
+    if name in fv and not fv[name].boolean:
+      takes = True
+    elif name.startswith("config.") and isinstance(config, ml_collections.ConfigDict):
+      try:
+        takes = not isinstance(paths.get_path(config, name[len("config."):]), bool)
+      except ConfigError:
+        takes = False  # an unknown key: its own error says so
+    else:
+      continue
+    if takes:
+      raise UserError(f"--{name} is given no value (the next argument, {following}, is a flag); "
+                      f"write --{name}=VALUE")
 
 
 def _last_line(text: str) -> str:

@@ -98,6 +98,7 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
     raise UserError(f"eval: {e}") from None
   fv = flags.FlagValues()
   config_flags.DEFINE_config_dict("config", base, flag_values=fv, lock_config=True, sys_argv=argv)
+  config_loading.check_values(fv, argv)
   try:
     fv(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
@@ -171,7 +172,13 @@ def main(argv: list[str]) -> int:
                          record=manifest.record if manifest.files() is not None else no_record)
     writer.on_record(record)
     writer.on_train_end(None)
-  print(f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
-        f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
-        f"{run_dir / 'metrics.jsonl'}")
+  print(result_line(step, result, run_dir / "metrics.jsonl"))
   return 0
+
+
+def result_line(step: int, result: dict, metrics: pathlib.Path) -> str:
+  """What eval prints of `result` (eval_loss, eval_perplexity, eval_tokens), appended to
+  `metrics`; docs/runs.md shows it for a run of the README's sweep (tests/test_runs.py)."""
+  return (f"step {step}: eval_loss {result['eval_loss']:.6f} (perplexity "
+          f"{result['eval_perplexity']:.3f}, {result['eval_tokens']:,} tokens); appended to "
+          f"{metrics}")

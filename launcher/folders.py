@@ -53,7 +53,7 @@ def _names(paths: list, limit: int = 3) -> str:
   return ", ".join(map(str, paths[:limit])) + (" ..." if len(paths) > limit else "")
 
 
-def _hf_model(path: pathlib.Path) -> bool:
+def hf_model(path: pathlib.Path) -> bool:
   try:
     config = json.loads((path / "config.json").read_text())
   except (OSError, ValueError):
@@ -90,7 +90,7 @@ def describe(path: pathlib.Path, foreign: list[str], *, flag: str = "--output_di
   if (path / TOKENS_META).is_file():
     return (f"{path} is a tokenized corpus (`axtrain tokenize`); train on it with "
             f"--config.data.kind=tokens --config.data.path={path}, and choose another {flag}")
-  if _hf_model(path):
+  if hf_model(path):
     return (f"{path} is a Hugging Face model (as `axtrain convert --to_hf` writes); to train "
             f"from it, `axtrain convert --from_hf={path} --output_dir=NEW_RUN`; choose another "
             f"{flag}")

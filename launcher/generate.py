@@ -81,12 +81,18 @@ def read_prompts(args: dict) -> list[str]:
 def read_run_config(run_dir: pathlib.Path) -> dict:
   if not run_dir.is_dir():
     raise UserError(f"generate: --run_dir {run_dir} is not a directory")
+  from launcher import folders  # pylint: disable=import-outside-toplevel
+  if folders.hf_model(run_dir):
+    raise UserError(f"generate: {run_dir} is a Hugging Face model, not a run directory; convert "
+                    f"it into a new one, `axtrain convert --from_hf={run_dir} "
+                    f"--output_dir=NEW_RUN`, then `axtrain generate --run_dir=NEW_RUN`")
   if not (run_dir / "config.json").is_file():
     raise UserError(f"generate: {run_dir} holds no config.json; expected an axtrain run directory")
   ckpts = run_dir / "checkpoints"
   if not ckpts.is_dir() or not any(p.name.isdigit() for p in ckpts.iterdir()):
-    raise UserError(f"generate: {run_dir} holds no checkpoint; train it first (or convert a "
-                    f"model into it with `axtrain convert --from_hf`)")
+    raise UserError(f"generate: {run_dir} holds no checkpoint; train it first (or generate from "
+                    f"a Hugging Face model converted into a new run directory, `axtrain convert "
+                    f"--from_hf=HF_DIR --output_dir=NEW_RUN`)")
   return json.loads((run_dir / "config.json").read_text())
 
 

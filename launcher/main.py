@@ -55,6 +55,10 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_boolean("overwrite", False, "Start the run over: delete the files axtrain wrote "
                        "in the run directory (refused, naming them, if it holds any other).",
                        flag_values=fv)
+  flags.DEFINE_boolean("rewrite_config", False, "The run directory's config.json is missing or "
+                       "damaged: write it again from this command's config, once the newest "
+                       "checkpoint's parameters fit its model, and resume the checkpoints.",
+                       flag_values=fv)
   flags.DEFINE_boolean("print_config", False, "Print the resolved config as sorted `a.b.c: value`"
                        " lines and the parameter count, then exit.", flag_values=fv)
   flags.DEFINE_string("mesh", "auto", "Device mesh from the registry (docs/meshes.md), or `auto` "
@@ -66,8 +70,8 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run.",
                        flag_values=fv)
   flags.DEFINE_enum("distributed", "auto", distributed.MODES, "How a multi-process run starts: "
-                    "`auto` from the three flags above, JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/"
-                    "JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
+                    "`auto` from --coordinator_address, --num_processes and --process_id, "
+                    "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID or a Slurm job step; `tpu` from the Cloud TPU environment "
                     "(every worker of a multi-host slice).", flag_values=fv)
   flags.DEFINE_integer("distributed_timeout", distributed.DEFAULT_TIMEOUT_S, "Seconds a "
                        "multi-process run waits for all its processes to join before it gives "
@@ -154,6 +158,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
   if positional:
     raise UserError(f"unexpected argument '{positional[0]}'{_command_hint(argv)}; flags look like"
                     f" --name=value, commands: {', '.join(COMMANDS)}")
+  config_loading.check_values(fv, argv)
   config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   try:
     fv(argv)
@@ -161,6 +166,7 @@ def parse_flags(argv: list[str]) -> flags.FlagValues:
     raise
   except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
     raise config_loading.translate(e, argv) from None
+  config_loading.check_values(fv, argv)  # --config.* overrides, now that they are known
   return fv
 
 

@@ -82,6 +82,9 @@ def _flag(argv: list[str], name: str) -> str | None:
     if arg.startswith(f"--{name}="):
       return arg.split("=", 1)[1]
     if arg == f"--{name}" and i + 1 < len(argv):
+      if argv[i + 1].startswith("--"):
+        raise UserError(f"--{name} is given no value (the next argument, {argv[i + 1]}, is a "
+                        f"flag); write --{name}=VALUE")
       return argv[i + 1]
   return None
 
@@ -151,10 +154,12 @@ def main(argv: list[str]) -> int:
           os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {want}".strip()))
   config_loading.check_file(config_loading.config_file_arg(argv), argv=argv[1:])
   fv = _define_flags(argv)
+  config_loading.check_values(fv, argv)
   try:
     fv(argv)
   except (flags.Error, AttributeError, KeyError, SyntaxError, TypeError, ValueError) as e:
     raise config_loading.translate(e, argv) from None
+  config_loading.check_values(fv, argv)
   if fv.ops_top < 1:
     raise UserError(f"plan: --ops_top must be at least 1, got {fv.ops_top}")
   if fv.sweep_limit < 1:

@@ -36,10 +36,12 @@ from trainer import config as config_lib, run_files
 # the lock it is the run's, and --overwrite keeps it.
 LAUNCH_DIR = "launch"
 KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
+# XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
+COMPILER_LOG = "compiler.log"
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       run_files.MANIFEST, *KEPT})
+                       COMPILER_LOG, run_files.MANIFEST, *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,
@@ -61,7 +63,7 @@ BOOKKEEPING = ("trainer.log_every", "trainer.hang_timeout_s", "trainer.peak_flop
                "trainer.profile_steps", "trainer.wandb_project", "checkpoint.")
 _PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
                         "devpts", "configfs", "pstore", "bpf", "fusectl", "mqueue"})
-State = Literal["new", "overwrite", "completed", "incomplete", "extend"]
+State = Literal["new", "overwrite", "completed", "incomplete", "extend", "rewrite_config"]
 
 
 def relaid(key: str) -> bool:
@@ -207,6 +209,18 @@ class RunDir:
     info = _read_json(self.run_json)
     return info if isinstance(info, dict) else {}
 
+  def info_damage(self) -> str | None:
+    """Why run.json holds no record of this run (emptied, cut short, missing beside a
+    config.json), or None when it does or the directory holds no run yet."""
+    if not self.run_json.exists():
+      return "is missing" if self.config_json.exists() else None
+    try:
+      info = json.loads(self.run_json.read_text())
+    except (OSError, ValueError):
+      return ("is empty" if self.run_json.is_file() and self.run_json.stat().st_size == 0
+              else "is not valid JSON")
+    return None if isinstance(info, dict) else "holds no JSON object"
+
   def status(self) -> str | None:
     return self.info().get("status")
 
@@ -238,8 +252,10 @@ class RunDir:
   def _names(self, unproven: list[str]) -> str:
     return ", ".join(unproven[:3]) + (" ..." if len(unproven) > 3 else "")
 
-  def prepare(self, resolved: dict, *, overwrite: bool) -> State:
-    """Checks what is on disk; returns 'new', 'overwrite', 'completed', 'incomplete' or 'extend'.
+  def prepare(self, resolved: dict, *, overwrite: bool, rewrite_config: bool = False) -> State:
+    """Checks what is on disk; returns 'new', 'overwrite', 'completed', 'incomplete', 'extend'
+    or 'rewrite_config' (config.json damaged, `rewrite_config` asked to write it again from
+    this command and resume the checkpoints: the caller checks they fit its model).
 
     Refuses (UserError) a directory that holds a different run (its config differs in a field
     that is not `relaid`), unless `overwrite`, and one that holds files that are not a run's;
@@ -250,10 +266,10 @@ class RunDir:
       return "new"
     existing, unproven = self._check_ours()
     if existing is None:
-      if overwrite:
-        return "overwrite"
-      raise UserError(f"{self.config_json} is missing or not valid JSON; pass --overwrite to "
-                      f"start this run over")
+      return self._damaged_config(overwrite=overwrite, rewrite_config=rewrite_config)
+    if rewrite_config:
+      raise UserError(f"--rewrite_config rewrites a damaged config.json, and {self.config_json} "
+                      f"is fine; drop the flag")
     differ = [k for k in differences(identity(existing), identity(resolved)) if not relaid(k)]
     self._check_converted(differ, overwrite=overwrite)
     if overwrite:
@@ -274,6 +290,29 @@ class RunDir:
             else "choose another --output_dir or pass --overwrite")
     what = reason or f"{_keys(differ)} differ"
     raise UserError(f"{self.path} holds a run with a different config ({what}); {hint}")
+
+  def _damaged_config(self, *, overwrite: bool, rewrite_config: bool) -> State:
+    """The state of a run whose config.json is missing or unreadable: started over
+    (`overwrite`), its checkpoints resumed under this command's config (`rewrite_config`), or
+    refused, naming the way that keeps its checkpoints."""
+    if overwrite:
+      return "overwrite"
+    from trainer.checkpoint_files import committed_steps  # pylint: disable=import-outside-toplevel  (orbax)
+    steps = committed_steps(self.path / "checkpoints")
+    if rewrite_config:
+      if not steps:
+        raise UserError(f"--rewrite_config resumes a run's checkpoints, and {self.path} holds "
+                        f"none; pass --overwrite to start this run over")
+      return "rewrite_config"
+    if not steps:
+      raise UserError(f"{self.config_json} is missing or not valid JSON; pass --overwrite to "
+                      f"start this run over")
+    raise UserError(f"{self.config_json} is missing or not valid JSON, so nothing shows this "
+                    f"command is that run; its checkpoints (steps {_keys(list(map(str, steps)))})"
+                    f" are intact: to resume them, run this command with --rewrite_config (it "
+                    f"writes config.json from this command once the newest checkpoint's "
+                    f"parameters fit its model), or pass --overwrite to start the run over, "
+                    f"deleting them")
 
   def _check_ours(self) -> tuple[dict | None, list[str]]:
     """(the stored config, files axtrain cannot show it wrote); refuses a directory of others'."""
@@ -366,3 +405,5 @@ class RunDir:
 _CONVERT_INFO = ("converted_from", "architecture", "hf_dtype")
 # ... and of training, while it is not started over: the run's extensions (max_steps raised).
 _RUN_INFO = ("extensions",)
+# What a run.json written again (RunDir.info_damage) cannot know of the run's earlier starts.
+LOST = ("first_start_time", "restarts", *_RUN_INFO)

@@ -3,6 +3,7 @@
     axtrain runs runs/tiny                     # every run directory below runs/tiny
     axtrain runs 'runs/tiny/*' --json          # a JSON list instead of the table
     axtrain runs runs/tiny --plot=sweep.png    # train and eval loss against steps, all runs
+    axtrain runs runs --columns=learning_rate,seed   # these config columns only
 
 A run directory is one that holds config.json and run.json; each PATH (a
 directory or a glob) is searched for them, itself included. Columns: the run's
@@ -11,6 +12,14 @@ done / max, final train loss, best and final eval loss, median tokens/s,
 median MFU (when the metrics carry `mfu`), wall time. Rows are sorted by final
 eval loss; runs without one come last. Records that `axtrain eval` appended
 (they carry `source`) are not part of the training curves.
+
+The config columns leave out the fields of a node whose kind differs between the runs (its
+`.kind` column says it). On a terminal (or with COLUMNS set) the table fits its width: config
+columns are headed by the shortest unique end of their key, long values and run names are cut
+with "...", then wall time, MFU, tokens/s and best eval, then config columns are left out
+until it fits, said on stderr;
+--columns=KEY,... (full keys or their ends) chooses the config columns. --json lists every
+differing key.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import statistics
 import sys
 
@@ -29,8 +39,8 @@ from launcher import folders
 from launcher.errors import UserError, suggest
 from launcher.flat import flatten
 
-USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png|.svg|.pdf]"
-_FLAGS = ("json", "plot")
+USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png|.svg|.pdf] [--columns=KEY,...]"
+_FLAGS = ("json", "plot", "columns")
 # Directories of a run that never hold other runs (not searched).
 _NOT_RUNS = {"checkpoints", "corrupt_checkpoints", "superseded_checkpoints", "tensorboard",
              "profile"}
@@ -225,18 +235,117 @@ def as_dict(run: Run, keys: list[str]) -> dict:
           "mfu": run.median("mfu"), "wall_time_s": run.wall_time_s}
 
 
-def table(runs: list[Run], keys: list[str]) -> str:
-  header = ["run", *keys, "status", "steps", "loss", "best eval", "final eval", "tokens/s", "MFU",
-            "wall"]
+def table_keys(runs: list[Run], keys: list[str]) -> list[str]:
+  """The differing `keys` worth a column: not the fields of a node whose kind differs between
+  the runs (they come and go with the kind, which its own `.kind` column shows)."""
+  switched = [k[:-len("kind")] for k in keys if k.endswith(".kind") or k == "kind"]
+  def follows_kind(key):
+    return any(key.startswith(p) and key != f"{p}kind" and any(key not in r.config for r in runs)
+               for p in switched)
+  return [k for k in keys if not follows_kind(k)]
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+  """Each key's shortest end (whole dotted parts) that no other of `keys` ends with."""
+  out = {}
+  for key in keys:
+    parts = key.split(".")
+    for n in range(1, len(parts) + 1):
+      end = ".".join(parts[-n:])
+      if not any(k != key and (k == end or k.endswith("." + end)) for k in keys):
+        break
+    out[key] = end
+  return out
+
+
+_CELL_CHARS = 24  # a config value or run name cut to fit a narrow table ...
+_NAME_CHARS = 12  # ... and a run name at the narrowest
+# The columns after the config keys: heading -> the cell of a run.
+STATS = {
+    "status": lambda r: r.status,
+    "steps": lambda r: f"{r.steps}/{show_value(r.max_steps)}",
+    "loss": lambda r: _num(r.final_loss, ".4f"),
+    "best eval": lambda r: _num(r.best_eval_loss, ".4f"),
+    "final eval": lambda r: _num(r.final_eval_loss, ".4f"),
+    "tokens/s": lambda r: _num(r.median("tokens_per_sec"), ",.0f"),
+    "MFU": lambda r: _num(r.median("mfu"), ".2%"),
+    "wall": lambda r: _duration(r.wall_time_s),
+}
+# What a narrow table leaves out first, in this order, before any config column; and the
+# headings it shortens to their figures' width.
+SPARE = ("wall", "MFU", "tokens/s", "best eval")
+_NARROW = {"final eval": "final"}
+
+
+def _cut(text: str, limit: int | None) -> str:
+  return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
+
+
+def fitted(runs: list[Run], keys: list[str], width: int | None) -> tuple[str, list[str]]:
+  """(the table within `width` characters a line, the columns left out of it). None: any
+  width. Too wide: the config columns take the shortest unique ends of their keys, config
+  values are cut to _CELL_CHARS and run names to what is left (_NAME_CHARS at least); then the
+  SPARE columns are left out, then config columns (the `.kind` ones last, else from the last),
+  until it fits (or none is left)."""
+  text = table(runs, keys)
+  if width is None or _widest(text) <= width:
+    return text, []
+  names = {**short_names(keys), **_NARROW}
+  tries = [(keys, [s for s in STATS if s not in SPARE[:n]]) for n in range(len(SPARE) + 1)]
+  kept = sorted(keys, key=lambda k: (not (k == "kind" or k.endswith(".kind")), keys.index(k)))
+  tries += [([k for k in keys if k in kept[:n]], [s for s in STATS if s not in SPARE])
+            for n in range(len(keys) - 1, -1, -1)]
+  for shown, stats in tries:
+    text = table(runs, shown, stats=stats, names=names, cut=_CELL_CHARS)
+    excess = _widest(text) - width
+    name_width = max(len(_cut(r.name, _CELL_CHARS)) for r in runs)
+    if 0 < excess <= name_width - _NAME_CHARS:
+      text = table(runs, shown, stats=stats, names=names, cut=_CELL_CHARS,
+                   name_cut=name_width - excess)
+    if _widest(text) <= width:
+      break
+  return text, [s for s in STATS if s not in stats] + [k for k in keys if k not in shown]
+
+
+def _widest(text: str) -> int:
+  return max(map(len, text.splitlines()), default=0)
+
+
+def chosen_columns(runs: list[Run], wanted: list[str]) -> list[str]:
+  """The config keys --columns names (whole keys, or an end of one that names one key)."""
+  known = sorted({k for r in runs for k in r.config})
+  out = []
+  for name in wanted:
+    matches = [k for k in known if k == name or k.endswith("." + name)]
+    exact = [k for k in matches if k == name]
+    if exact or len(matches) == 1:
+      out.append((exact or matches)[0])
+    elif matches:
+      raise UserError(f"runs: --columns: '{name}' ends several config keys ({', '.join(matches[:4])}"
+                      f"{' ...' if len(matches) > 4 else ''}); give more of the key")
+    else:
+      ends = sorted({k.rsplit(".", 1)[-1] for k in known})
+      raise UserError(f"runs: --columns: '{name}' is no config key of these runs"
+                      f"{suggest(name, known) or suggest(name, ends)}")
+  return out
+
+
+def table(runs: list[Run], keys: list[str], *, stats=tuple(STATS),
+          names: dict[str, str] | None = None, cut: int | None = None,
+          name_cut: int | None = None) -> str:
+  """The runs as a table: their names, the config `keys`, the `stats` columns; `names`:
+  headings other than the keys and column names; `cut`: the most characters of a config value
+  (and of a run's name, unless `name_cut`)."""
+  names = names or {}
+  header = ["run", *(names.get(k, k) for k in keys), *(names.get(c, c) for c in stats)]
   rows = [header]
   for r in runs:
-    rows.append([r.name, *(show_value(r.config.get(k)) for k in keys), r.status,
-                 f"{r.steps}/{show_value(r.max_steps)}", _num(r.final_loss, ".4f"),
-                 _num(r.best_eval_loss, ".4f"), _num(r.final_eval_loss, ".4f"),
-                 _num(r.median("tokens_per_sec"), ",.0f"), _num(r.median("mfu"), ".2%"),
-                 _duration(r.wall_time_s)])
+    rows.append([_cut(r.name, name_cut or cut),
+                 *(_cut(show_value(r.config.get(k)), cut) for k in keys),
+                 *(STATS[c](r) for c in stats)])
   widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-  numeric = set(range(len(keys) + 2, len(header)))  # steps onwards: right-aligned
+  status = len(keys) + 1 if "status" in stats else None
+  numeric = set(range(len(keys) + 1, len(header))) - {status}  # the figures: right-aligned
   return "".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
                            for i, (cell, w) in enumerate(zip(row, widths))).rstrip() + "\n"
                  for row in rows)
@@ -328,7 +437,7 @@ def check_plot_path(target: pathlib.Path) -> None:
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], dict]:
-  paths, opts = [], {"json": False, "plot": None}
+  paths, opts = [], {"json": False, "plot": None, "columns": None}
   for arg in argv[1:]:
     if arg in ("-h", "--help"):
       sys.stdout.write(__doc__.strip() + "\n")
@@ -341,6 +450,10 @@ def parse_args(argv: list[str]) -> tuple[list[str], dict]:
       raise UserError(f"runs: unknown flag '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
     if name == "json":
       opts["json"] = True
+    elif name == "columns":
+      opts["columns"] = [c for c in value.split(",") if c]
+      if not opts["columns"]:
+        raise UserError(f"runs: --columns needs config keys (--columns=learning_rate,seed); {USAGE}")
     elif not value:
       raise UserError(f"runs: --plot needs a file name (--plot=FILE.png); {USAGE}")
     else:
@@ -360,7 +473,16 @@ def main(argv: list[str]) -> int:
   if opts["json"]:
     sys.stdout.write(json.dumps([as_dict(r, keys) for r in runs], indent=2) + "\n")
   else:
-    sys.stdout.write(table(runs, keys))
+    shown = (table_keys(runs, keys) if opts["columns"] is None
+             else chosen_columns(runs, opts["columns"]))
+    width = (shutil.get_terminal_size().columns
+             if sys.stdout.isatty() or os.environ.get("COLUMNS") else None)
+    text, left = fitted(runs, shown, width)
+    sys.stdout.write(text)
+    if left:
+      print(f"axtrain: note: runs: left out to fit {width} characters: "
+            f"{_cut(', '.join(left), 100)}; --columns=KEY,... chooses the config columns, --json "
+            f"lists everything", file=sys.stderr)
   if target is not None:
     plot(runs, keys, target, title="axtrain runs " + " ".join(paths))
     print(f"axtrain: wrote {target}", file=sys.stderr)

@@ -24,7 +24,8 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
 from launcher.errors import UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
 from trainer import flops, loop, meshes, schedules, sharding
-from planner import step_memory
+from planner import plan as plan_lib, step_memory
+from trainer.callbacks import Callback
 from trainer.progress import Progress
 
 
@@ -42,6 +43,7 @@ class Run:
   mesh: meshes.Entry
   rule: str | None  # the mesh rule that applied (its match in words), if any
   overwrite: bool
+  rewrite_config: bool  # config.json damaged: written again from this command's config
   progress: bool
   main_process: bool
   multi_process: bool  # joined jax.distributed: stops are agreed between the processes
@@ -79,7 +81,8 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
-             overwrite=fv.overwrite, progress=fv.progress, main_process=main_process,
+             overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
+             main_process=main_process,
              multi_process=multi_process, callbacks=tuple(callbacks))
   try:
     if not main_process:
@@ -170,20 +173,32 @@ def _train(this: Run) -> int:
   """Trains in a locked run directory: fresh, resumed from its last committed checkpoint (on
   any mesh: `relaid` fields may change, with a note), or extended (trainer.max_steps raised)."""
   rd, exp = this.run_dir, this.exp
-  state = rd.prepare(this.resolved, overwrite=this.overwrite)
+  state = rd.prepare(this.resolved, overwrite=this.overwrite, rewrite_config=this.rewrite_config)
+  if state == "rewrite_config":  # the checkpoints must be this model's, else nothing is written
+    checkpoint.check_params_compatible(rd.path, exp.abstract_state.params,
+                                       field="--rewrite_config")
   if state == "completed":
     hint = "raise --config.trainer.max_steps to extend it" + (
         "" if rd.unproven() else ", or pass --overwrite to train again")
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
-  extension = _extension(rd, exp) if state == "extend" else None
-  compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
+  extension = _Extension(rd, exp) if state == "extend" else None
+  compiler_lines: list[str] = []  # XLA's own log of the compile, for the run's compiler.log
+  compiler_notes: list[str] = []
+  with plan_lib.compiler_log(compiler_notes, rest=compiler_lines):
+    compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
+    if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
+        rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
+      exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
   if this.main_process:
     _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
+    _keep_compiler_log(rd, compiler_lines, compiler_notes)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
   stop, stop_requested, callbacks = _stop_handling(this, finish, progress)
+  if this.main_process:  # says where an extension continues once the restore has said it
+    callbacks = (_ExtensionRecord(rd, exp, extension), *callbacks)
   try:
     with stop.installed():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
@@ -207,23 +222,48 @@ def _train(this: Run) -> int:
   return _finished(this, result, finish, progress)
 
 
-def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:
+def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: dict) -> None:
   """Process 0: the notes of a resumed run (relaid fields, an extension), then run.json."""
   rd, exp = this.run_dir, this.exp
-  relaid = [] if fresh else rd.relaid_changes(this.resolved)
+  if rd.stored_config() is None and not fresh:  # --rewrite_config
+    print(f"axtrain: note: {rd.config_json} was missing or not valid JSON: written again from "
+          f"this command's config (the newest checkpoint's parameters fit its model; every "
+          f"other field is this command's)", file=sys.stderr)
+  damage = None if fresh else rd.info_damage()
+  if damage:
+    print(f"axtrain: note: {rd.run_json} {damage}: written again; lost with it: "
+          f"{', '.join(run_dir_lib.LOST)} (restarts are counted from 0 and the first start is "
+          f"this one; run.json's `rebuilt` says so); the config, checkpoints and metrics are "
+          f"intact", file=sys.stderr)
+  relaid = [] if fresh or rd.stored_config() is None else rd.relaid_changes(this.resolved)
   if relaid:
     print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "
           f"steps run and are recorded, not what they compute: the same run)", file=sys.stderr)
-  if extension is not None:
-    print(f"axtrain: note: {extension['note']}", file=sys.stderr)
-  extensions = rd.info().get("extensions", []) + (
-      [{k: v for k, v in extension.items() if k != "note"}] if extension else [])
+  extensions = rd.info().get("extensions", []) + ([extension.record] if extension else [])
   rd.start(this.resolved, argv=this.argv, fresh=fresh,
            extra={"mesh": {"name": this.mesh.name, "axes": dict(exp.mesh.shape),
                            "rule": this.rule},
                   "num_params": exp.num_params, "process_count": jax.process_count(),
                   "restore_step": exp.run.checkpoint.restore_step, "compiled_step": compiled,
-                  **({"extensions": extensions} if extensions else {})})
+                  **({"extensions": extensions} if extensions else {}),
+                  **({"rebuilt": {"time": run_dir_lib.now(), "reason": f"run.json {damage}",
+                                  "lost": list(run_dir_lib.LOST)}} if damage else {})})
+
+
+def _keep_compiler_log(rd: run_dir_lib.RunDir, lines: list[str], notes: list[str]) -> None:
+  """XLA's own lines of the steps' compile (its C++ logging, raw on the console otherwise) go
+  to the run's compiler.log, appended start after start; one note says so, and what they say
+  in words where it is known (planner/plan.py:compiler_log)."""
+  if not lines:
+    return
+  path = rd.path / run_dir_lib.COMPILER_LOG
+  rd.manifest.add(path)
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(f"# {run_dir_lib.now()}: compiling the train and eval steps\n" + "\n".join(lines)
+            + "\n")
+  said = f" ({'; '.join(notes)})" if notes else ""
+  print(f"axtrain: note: XLA logged {len(lines)} line{'s' if len(lines) > 1 else ''} while "
+        f"compiling the steps{said}; they are in {path}", file=sys.stderr)
 
 
 def _failed(this: Run, finish, message: str) -> int:
@@ -284,16 +324,42 @@ def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry) -> dict:
                                  entry=entry)
 
 
-def _extension(rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment) -> dict:
-  """What run.json records of an extension (trainer.max_steps raised), with the note to print."""
-  stored = config_lib.parse(rd.stored_config())
-  old, new = stored.trainer.max_steps, exp.run.trainer.max_steps
-  steps = checkpoint_files.committed_steps(rd.path / "checkpoints")
-  at = steps[-1] if steps else 0
-  change = schedules.extension_note(stored.optimizer.schedule, exp.run.optimizer.schedule,
-                                    peak=exp.run.optimizer.learning_rate, old_total=old,
-                                    new_total=new, at_step=at)
-  return {"from_max_steps": old, "to_max_steps": new, "at_step": at,
-          "time": run_dir_lib.now(),
-          "note": f"extending {rd.path} from trainer.max_steps {old} to {new}, continuing "
-                  f"from step {at}; {change}"}
+class _Extension:
+  """An extension (trainer.max_steps raised): run.json records it when the run starts, without
+  the step it continues from, which only the restore knows (an unreadable newest checkpoint
+  moves it back to an older one); `_ExtensionRecord` adds that step and prints the note."""
+
+  def __init__(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment):
+    self.stored = config_lib.parse(rd.stored_config())
+    self.old, self.new = self.stored.trainer.max_steps, exp.run.trainer.max_steps
+    self.record = {"from_max_steps": self.old, "to_max_steps": self.new,
+                   "time": run_dir_lib.now()}
+
+  def note(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment, *, at: int) -> str:
+    change = schedules.extension_note(self.stored.optimizer.schedule, exp.run.optimizer.schedule,
+                                      peak=exp.run.optimizer.learning_rate, old_total=self.old,
+                                      new_total=self.new, at_step=at)
+    return (f"extending {rd.path} from trainer.max_steps {self.old} to {self.new}, continuing "
+            f"from step {at}; {change}")
+
+
+class _ExtensionRecord(Callback):
+  """Process 0, once the initial state is restored: the step an extension continues from and
+  the learning rate of its next step, in run.json's last extension that lacks them (this run's,
+  or that of an extending run that stopped before its restore), and this run's note."""
+
+  def __init__(self, rd: run_dir_lib.RunDir, exp: experiment_lib.Experiment,
+               extension: _Extension | None):
+    self.rd, self.exp, self.extension = rd, exp, extension
+
+  def on_train_start(self, loop) -> None:
+    info = self.rd.info()
+    extensions = info.get("extensions") or []
+    if not extensions or not isinstance(extensions[-1], dict) or "at_step" in extensions[-1]:
+      return
+    rate = self.exp.optimizer.schedule(loop.start)  # step start + 1's, as the step computes it
+    extensions[-1].update(at_step=loop.start, learning_rate=float(rate))
+    run_dir_lib.write_json(self.rd.run_json, info)
+    if self.extension is not None:
+      print(f"axtrain: note: {self.extension.note(self.rd, self.exp, at=loop.start)}",
+            file=sys.stderr)

@@ -53,7 +53,9 @@ def reader_fields() -> dict[str, dict[str, dataclasses.Field]]:
 def _flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus file, glob or directory.", flag_values=fv)
-  flags.DEFINE_enum("kind", "text", corpus_lib.document_kinds(), "Format of the input files.",
+  flags.DEFINE_enum("kind", None, corpus_lib.document_kinds(), "Format of the input files "
+                    "(default: the one their names end with: .jsonl, .csv, .parquet, "
+                    ".array_record, .txt; refused where they end otherwise or differ).",
                     flag_values=fv)
   for name, by_kind in reader_fields().items():
     kind, f = next(iter(by_kind.items()))
@@ -80,6 +82,8 @@ def main(argv: list[str]) -> int:
     from launcher.main import options_text  # pylint: disable=import-outside-toplevel
     sys.stdout.write(__doc__.strip() + "\n\n" + options_text(fv))
     return 0
+  from launcher.config_loading import check_values  # pylint: disable=import-outside-toplevel
+  check_values(fv, argv)
   try:
     fv(argv)
   except flags.UnrecognizedFlagError as e:
@@ -122,8 +126,9 @@ def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
   """Writes the shards and tokens.json under OUT.partial, renamed to `out` when complete; a
   failure part-way (a bad document, no documents, an interrupt) removes OUT.partial."""
   tokenizer = _tokenizer(fv)
-  cfg, reader = _reader(fv)
   files = documents.expand(fv.input, what="--input")
+  kind = _kind(fv.kind, files)
+  cfg, reader = _reader(fv, kind)
   errors = documents.Errors(fv.on_error)
   partial = out.with_name(out.name + ".partial")
   if partial.exists():
@@ -135,7 +140,7 @@ def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
             "shards": writer.names, "tokenizer": tokenizer.describe(),
             "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
             "skipped_documents": errors.skipped,
-            "source": {"kind": fv.kind, "input": fv.input,
+            "source": {"kind": kind, "input": fv.input,
                        **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
     (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
   except BaseException:
@@ -166,18 +171,37 @@ def _write(fv: flags.FlagValues, cfg, reader, files: list[str], *, errors: docum
   return writer
 
 
-def _reader(fv: flags.FlagValues):
-  """(the --kind's parsed data config, its source class) from the reader flags given."""
+def _kind(given: str | None, files: list[str]) -> str:
+  """--kind, or the document kind that the input files' names end with (a note says which);
+  UserError where they end with none or with several kinds' endings."""
+  if given is not None:
+    return given
+  found = corpus_lib.kinds_of(files)
+  kinds = set(found.values())
+  if len(kinds) == 1 and None not in kinds:
+    kind = kinds.pop()
+    print(f"axtrain: note: tokenize: --kind={kind}, from the input's file names "
+          f"({', '.join(f'*{e}' for e in found)}); give --kind to read them as another kind",
+          file=sys.stderr)
+    return kind
+  endings = ", ".join(f"*{e} ({k or 'no kind'})" if e else f"no ending ({k or 'no kind'})"
+                      for e, k in found.items())
+  raise UserError(f"tokenize: --kind is not given and the input's file names do not say one "
+                  f"kind: {endings}; give --kind={'|'.join(corpus_lib.document_kinds())}")
+
+
+def _reader(fv: flags.FlagValues, kind: str):
+  """(the `kind`'s parsed data config, its source class) from the reader flags given."""
   own = {}
   for name, by_kind in reader_fields().items():
     if fv[name].present:
-      if fv.kind not in by_kind:
-        raise UserError(f"--{name} is not read by --kind={fv.kind} (only by "
+      if kind not in by_kind:
+        raise UserError(f"--{name} is not read by --kind={kind} (only by "
                         f"{' and '.join(by_kind)})")
       own[name] = fv[name].value
   try:
-    node = DATA.node(fv.kind, path=fv.input, on_error=fv.on_error, **own)
-    return DATA.parse(node, "data"), DATA.entry(fv.kind).target
+    node = DATA.node(kind, path=fv.input, on_error=fv.on_error, **own)
+    return DATA.parse(node, "data"), DATA.entry(kind).target
   except ConfigError as e:
     raise UserError(f"tokenize: {e}") from None
 

@@ -170,16 +170,23 @@ class _Writer:
       what = where if node is None else f"{where}.kind"
       self.problems.append(f"{what} is {_shown(kind)} ({arch} takes only "
                            f"{_alternatives(kinds)})")
+      self._children(node, slot, known_only=True)  # each refused field, not only the first
       return
     for key, value in kinds[kind].items():
       self._put(key, value)
+    self._children(node, slot, known_only=False)
+
+  def _children(self, node, slot: str, *, known_only: bool) -> None:
+    """The fields and child slots of `node`; `known_only` (a node of a kind the map lacks):
+    only those whose path the map holds, whose own problems are still worth naming."""
     for f in dataclasses.fields(node) if node is not None else ():
       path = f"{slot}.{f.name}" if slot else f.name
       if f.name == "kind" or isinstance(self.map.fields.get(path), NotWritten):
         continue
       if child_registry(f) is not None:
-        self._slot(getattr(node, f.name), path)
-      else:
+        if not known_only or path in self.map.kinds:
+          self._slot(getattr(node, f.name), path)
+      elif not known_only or path in self.map.fields:
         self._field(path, getattr(node, f.name))
 
   def _field(self, path: str, value: Any) -> None:

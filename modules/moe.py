@@ -70,8 +70,9 @@ class MoeConfig:
     if not 1 <= self.top_k <= self.num_experts:
       raise ConfigError(f"moe: top_k {self.top_k} must be between 1 and num_experts "
                         f"{self.num_experts}")
-    if self.capacity_factor < 0 or self.aux_loss_coef < 0:
-      raise ConfigError("moe: capacity_factor and aux_loss_coef must be >= 0")
+    for name in ("capacity_factor", "aux_loss_coef"):
+      if not getattr(self, name) >= 0:
+        raise ConfigError(f"moe.{name} must be >= 0, got {getattr(self, name)}")
 
   def capacity(self, length: int) -> int:
     return min(length, math.ceil(self.capacity_factor * length * self.top_k / self.num_experts))

@@ -91,8 +91,9 @@ class RopeLlama3Config:
       raise ConfigError(f"rope_llama3.theta must be a finite number > 0, got {self.theta}")
     if head_dim % 2:
       raise ConfigError(f"rope_llama3 needs an even head_dim, got {head_dim}")
-    if self.factor <= 0 or self.original_max_position <= 0:
-      raise ConfigError("rope_llama3: factor and original_max_position must be positive")
+    for name in ("factor", "original_max_position"):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f"rope_llama3.{name} must be positive, got {getattr(self, name)}")
     if self.high_freq_factor <= self.low_freq_factor:
       raise ConfigError(f"rope_llama3: high_freq_factor ({self.high_freq_factor}) must exceed "
                         f"low_freq_factor ({self.low_freq_factor})")

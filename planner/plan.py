@@ -142,14 +142,19 @@ def _gpu_devices(entry: Entry) -> list:
 # --- the compiler's own log --------------------------------------------------------------
 
 # What XLA logs while it compiles, in its own words ("[SPMD] Involuntary full rematerialization
-# ... Contact Shardy or XLA team"), said as a plan note: the finding, what it costs, what to do.
+# ... Contact Shardy or XLA team"; XLA:GPU's "Can't reduce memory use below 56.71GiB (...) by
+# rematerialization; only reduced to 303.54GiB"), said as a plan note: the finding, what it
+# costs, what to do.
 _SPMD_REMAT = re.compile(r"Involuntary full rematerialization")
+_REMAT_LIMIT = re.compile(r"Can't reduce memory use below ([\d.]+\w+) .*only reduced to "
+                          r"([\d.]+\w+)")
 
 
 @contextlib.contextmanager
-def _compiler_log(notes: list[str]):
+def compiler_log(notes: list[str], rest: list[str] | None = None):
   """Captures file descriptor 2 (where XLA's C++ logging goes) for one compile: lines it
-  recognises become `notes`, the rest is written back to stderr unchanged."""
+  recognises become `notes`; the others are written back to stderr unchanged, or, with `rest`,
+  every line is kept there instead (a run writes them to its compiler.log)."""
   import sys  # pylint: disable=import-outside-toplevel
   import tempfile  # pylint: disable=import-outside-toplevel
   sys.stderr.flush()
@@ -163,19 +168,24 @@ def _compiler_log(notes: list[str]):
       os.dup2(saved, 2)
       os.close(saved)
       log.seek(0)
-      rest = []
+      other = []
       remats = 0
       for line in log.read().decode(errors="replace").splitlines():
+        if rest is not None and line.strip():
+          rest.append(line)
         if _SPMD_REMAT.search(line):
           remats += 1
+        elif m := _REMAT_LIMIT.search(line):
+          notes.append(f"the compiler could not rematerialise the step within its memory limit "
+                       f"({m[1]}): it got it down to {m[2]}")
         elif line.strip():
-          rest.append(line)
+          other.append(line)
       if remats:
         notes.append(f"the SPMD partitioner resharded {remats} value(s) by gathering them whole "
                      f"(XLA's 'involuntary full rematerialization'): a layout the shardings do "
                      f"not keep; `axtrain plan --ops` shows the collectives it adds")
-      if rest:
-        sys.stderr.write("\n".join(rest) + "\n")
+      if other and rest is None:
+        sys.stderr.write("\n".join(other) + "\n")
 
 
 # --- the plan -----------------------------------------------------------------------------
@@ -193,7 +203,7 @@ class Compiled:
   seconds: float  # compile wall time
   collectives: hlo_collectives.Collectives
   refused: str = ""  # the compiler's out-of-memory message when it refused to compile
-  notes: tuple[str, ...] = ()  # what the compiler logged, in words (_compiler_log)
+  notes: tuple[str, ...] = ()  # what the compiler logged, in words (compiler_log)
   # libtpu's cost model: its per-op roofline of the step (seconds), each ConcatBitcast custom
   # call's -1 s added back; None from other compilers. Comparable between programs when
   # layers are unrolled and windowed einsum is off (trainer/tpu_efficiency.py).
@@ -307,7 +317,7 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
              compiler_options: dict | None = None) -> Compiled:
   """One compile's figures, with the per-op report (`hardware`'s peaks time its roofline)."""
   start, notes = time.perf_counter(), []
-  with exp.context(), _compiler_log(notes):
+  with exp.context(), compiler_log(notes):
     lowered = fn.lower(*args)
     try:
       compiled = lowered.compile(compiler_options=compiler_options or None)

@@ -125,7 +125,11 @@ VARIANTS = (
                {**_SPLASH, "trainer.grad_accum_steps": 32, "trainer.loss_chunk_size": 1024},
                "`grad_accum_steps=32`, `loss_chunk_size=1024`, `splash`"),
 )
-REPORTS = SHIPPED + VARIANTS
+# The launch examples' configs on their meshes (README.md, docs/launch.md, `axtrain launch
+# --help`) that SHIPPED lacks: tests/test_launch_examples.py checks that every example has its
+# report here and that it fits.
+LAUNCHED = tuple(_shipped("llm_1b", m) for m in ("gpu-h100-8x2", "gpu-h100-8x4", "tpu-v5e-16x2"))
+REPORTS = SHIPPED + VARIANTS + LAUNCHED
 BY_NAME = {r.name: r for r in REPORTS}
 
 

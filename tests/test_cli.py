@@ -102,6 +102,25 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.model.block.attention.head_dim=0",
       "--config.model.block.attention.num_heads=5", "--config.model.block.attention.num_kv_heads=5"],
      "attention: dim 192 is not divisible by num_heads 5"),
+    # A flag without its value, followed by another: absl would take that flag as the value.
+    (["--config=configs/tiny.py", "--mesh", "--print_config"],
+     "--mesh is given no value (the next argument, --print_config, is a flag); write --mesh=VALUE"),
+    (["--config=configs/tiny.py", "--config.data.kind=jsonl", "--config.data.path",
+      "--print_config"], "--config.data.path is given no value (the next argument, "
+                         "--print_config, is a flag)"),
+    (["--config=configs"], "--config=configs: 'configs' is a directory; give a config file; its "
+                           "config files: configs/bench_lm.py, configs/gpt2.py"),
+    # Ranges name the field and the value, one field at a time.
+    (["--config=configs/tiny.py", "--config.eval.batch_size=0"],
+     "eval.batch_size: 0 is outside the allowed range [1, inf)"),
+    (["--config=configs/tiny.py", "--config.trainer.hang_timeout_s=-1"],
+     "trainer.hang_timeout_s: -1.0 is outside the allowed range [0, inf)"),
+    (["--config=configs/tiny.py", "--config.checkpoint.keep=0"],
+     "checkpoint.keep: 0 is outside the allowed range [1, inf)"),
+    (["--config=configs/moe_tiny.py", "--config.model.block.ffn.aux_loss_coef=-1"],
+     "moe.aux_loss_coef must be >= 0, got -1.0"),
+    (["--config=configs/llm_1b.py", "--config.model.block.attention.position.factor=0"],
+     "rope_llama3.factor must be positive, got 0.0"),
 ]
 
 
@@ -167,6 +186,16 @@ def test_splash_off_tpu_says_it_runs_in_interpret_mode(capsys, tmp_path):
   assert err == ("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu it runs "
                  "in Pallas interpret mode (slow, for tests); xla or chunked attention is fast "
                  "here\n"), err
+
+
+def test_help_of_distributed_names_the_flags_it_reads(capsys):
+  """The options are listed sorted, so --distributed's help names its flags rather than
+  pointing at the ones 'above'."""
+  with pytest.raises(SystemExit):
+    main_lib.main(["axtrain", "--help"])
+  [line] = [l for l in capsys.readouterr().out.splitlines() if l.startswith("  --distributed:")]
+  assert "above" not in line and all(
+      f"--{name}" in line for name in ("coordinator_address", "num_processes", "process_id"))
 
 
 def test_version(capsys):

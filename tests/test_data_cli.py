@@ -143,6 +143,36 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
   assert json.loads((tmp_path / "ok" / "tokens.json").read_text()) == meta
 
 
+def test_tokenize_infers_the_kind_from_the_file_names_or_refuses_to_guess(capsys, tmp_path):
+  """Without --kind a JSONL file is read as JSON Lines (one document a line, said in a note),
+  not as one text document; names that say no kind, or several, are refused."""
+  corpus = write_jsonl(tmp_path / "corpus.jsonl", n=300)
+  code, err = run(capsys, "tokenize", f"--input={corpus}", f"--output_dir={tmp_path / 'tok'}")
+  assert code == 0, err
+  assert "axtrain: note: tokenize: --kind=jsonl, from the input's file names (*.jsonl)" in err[0]
+  meta = json.loads((tmp_path / "tok" / "tokens.json").read_text())
+  assert meta["num_docs"] == 300 and meta["source"]["kind"] == "jsonl"
+  mixed = tmp_path / "mixed"
+  mixed.mkdir()
+  write_jsonl(mixed / "a.jsonl")
+  (mixed / "b.txt").write_text("text")
+  assert tokenize_error(capsys, tmp_path, f"--input={mixed}") == (
+      "tokenize: --kind is not given and the input's file names do not say one kind: "
+      "*.jsonl (jsonl), *.txt (text); give --kind=arrayrecord|csv|jsonl|parquet|text")
+  (tmp_path / "c.dat").write_text("x")
+  assert "*.dat (no kind)" in tokenize_error(capsys, tmp_path, f"--input={tmp_path / 'c.dat'}")
+
+
+def test_every_document_kind_names_the_endings_of_its_own_files(tmp_path):
+  """The kind inferred from the file names of each kind's example corpus is that kind."""
+  from trainer.data import DATA, corpus as corpus_lib, documents  # pylint: disable=import-outside-toplevel
+  for kind in corpus_lib.document_kinds():
+    folder = tmp_path / kind
+    folder.mkdir()
+    path = DATA.entry(kind).target.write(folder, ["a document"])
+    assert set(corpus_lib.kinds_of(documents.expand(path)).values()) == {kind}, kind
+
+
 def test_tokenize_errors_name_its_flags_and_leave_nothing(capsys, tmp_path):
   """Issue 34: a bad line's message names tokenize's own flags (--on_error, --field, --kind),
   not the training config's data.* fields, and the failed run leaves no OUT.partial behind,

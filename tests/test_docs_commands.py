@@ -12,6 +12,8 @@ large configs on TPU meshes (minutes each) are not marked.
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import re
 import shlex
 
@@ -30,6 +32,7 @@ class Command:
   where: str  # file:line of the command's first line
   args: tuple[str, ...]  # after `axtrain`
   devices: int | None  # fake CPU devices; None = the process's one
+  block: str = ""  # file:line of its block's marker: the commands of a block run in order
 
 
 class MarkupError(ValueError):
@@ -48,7 +51,8 @@ def _block(lines: list[str], start: int, *, name: str) -> list[tuple[int, str]]:
   raise MarkupError(f"{name}:{start + 1}: the block never closes")
 
 
-def _commands(block: list[tuple[int, str]], *, name: str, devices: int | None) -> list[Command]:
+def _commands(block: list[tuple[int, str]], *, name: str, devices: int | None,
+              marker: str = "") -> list[Command]:
   """The block's `axtrain` commands, continuation lines joined, comments dropped."""
   out, pending, first = [], "", 0
   for number, text in block:
@@ -65,7 +69,8 @@ def _commands(block: list[tuple[int, str]], *, name: str, devices: int | None) -
     if words[0] != "axtrain":
       raise MarkupError(f"{name}:{first}: a runnable block holds only axtrain commands, got "
                         f"{words[0]!r}")
-    out.append(Command(where=f"{name}:{first}", args=tuple(words[1:]), devices=devices))
+    out.append(Command(where=f"{name}:{first}", args=tuple(words[1:]), devices=devices,
+                       block=marker))
   return out
 
 
@@ -81,7 +86,8 @@ def runnable_in(text: str, *, name: str) -> list[Command]:
       raise MarkupError(f"{name}:{i + 1}: not a runnable marker: {line.strip()!r} (write "
                         f"<!-- runnable --> or <!-- runnable devices=N -->)")
     devices = int(marker[1]) if marker[1] else None
-    out += _commands(_block(lines, i + 1, name=name), name=name, devices=devices)
+    out += _commands(_block(lines, i + 1, name=name), name=name, devices=devices,
+                     marker=f"{name}:{i + 1}")
   return out
 
 
@@ -123,6 +129,45 @@ def test_a_runnable_command_runs(command, results):
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
+def _trains(args: tuple[str, ...]) -> tuple[pathlib.Path, dict] | None:
+  """(the run directory, the resolved config) of a training command as written (without the
+  test's budget and --output_dir); None for a command that trains nothing."""
+  from launcher import config_loading, run_names  # pylint: disable=import-outside-toplevel
+  if not args or not args[0].startswith("-") or {"--help", "--print_config"} & set(args):
+    return None
+  argv = ["axtrain", *args]
+  config = config_loading.config_file_arg(argv)
+  cfg = config_loading.load(config, *(a for a in args if a.startswith("--config.")))
+  resolved = json.loads(cfg.to_json_best_effort())
+  given = next((a.split("=", 1)[1] for a in args if a.startswith("--output_dir=")), None)
+  if given is not None:
+    return pathlib.Path(given), resolved
+  effective = run_names.effective_overrides(config_loading.overrides(argv), resolved=cfg,
+                                            base=config_loading.load(config))
+  return run_names.name(config, effective), resolved
+
+
+def test_each_training_command_of_a_block_trains_as_written(monkeypatch):
+  """The commands of a block are run in order. A later one in the directory of an earlier one
+  that differs from it only in where and how the steps run (the mesh, ...: no directory is
+  named by them) finds that run completed and does nothing; each must train something."""
+  from launcher import run_dir  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(ROOT)
+  seen: dict[tuple[str, pathlib.Path], tuple[str, dict]] = {}
+  for command in COMMANDS:
+    found = _trains(command.args)
+    if found is None:
+      continue
+    directory, resolved = found
+    earlier = seen.get((command.block, directory))
+    if earlier is not None:
+      differ = [k for k in run_dir.differences(run_dir.identity(earlier[1]),
+                                               run_dir.identity(resolved)) if not run_dir.relaid(k)]
+      assert differ, (f"{command.where} trains in {directory}, as {earlier[0]} does, the same run:"
+                      f" it would find that run completed; give it its own --output_dir")
+    seen[command.block, directory] = (command.where, resolved)
+
+
 def test_the_documented_pipeline_commands_are_marked():
   """Each doc that shows a pipeline (mesh.stage) training command on tiny marks it runnable."""
   marked = {c.where.split(":")[0] for c in COMMANDS if any("mesh.stage" in a for a in c.args)}
@@ -142,5 +187,5 @@ def test_markup_errors_name_the_line():
   text = ("<!-- runnable devices=8 -->\n```\naxtrain --config=c.py \\\n  --x='a b'   # note\n"
           "\n# a comment line\naxtrain --help\n```\n")
   assert runnable_in(text, name="doc.md") == [
-      Command(where="doc.md:3", args=("--config=c.py", "--x=a b"), devices=8),
-      Command(where="doc.md:7", args=("--help",), devices=8)]
+      Command(where="doc.md:3", args=("--config=c.py", "--x=a b"), devices=8, block="doc.md:1"),
+      Command(where="doc.md:7", args=("--help",), devices=8, block="doc.md:1")]

@@ -136,6 +136,20 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys, args, message):
   assert message in err, err
 
 
+def test_a_hugging_face_folder_is_told_to_convert_into_a_new_run_directory(tmp_path, capsys):
+  """Not 'convert a model into it', which convert refuses for a folder that is not a run."""
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "llama",
+                                              "architectures": ["LlamaForCausalLM"]}))
+  (hf / "model.safetensors").write_bytes(b"")
+  code, out, err = _generate(capsys, f"--run_dir={hf}", "--prompt=hi")
+  assert code == 2 and out == "" and err == (
+      f"axtrain: error: generate: {hf} is a Hugging Face model, not a run directory; convert it "
+      f"into a new one, `axtrain convert --from_hf={hf} --output_dir=NEW_RUN`, then `axtrain "
+      f"generate --run_dir=NEW_RUN`\n"), err
+
+
 def test_max_length_of_a_converted_model_comes_from_its_hf_config(tmp_path):
   from trainer import config as config_lib
   from configs.base import lm_config

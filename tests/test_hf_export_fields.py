@@ -255,6 +255,20 @@ def test_a_qwen3_refusal_names_qwen3():
       "(Qwen3ForCausalLM takes only False)")
 
 
+def test_a_refusal_names_each_field_also_under_a_kind_the_family_lacks():
+  """A parallel block with layernorm and a soft-cap: every refused field by its path, not only
+  the block's kind (the fields under it that the map knows are still checked)."""
+  base = _base("LlamaForCausalLM")
+  block = {**base["block"], "kind": "parallel", "separate_norms": False,
+           "norm": {"kind": "layernorm", "eps": 1e-5, "use_bias": True},
+           "attention": {**base["block"]["attention"], "logit_softcap": 30.0}}
+  assert _refusal(_with(base, "block", block)) == (
+      "the model cannot be written as LlamaForCausalLM: model.block.kind is 'parallel' "
+      "(LlamaForCausalLM takes only 'pre_norm'); model.block.attention.logit_softcap is 30.0 "
+      "(LlamaForCausalLM takes only None); model.block.norm.kind is 'layernorm' "
+      "(LlamaForCausalLM takes only 'rmsnorm')")
+
+
 def test_a_setting_no_map_knows_refuses_export_and_fails_the_map_check(monkeypatch):
   """A field added later with no parameters (a soft-cap of the attention logits) exports as
   nothing until the maps decide it: every family's check lists it, and export refuses it."""

@@ -46,6 +46,8 @@ def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
   return [
       (["--backend=slurmm", "--", *run, "--mesh=gpu-h100-8x2"], "did you mean 'slurm'"),
       (["--backend=ssh", "--", *run], "unknown --backend=ssh"),
+      (["--backend", "--dry_run", "--", *run], "--backend is given no value (the next argument, "
+                                               "--dry_run, is a flag); write --backend=VALUE"),
       (["--", *run], "--backend is required"),
       (["--backend=local", "--num_processes=2"], "axtrain arguments after `--`"),
       (["--backend=slurm", "--num_processes=3", "--", *run, "--mesh=gpu-h100-8x2"],
@@ -84,6 +86,10 @@ def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
        "--mesh=gpu-h100-8 is a gpu mesh but this machine runs cpu"),
       (["--backend=slurm", "--record_dir=/tmp", "--", *run, "--mesh=gpu-h100-8"],
        "--record_dir is for k8s and tpu-vm"),
+      # A batch the processes' devices cannot split: refused here, as each process would.
+      (["--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=2", "--",
+        "--config=configs/tiny.py", run[1], "--mesh=cpu", "--config.data.batch_size=6"],
+       "data.batch_size 6 is not divisible by the 4 batch shards"),
   ]
 
 
@@ -139,12 +145,13 @@ def batch(tmp_path_factory) -> dict:
   commands["foreign"] = (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={foreign}",
                           "--mesh=gpu-h100-8x2"], foreign)
   for name, (flags_, train) in GOLDEN_CASES.items():
-    commands[name] = (["launch", "--dry_run", "--job_name=llm-1b", *flags_,
+    commands[name] = (["launch", "--dry_run", "--nocheck_fit", "--job_name=llm-1b", *flags_,
                        f"--record_dir={root / name}", "--", CONFIG, "--output_dir=/runs/llm_1b",
                        *train], root / name)
   for name, args in SCRIPTS.items():
     commands[name] = (["launch", *args(root / name)], root / name)
   commands.update(run_dir_states(root / "l2"))
+  commands.update(fit_checks(root))
   commands.update(records(root))
   results = cli_batch([argv for argv, _ in commands.values()])
   return {name: (result, where) for (name, (_, where)), result in zip(commands.items(), results)}
@@ -187,21 +194,55 @@ def test_launch_checks_the_run_directory_as_the_run_does_before_writing(batch):
   assert record.name == "001-local.sh" and "--overwrite" in record.read_text()
 
 
+# The test model with batches of 1024 x 8192 bytes: 2.5 TB of temporaries on a 16 GB chip.
+TOO_BIG = ["--config=configs/llama.py:size=test", "--mesh=tpu-v5e-1",
+           "--config.data.batch_size=1024", "--config.data.seq_len=8192", "--output_dir=/runs/x"]
+
+
+def fit_checks(root: pathlib.Path) -> dict[str, tuple[list[str], pathlib.Path]]:
+  """A job whose step needs more than its chip has, launched as is and with --force."""
+  tpu = ["launch", "--backend=tpu-vm", "--dry_run", "--tpu_name=t", "--zone=us-west4-a"]
+  return {"too-big": ([*tpu, f"--record_dir={root / 'too-big'}", "--", *TOO_BIG],
+                      root / "too-big"),
+          "too-big-forced": ([*tpu, "--force", f"--record_dir={root / 'forced'}", "--", *TOO_BIG],
+                             root / "forced")}
+
+
+def test_a_step_that_does_not_fit_its_mesh_is_refused_before_anything_is_written(batch):
+  """launch compiles the step as `axtrain plan` does and refuses a job whose step does not fit
+  the entry's devices, in one line with the figure, or with --force launches it with a warning."""
+  refused, where = batch["too-big"]
+  error = refused.stderr.strip().splitlines()[-1]
+  assert refused.returncode == 2, refused.stderr
+  m = re.match(r"axtrain: error: launch: the step does not fit tpu-v5e-1: it needs (\S+) GiB "
+               r"per device of (\S+) GiB usable \(TPU compiler peak\); `axtrain plan "
+               r"--config=configs/llama.py:size=test --config.data.batch_size=1024 "
+               r"--config.data.seq_len=8192 --mesh=tpu-v5e-1 --sweep` ranks settings that fit; "
+               r"--force launches it anyway$", error)
+  assert m and float(m[1]) > float(m[2]), error
+  assert not where.exists()
+  forced, where = batch["too-big-forced"]
+  assert forced.returncode == 0, forced.stderr
+  assert "axtrain launch: warning: the step does not fit tpu-v5e-1: it needs " in forced.stderr
+  assert [p.name for p in where.iterdir()] == ["001-tpu-vm.sh"]
+
+
 def records(root: pathlib.Path) -> dict[str, tuple[list[str], pathlib.Path]]:
   """Launches whose records land beside earlier ones, one outside the cluster's run directory,
   and one into a directory whose name needs quoting."""
-  tpu = ["launch", "--backend=tpu-vm", "--dry_run", "--tpu_name=t", "--zone=us-west4-a",
+  tpu = ["launch", "--backend=tpu-vm", "--dry_run", "--nocheck_fit", "--tpu_name=t",
+         "--zone=us-west4-a",
          f"--record_dir={root / 'tpu-records'}", "--", CONFIG, "--output_dir=/runs/llm_1b"]
   quoted = root / "it's a run"
   return {
       "tpu-16x2": ([*tpu, "--mesh=tpu-v5e-16x2"], root / "tpu-records"),
       "tpu-16": ([*tpu, "--mesh=tpu-v5e-16"], root / "tpu-records"),
-      "k8s-remote": (["launch", "--backend=k8s", "--dry_run", "--image=r/a:1",
+      "k8s-remote": (["launch", "--backend=k8s", "--dry_run", "--nocheck_fit", "--image=r/a:1",
                       f"--volume=runs:{REMOTE}", f"--record_dir={root / 'k8s-remote'}", "--",
                       CONFIG, f"--output_dir={REMOTE / '1b'}", "--mesh=gpu-h100-8"],
                      root / "k8s-remote"),
-      "slurm-quoted": (["launch", "--backend=slurm", "--", CONFIG, f"--output_dir={quoted}",
-                        "--mesh=gpu-h100-8"], quoted),
+      "slurm-quoted": (["launch", "--backend=slurm", "--nocheck_fit", "--", CONFIG,
+                        f"--output_dir={quoted}", "--mesh=gpu-h100-8"], quoted),
   }
 
 
@@ -432,13 +473,15 @@ def test_tpu_vm_scripts(rendered):
 SCRIPTS = {
     "slurm-gpu": lambda out: [
         "--backend=slurm", "--time=2-00:00:00", "--partition=h100", "--account=lm",
-        "--sbatch=--qos=high", "--sbatch=--exclusive", "--max_restarts=7", "--", CONFIG,
+        "--sbatch=--qos=high", "--sbatch=--exclusive", "--max_restarts=7", "--nocheck_fit", "--",
+        CONFIG,
         f"--output_dir={out}", "--mesh=gpu-h100-8x2"],
     "slurm-per-gpu": lambda out: [
-        "--backend=slurm", "--process_per=device", "--", CONFIG, f"--output_dir={out}",
+        "--backend=slurm", "--process_per=device", "--nocheck_fit", "--", CONFIG,
+        f"--output_dir={out}",
         "--mesh=gpu-h100-8x2"],
     "local-cpu": lambda out: [
-        "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=3", "--",
+        "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=4", "--",
         "--config=tests/testdata/ckpt_lm.py", f"--output_dir={out}", "--mesh=cpu"],
 }
 
@@ -465,7 +508,7 @@ def test_slurm_script_and_local_dry_run(batch):
   local = (cpu / "launch" / "001-local.sh").read_text()
   lines = [shlex.split(line.removesuffix(" &")) for line in local.splitlines()
            if "--process_id=" in line]
-  assert [words[0] for words in lines] == ["XLA_FLAGS=--xla_force_host_platform_device_count=3"] * 2
+  assert [words[0] for words in lines] == ["XLA_FLAGS=--xla_force_host_platform_device_count=4"] * 2
   assert [w for w in lines[0] if w.startswith("--process_id")] == ["--process_id=0"]
   assert [w for w in lines[1] if w.startswith("--process_id")] == ["--process_id=1"]
   address = {w for words in lines for w in words if w.startswith("--coordinator_address=127.0.0.1:")}

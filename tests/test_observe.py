@@ -213,3 +213,23 @@ def test_the_device_peak_counts_a_tpu_steps_reserved_scratch():
   assert metrics.device_peak(tpu) == 6055544832 + 5971755008
   assert metrics.device_peak({"bytes_in_use": 1, "peak_bytes_in_use": 7}) == 7
   assert metrics.device_peak({"bytes_in_use": 1}) is None
+
+
+def test_xlas_own_log_of_the_compile_goes_to_the_runs_compiler_log(tmp_path):
+  """XLA logs from C++ to the process's stderr; during the steps' compile (init, train, eval)
+  that goes to <run_dir>/compiler.log, with one axtrain note on the console. XLA's per-compile
+  lines (TF_CPP_VMODULE, in the test's environment only) show it; the compile cache is off so
+  that the steps really compile."""
+  from tests.conftest import cli  # pylint: disable=import-outside-toplevel
+  run = tmp_path / "run"
+  result = cli(f"--config={ROOT / 'tests' / 'testdata' / 'ckpt_lm.py'}",
+               "--config.trainer.max_steps=1", f"--output_dir={run}", "--noprogress",
+               env={"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1",
+                    "JAX_ENABLE_COMPILATION_CACHE": "false"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  log = (run / "compiler.log").read_text()
+  for program in ("jit_train_step", "jit_eval_step"):
+    assert f"Compiling: {program}" in log and program not in result.stderr, result.stderr[-3000:]
+  [note] = [line for line in result.stderr.splitlines() if "while compiling the steps" in line]
+  assert note.startswith("axtrain: note: XLA logged ") and note.endswith(str(run / "compiler.log"))
+  assert "compiler.log" in json.loads((run / "manifest.json").read_text())["files"]

@@ -327,15 +327,22 @@ def test_the_compilers_log_becomes_a_note_and_the_rest_passes_through(capfd):
   """XLA logs from C++ to file descriptor 2: a recognised line becomes one plan note, any other
   line reaches stderr unchanged, and the descriptor is restored after the compile."""
   notes = []
-  with plan._compiler_log(notes):  # pylint: disable=protected-access
+  with plan.compiler_log(notes):
     os.write(2, b"W1205 spmd_partitioner.cc:652] [SPMD] Involuntary full rematerialization. "
                 b"The compiler was not able to go from sharding {devices=[8,1]} to {replicated}"
                 b" ... Contact Shardy or XLA team.\n")
     os.write(2, b"E1205 something else entirely\n")
-  assert len(notes) == 1 and "gathering them whole" in notes[0]
+    os.write(2, b"W1206 03:08:23.664573 4754 hlo_rematerialization.cc:3231] Can't reduce memory "
+                b"use below 56.71GiB (60892098988 bytes) by rematerialization; only reduced to "
+                b"303.54GiB (325924685188 bytes), down from 303.67GiB (326059197844 bytes) "
+                b"originally\n")
+  assert len(notes) == 2 and "gathering them whole" in notes[1]
+  assert notes[0] == ("the compiler could not rematerialise the step within its memory limit "
+                      "(56.71GiB): it got it down to 303.54GiB")
   os.write(2, b"after\n")
   err = capfd.readouterr().err
   assert "something else entirely" in err and "after" in err and "Contact Shardy" not in err
+  assert "hlo_rematerialization" not in err
 
 
 # --- the memory sweep: knobs that keep the run's math, on one chip ------------------------

@@ -381,6 +381,84 @@ def test_raising_max_steps_extends_a_finished_run(copied, capsys):
     assert code == 2 and words in err and "pass --overwrite" in err, err
 
 
+def test_an_extension_past_an_unreadable_checkpoint_says_where_it_really_continues(copied,
+                                                                                    capsys):
+  """The newest checkpoint does not read: the run falls back to the one before, and the
+  extension's note and run.json name that step and its next step's learning rate."""
+  run, every = copied, "--config.checkpoint.every_steps=1"
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=3", every)
+  assert code == 0 and "continuing from step 1;" in err, err  # checkpoints 1, 2, 3
+  state = run / "checkpoints" / "3" / "state"
+  biggest = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  with open(biggest, "r+b") as f:
+    f.truncate(biggest.stat().st_size // 2)
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=5", every)
+  assert code == 0, err
+  assert "falling back to step 2" in err, err
+  [note] = [line for line in err.splitlines() if "extending run" in line]
+  assert "from trainer.max_steps 3 to 5, continuing from step 2;" in note, note
+  records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+  step3 = [r for r in records if r["step"] == 3 and "loss" in r][-1]  # the resumed run's
+  assert f"the learning rate of step 3 is {step3['learning_rate']:.3g} " in note, note
+  last = json.loads((run / "run.json").read_text())["extensions"][-1]
+  assert {k: last[k] for k in ("from_max_steps", "to_max_steps", "at_step")} == {
+      "from_max_steps": 3, "to_max_steps": 5, "at_step": 2}
+  assert last["learning_rate"] == pytest.approx(step3["learning_rate"], rel=1e-6)
+
+
+def test_an_emptied_run_json_is_written_again_with_a_note_naming_what_was_lost(copied, capsys):
+  run = copied
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")  # restarts 1
+  assert code == 0, err
+  (run / "run.json").write_text("")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert code == 0, err
+  [note] = [line for line in err.splitlines() if "run.json is empty" in line]
+  assert note.startswith(f"axtrain: note: {pathlib.Path('run') / 'run.json'} is empty: written "
+                         f"again; lost with it: first_start_time, restarts, extensions "), note
+  info = json.loads((run / "run.json").read_text())
+  assert info["status"] == "completed" and info["restarts"] == 0
+  assert info["rebuilt"]["reason"] == "run.json is empty"
+  assert info["rebuilt"]["lost"] == ["first_start_time", "restarts", "extensions"]
+
+
+def test_a_damaged_config_json_keeps_its_checkpoints_by_rewrite_config(copied, capsys):
+  """A corrupt config.json beside good checkpoints: the refusal names the way that keeps them,
+  which resumes them once they fit this command's model, and refuses a model they do not fit."""
+  run = copied
+  (run / "config.json").write_text("{not json")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert code == 2 and err.count("\n") == 1, err
+  assert "its checkpoints (steps 1) are intact: to resume them, run this command with " \
+      "--rewrite_config" in err and "--overwrite to start the run over, deleting them" in err, err
+  before = snapshot(run)
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
+                      "--config.model.dim=32", "--rewrite_config")
+  assert code == 2 and "--rewrite_config: parameter params." in err, err
+  assert snapshot(run) == before  # refused before anything was written
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
+                      "--rewrite_config")
+  assert code == 0 and "config.json was missing or not valid JSON: written again" in err, err
+  assert json.loads((run / "config.json").read_text())["trainer"]["max_steps"] == 2
+  info = json.loads((run / "run.json").read_text())
+  assert info["status"] == "completed" and info["resumed_from_step"] == 1
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
+                      "--rewrite_config")
+  assert code == 2 and "is fine; drop the flag" in err, err
+
+
+def test_init_from_run_across_scanned_and_unrolled_layers_names_scan_layers(completed, quick,
+                                                                            capsys):
+  """The test model unrolls its layers (QUICK): a scanned model from its checkpoint is told
+  which model.scan_layers reads it."""
+  code, err = axtrain(capsys, f"--config.init.from_run={completed}",
+                      "--config.model.scan_layers=true")
+  assert code == 2 and err == (
+      f"axtrain: error: init.from_run={completed}: the checkpoint ({completed / 'checkpoints'/ '1'})"
+      f" holds its layers unrolled (one set of arrays per layer), and this model's are the other "
+      f"way; set --config.model.scan_layers=false to read it\n"), err
+
+
 def _orbax_step(path: pathlib.Path, text: str) -> None:
   """A stand-in of an Orbax step folder: its metadata file and a state."""
   path.mkdir(parents=True)

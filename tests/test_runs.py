@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import shutil
 import statistics
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from launcher import main as main_lib, runs as runs_lib
+from launcher import eval_run, main as main_lib, runs as runs_lib
 from tests.conftest import ROOT
 
 LEARNING_RATES = ("1e-3", "3e-3", "1e-2")
@@ -19,6 +20,12 @@ SHORT = ["--config=configs/llama.py:size=test", "--config.trainer.max_steps=6",
          "--config.optimizer.schedule.warmup_steps=0",
          "--config.data.seq_len=32", "--config.eval.num_batches=1", "--config.eval.batch_size=8",
          "--progress=false"]
+
+
+@pytest.fixture(autouse=True)
+def no_terminal_width(monkeypatch):
+  """The tables here are compared whole: no width to fit unless a test sets COLUMNS."""
+  monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +236,14 @@ def test_docs_show_the_table_of_the_saved_sweep(capsys):
     assert run_dir.differences(stored, run_dir.identity(resolved)) == [], (
         f"configs/tiny.py changed since `make sweep-doc` ran: run it again")
   doc = (ROOT / "docs" / "runs.md").read_text()
+  # The eval example: what `axtrain eval` prints for the saved lr=3e-3 run's last evaluation,
+  # which on the run's own data is the logged eval_loss (tests/test_eval.py).
+  logged = [r for r in map(json.loads, (saved / "lr=3e-3" / "metrics.jsonl").read_text()
+                           .splitlines()) if "eval_loss" in r and "source" not in r][-1]
+  line = eval_run.result_line(logged["step"], logged,
+                              pathlib.Path("runs/sweep/lr=3e-3/metrics.jsonl"))
+  assert f"\n{line}\n" in doc, f"docs/runs.md should show the saved run's eval: {line}"
+  assert f'`"eval_loss": {logged["eval_loss"]!r}` at step {logged["step"]}' in doc
   listed = re.search(r"one object per run with the keys (.*?) \(`null`", doc, re.S)[1]
   fields = list(runs_lib.as_dict(runs_lib.Run(path=ROOT, config={}, info={}, train=[],
                                               evals=[]), []))
@@ -236,6 +251,59 @@ def test_docs_show_the_table_of_the_saved_sweep(capsys):
   header = cells(runs_lib.table([], []).splitlines()[0])
   rows = re.findall(r"^\| `([^`|]+)`(?:, `([^`|]+)`)? \|", doc, re.M)
   assert [c for row in rows for c in row if c] == header
+
+
+LONG = "model.dim=256,model.num_layers=8,trainer.seed=7,data.seq_len=512,notes=wider"
+
+
+@pytest.fixture
+def unlike(tmp_path):
+  """Three saved sweep runs made unlike: one switched to Lion, one with another model, seed,
+  sequence length and a long name (config.json edited: the table reads nothing else of it)."""
+  saved = ROOT / "tests" / "testdata" / "sweep"
+  out = tmp_path / "runs"
+  for source, name in (("lr=1e-3", "base"), ("lr=3e-3", "lion"), ("lr=1e-2", LONG)):
+    shutil.copytree(saved / source, out / name)
+  def edit(name, change):
+    path = out / name / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+  edit("lion", lambda c: c.update(optimizer={
+      "kind": "lion", "learning_rate": 3e-4, "b1": 0.9, "b2": 0.99, "clip_norm": 1.0,
+      "weight_decay": 0.1, "decay_embeddings": True, "state_dtype": "float32",
+      "schedule": c["optimizer"]["schedule"]}))
+  def other_model(c):
+    c["model"].update(dim=256, num_layers=8)
+    c["trainer"]["seed"] = 7
+    c["data"]["seq_len"] = 512
+  edit(LONG, other_model)
+  return out
+
+
+def test_a_table_of_unlike_runs_fits_the_terminal_and_columns_choose(unlike, capsys,
+                                                                    monkeypatch):
+  code, out, err = axtrain(capsys, unlike)  # not a terminal: every differing key, whole
+  assert code == 0 and err == "", err
+  header = cells(out.splitlines()[0])
+  assert "optimizer.kind" in header and "model.num_layers" in header and "trainer.seed" in header
+  assert "optimizer.eps" not in header  # AdamW's own field: the kind column says it
+  monkeypatch.setenv("COLUMNS", "80")
+  code, out, err = axtrain(capsys, unlike)
+  assert code == 0 and max(map(len, out.splitlines())) <= 80, out
+  header, *rows = out.splitlines()
+  assert "kind" in cells(header), out  # optimizer.kind, by the end of its key
+  assert {"status", "steps", "loss", "final"} <= set(cells(header))
+  assert any(cells(row)[0].endswith("...") for row in rows)  # the long name, cut
+  assert err.startswith("axtrain: note: runs: left out to fit 80 characters: best eval, "
+                        "tokens/s, MFU, wall, model.num_layers, "), err
+  monkeypatch.delenv("COLUMNS")
+  code, out, err = axtrain(capsys, unlike, "--columns=learning_rate,seed")
+  assert code == 0 and err == "", err
+  assert cells(out.splitlines()[0])[:4] == ["run", "optimizer.learning_rate", "trainer.seed",
+                                            "status"]
+  code, out, err = axtrain(capsys, unlike, "--columns=sede")
+  assert code == 2 and "--columns: 'sede' is no config key of these runs" in err, err
 
 
 def test_plot_inside_a_run_directory_is_refused(capsys, tmp_path):

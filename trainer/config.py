@@ -16,12 +16,13 @@ import dataclasses
 import importlib.util
 import math
 import typing
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import ml_collections
 
 from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
+from trainer.ranges import NON_NEGATIVE, Interval, check_ranges
 
 
 MAX_STEP = 2 ** 31 - 1  # the train state counts steps in int32
@@ -59,6 +60,8 @@ class TrainerConfig:
   peak_flops: float = 0.0
   profile_steps: tuple[int, ...] = ()  # (first, last): jax.profiler trace of these steps into <run_dir>/profile/; () = off
   wandb_project: str = ""  # Weights & Biases project to log metrics to (needs `pip install wandb`); "" = off
+  RANGES: ClassVar = {"loss_chunk_size": NON_NEGATIVE, "microbatch_rows": NON_NEGATIVE,
+                      "hang_timeout_s": NON_NEGATIVE, "peak_flops": NON_NEGATIVE}
 
   def check(self):
     for name in ("max_steps", "log_every", "grad_accum_steps"):
@@ -69,14 +72,10 @@ class TrainerConfig:
                           f"int32), got {getattr(self, name):,}")
     if not 0 <= self.seed < 2 ** 63:
       raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
-    if self.loss_chunk_size < 0 or self.microbatch_rows < 0:
-      raise ConfigError(f"trainer.loss_chunk_size and microbatch_rows must be >= 0, got "
-                        f"{self.loss_chunk_size} and {self.microbatch_rows}")
+    check_ranges(self, "trainer")
     if not 0 <= self.z_loss < math.inf:
       raise ConfigError(f"trainer.z_loss must be a finite number >= 0 (0 = off), got "
                         f"{self.z_loss}")
-    if self.hang_timeout_s < 0 or self.peak_flops < 0:
-      raise ConfigError("trainer: hang_timeout_s and peak_flops must be >= 0")
     if self.profile_steps and (len(self.profile_steps) != 2
                                or not 1 <= self.profile_steps[0] <= self.profile_steps[1]
                                <= self.max_steps):
@@ -97,12 +96,11 @@ class EvalConfig:
   # in several passes (strided rows, as trainer.microbatch_rows): the same sums with less
   # memory. 0 = the whole batch at once.
   microbatch_rows: int = 0
+  RANGES: ClassVar = {"every_steps": NON_NEGATIVE, "batch_size": Interval(1),
+                      "num_batches": Interval(1), "microbatch_rows": NON_NEGATIVE}
 
   def check(self):
-    if (self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0
-        or self.microbatch_rows < 0):
-      raise ConfigError("eval: every_steps and microbatch_rows must be >= 0, batch_size and "
-                        "num_batches positive")
+    check_ranges(self, "eval")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,12 +133,11 @@ class CheckpointConfig:
   # Resume from this committed step instead of the latest (newer ones are set aside); 0 = latest.
   # Not part of the run's identity: changing it does not make the run directory "different".
   restore_step: int = 0
+  RANGES: ClassVar = {"every_steps": NON_NEGATIVE, "keep": Interval(1),
+                      "keep_every_steps": NON_NEGATIVE, "restore_step": NON_NEGATIVE}
 
   def check(self):
-    if self.every_steps < 0 or self.keep <= 0:
-      raise ConfigError("checkpoint: every_steps must be >= 0 and keep positive")
-    if self.keep_every_steps < 0 or self.restore_step < 0:
-      raise ConfigError("checkpoint: keep_every_steps and restore_step must be >= 0")
+    check_ranges(self, "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

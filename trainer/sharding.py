@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from core.registry import ConfigError
 from trainer.config import MeshConfig
@@ -44,13 +46,33 @@ def _show(sizes: dict[str, int]) -> str:
   return ",".join(f"{a}={n}" for a, n in sizes.items())
 
 
-def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
+@dataclasses.dataclass(frozen=True)
+class Elsewhere:
+  """`count` devices of `platform` that this process does not have: those of a job that
+  `axtrain launch` is about to start. make_mesh lays them out as an AbstractMesh, on which
+  experiment.build makes every shape check a process makes, and nothing compiles."""
+  count: int
+  platform: str
+
+  def __len__(self) -> int:
+    return self.count
+
+  def __getitem__(self, index: int):
+    if not -self.count <= index < self.count:
+      raise IndexError(index)
+    return types.SimpleNamespace(platform=self.platform)
+
+
+def make_mesh(sizes: dict[str, int], devices=None) -> Mesh | AbstractMesh:
   """A mesh whose outer axes cross the slow links (hosts, TPU slices) and inner ones the fast;
-  an axis of AXES missing from `sizes` has size 1.
+  an axis of AXES missing from `sizes` has size 1; for devices `Elsewhere`, an abstract one.
 
   Axis types are Auto: shardings come from in/out shardings and the logical
   constraints, and XLA propagates the rest.
   """
+  if isinstance(devices, Elsewhere):
+    return AbstractMesh(tuple(sizes.get(a, 1) for a in AXES), AXES,
+                        axis_types=(AxisType.Auto,) * len(AXES))
   devices = list(jax.devices() if devices is None else devices)
   grid = device_grid(tuple(sizes.get(a, 1) for a in AXES), devices)
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))

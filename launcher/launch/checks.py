@@ -7,8 +7,11 @@ filesystem (local, Slurm), the directory is checked as a run checks it before it
 disk: writable (launcher/run_dir.py:check_writable), not inside another run
 (launcher/folders.py:enclosing_run), and its state under the run lock
 (launcher/run_dir.py:RunDir.prepare: a different config, completed, files that are not a
-run's; a checkpoint.restore_step that exists). So a launch that its processes would refuse is
-refused here, in one line, before its record is written.
+run's; a checkpoint.restore_step that exists). The shapes are checked as each process checks
+them when it builds the run, for the launch's device count on an abstract mesh (`layout`); a
+named mesh entry's step is compiled on this machine as `axtrain plan` compiles it, and one that
+does not fit its devices' memory is refused (`fit`). So a launch that its processes would refuse
+is refused here, in one line, before its record is written.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import shlex
+import subprocess
+import sys
 from typing import Any, Callable, Iterator
 
 from absl import flags
@@ -99,7 +105,8 @@ def claimed(train: Train) -> Iterator[str]:
   with run_lock.RunLock(rd.path):
     if train.config_known:
       resolved = json.loads(train.config.to_json_best_effort())
-      state = rd.prepare(resolved, overwrite=train.fv.overwrite)
+      state = rd.prepare(resolved, overwrite=train.fv.overwrite,
+                         rewrite_config=train.fv.rewrite_config)
     else:
       state = "unchecked"
       foreign = rd.foreign() if rd.path.is_dir() else []
@@ -115,3 +122,71 @@ def completed_note(run_dir: pathlib.Path) -> str:
   hint = "raise --config.trainer.max_steps to extend it" + (
       "" if run_dir_lib.RunDir(run_dir).unproven() else ", or pass --overwrite to train again")
   return f"{run_dir} already completed; nothing to do ({hint}); nothing written or started"
+
+
+def layout(train: Train, num_devices: int | None, platform: str | None) -> None:
+  """The shape checks each process makes when it builds the run (trainer/experiment.py:build:
+  the batch over its shards, parameters over their mesh axes, pipeline stages, context chunks),
+  for `num_devices` devices of `platform` on an abstract mesh: no device is opened here and
+  nothing compiles. Skipped where the count or the config is not known here."""
+  if not train.config_known or num_devices is None or platform is None:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, experiment, meshes, sharding  # pylint: disable=import-outside-toplevel
+  if not xla_bridge.backends_are_initialized():  # launch computes nothing: never an accelerator
+    jax.config.update("jax_platforms", "cpu")
+  experiment.build(config_lib.parse(train.config), meshes.lookup(train.mesh),
+                   sharding.Elsewhere(num_devices, platform))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fit:
+  """What `axtrain plan --json` found of the step on the mesh entry's devices."""
+  fits: bool
+  text: str  # `needs X per device of Y usable (basis)`
+  command: str  # the plan command, to run by hand
+
+
+def fit(train: Train) -> Fit:
+  """Compiles the train and eval steps for the mesh entry, in a subprocess of `axtrain plan
+  --json` (which restarts itself with what a GPU or Trainium entry's compile needs): the same
+  compile and verdict as the plan. UserError when the plan cannot compile here."""
+  from planner import plan_report  # pylint: disable=import-outside-toplevel
+  args = [f"--config={config_loading.config_file_arg(list(train.args))}",
+          *(f"--config.{path}={value}" for path, value in config_loading.overrides(
+              list(train.args))), f"--mesh={train.mesh}"]
+  command = shlex.join(["axtrain", "plan", *args])
+  result = subprocess.run([sys.executable, "-m", "launcher", "plan", "--json", *args],
+                          capture_output=True, text=True, check=False)
+  if result.returncode != 0:
+    lines = result.stderr.strip().splitlines() or [f"exit {result.returncode}"]
+    error = next((l for l in reversed(lines) if l.startswith("axtrain: error: ")), lines[-1])
+    raise UserError(f"launch: the memory check (`{command}`) did not compile: "
+                    f"{error.removeprefix('axtrain: error: ')}; --nocheck_fit skips it")
+  p = json.loads(result.stdout)
+  basis = (f"{' '.join(p['compiler'].split()[:2])} peak" if p["fit_source"] == "compiler"
+           else "analytic model total")
+  return Fit(fits=p["fits"], command=command,
+             text=f"needs {plan_report.gib(p['needed'])} per device of "
+                  f"{plan_report.gib(p['usable'])} usable ({basis})")
+
+
+def check_fit(train: Train, *, force: bool, say: Callable[[str], None]) -> None:
+  """Refuses (UserError) a job whose step does not fit the named mesh entry's devices, unless
+  `force` (then a warning); says what it found. Skipped for an entry without a fixed size."""
+  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  if not train.config_known or meshes.lookup(train.mesh).num_devices is None:
+    return
+  say(f"compiling the step for {train.mesh} as `axtrain plan` does, to check that it fits "
+      f"(seconds for a small model, minutes for a large one; --nocheck_fit skips it)")
+  found = fit(train)
+  if found.fits:
+    say(f"the step fits {train.mesh}: it {found.text}")
+    return
+  what = f"the step does not fit {train.mesh}: it {found.text}"
+  if force:
+    say(f"warning: {what}; launching it anyway (--force)")
+    return
+  raise UserError(f"launch: {what}; `{found.command} --sweep` ranks settings that fit; --force "
+                  f"launches it anyway")

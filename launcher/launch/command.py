@@ -10,8 +10,10 @@ examples:
   axtrain launch --backend=tpu-vm --tpu_name=my-tpu --zone=us-west4-a -- --config=configs/llm_1b.py --mesh=tpu-v5e-16 --output_dir=/mnt/runs/1b
 
 First it makes the checks the processes would make before they touch the disk (the config;
-the run directory: a different config, completed, inside another run; local: the mesh entry
-against this machine). Then it writes what starts the run as a new record, never replacing an
+the run directory: a different config, completed, inside another run; the shapes over the
+job's devices; local: the mesh entry against this machine); for a named mesh entry it compiles
+the step as `axtrain plan` does and refuses one that does not fit its devices (--force: a
+warning instead; --nocheck_fit: no compile). Then it writes what starts the run as a new record, never replacing an
 earlier one (the highest NNN is the newest): launch/NNN-local.sh or launch/NNN-slurm.sbatch in
 the run directory, NNN-k8s.yaml or NNN-tpu-vm.sh in --record_dir (the cluster's run directory
 is not created here). It prints it, then: local runs the processes (unless --dry_run); slurm,
@@ -66,6 +68,12 @@ def _define_flags() -> flags.FlagValues:
                       "slurm and tpu-vm, the image's for k8s).", flag_values=fv)
   flags.DEFINE_integer("max_restarts", 5, "slurm: requeues after exit 75; k8s: failures per "
                        "pod counted by backoffLimit.", flag_values=fv)
+  flags.DEFINE_boolean("check_fit", True, "Compile the step for a named mesh entry on this "
+                       "machine, as `axtrain plan` does (seconds for a small model, minutes for a "
+                       "large one), and refuse a job whose step does not fit its devices' memory; "
+                       "--nocheck_fit skips the compile.", flag_values=fv)
+  flags.DEFINE_boolean("force", False, "Launch a job even when that check finds its step too "
+                       "big for the devices (a warning instead of the refusal).", flag_values=fv)
   flags.DEFINE_string("record_dir", None, "k8s, tpu-vm: where this machine keeps the launch "
                       "record (default: launches/<job name>); local and slurm keep it in the run "
                       "directory's launch/.", flag_values=fv)
@@ -114,6 +122,7 @@ def main(argv: list[str], *, parse_train: Callable[[list[str]], flags.FlagValues
   if fv.max_restarts < 0:
     raise UserError(f"--max_restarts={fv.max_restarts}: must be >= 0")
   train = checks.resolve(train_args, train_fv)
+  checks.layout(train, layout.num_devices, layout.platform)
   job = _job(fv, backend, argv=argv, train=train, layout=layout)
   backend.check(job, fv)
   if backend.runs_here:
@@ -126,6 +135,8 @@ def main(argv: list[str], *, parse_train: Callable[[list[str]], flags.FlagValues
     if state == "completed":
       say(checks.completed_note(job.run_dir))
       return 0
+    if fv.check_fit:
+      checks.check_fit(train, force=fv.force, say=say)
     say(f"{backend.name}: {layout.describe()}; run directory {job.run_dir}")
     for text in texts.values():
       sys.stdout.write(text)
@@ -172,6 +183,7 @@ def say(text: str) -> None:
 
 
 def _parse(fv: flags.FlagValues, ours: list[str]) -> None:
+  config_loading.check_values(fv, ours)
   try:
     rest = fv(ours)
   except flags.UnrecognizedFlagError as e:

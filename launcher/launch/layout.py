@@ -36,6 +36,14 @@ class Layout:
     return self.num_hosts * self.processes_per_host
 
   @property
+  def num_devices(self) -> int | None:
+    """Devices of the whole job; None where each process takes all its host shows (not
+    known here)."""
+    if self.devices_per_process is None:
+      return None
+    return self.num_processes * self.devices_per_process
+
+  @property
   def hosts_per_slice(self) -> int:
     return self.num_hosts // self.num_slices
 

@@ -38,6 +38,7 @@ def write_records(path: str, records_: list[bytes]) -> None:
 
 @DATA.register("arrayrecord", ArrayRecordConfig)
 class ArrayRecordSource(DocumentSource):
+  SUFFIXES = (".array_record",)
 
   @staticmethod
   def write(directory, texts):

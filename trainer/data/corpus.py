@@ -22,6 +22,7 @@ import os
 import pathlib
 import zlib
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
@@ -145,7 +146,10 @@ class CorpusSource(Source):
 
 class DocumentSource(CorpusSource):
   """A corpus read from user files (`cfg.path`, a file, glob or directory), document by
-  document; a subclass gives the reader."""
+  document; a subclass gives the reader, and the endings of its files' names (`SUFFIXES`,
+  lowercase), from which `axtrain tokenize` infers the kind of its input."""
+
+  SUFFIXES: ClassVar[tuple[str, ...]] = ()
 
   @staticmethod
   @abc.abstractmethod
@@ -218,3 +222,11 @@ def corpus_kinds() -> list[str]:
 def document_kinds() -> list[str]:
   """The registered kinds that read user files (also `axtrain tokenize --kind`)."""
   return _kinds(DocumentSource)
+
+
+def kinds_of(files: list[str]) -> dict[str, str | None]:
+  """Each file's name ending (lowercase; '' for none) -> the document kind whose SUFFIXES hold
+  it, None where no kind's do."""
+  by_suffix = {s: k for k in document_kinds() for s in DATA.entry(k).target.SUFFIXES}
+  endings = {pathlib.PurePath(f).suffix.lower() for f in files}
+  return {e: by_suffix.get(e) for e in sorted(endings)}

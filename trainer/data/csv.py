@@ -34,6 +34,7 @@ def _no_cell_limit():
 
 @DATA.register("csv", CsvConfig)
 class CsvSource(DocumentSource):
+  SUFFIXES = (".csv",)
 
   @staticmethod
   def write(directory, texts):

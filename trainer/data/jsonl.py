@@ -22,6 +22,7 @@ class JsonlConfig(DocumentFilesConfig):
 
 @DATA.register("jsonl", JsonlConfig)
 class JsonlSource(DocumentSource):
+  SUFFIXES = (".jsonl", ".ndjson")
 
   @staticmethod
   def write(directory, texts):

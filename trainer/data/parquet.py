@@ -21,6 +21,7 @@ class ParquetConfig(DocumentFilesConfig):
 
 @DATA.register("parquet", ParquetConfig)
 class ParquetSource(DocumentSource):
+  SUFFIXES = (".parquet",)
 
   @staticmethod
   def write(directory, texts):

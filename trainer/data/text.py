@@ -19,6 +19,7 @@ class TextConfig(DocumentFilesConfig):
 
 @DATA.register("text", TextConfig)
 class TextSource(DocumentSource):
+  SUFFIXES = (".txt", ".text", ".md")
 
   @staticmethod
   def write(directory, texts):
