@@ -31,8 +31,10 @@ Mistakes print one line `axtrain: error: ...` and exit with code 2.
 
 Re-running the command of an unfinished run resumes it from its last committed
 checkpoint (docs/fault_tolerance.md). Exit codes: 0 done, 1 failed (non-finite
-loss, no usable checkpoint), 2 usage error or run directory in use, 75
-preempted by SIGTERM/SIGINT with a checkpoint saved: retry the same command.
+loss, no usable checkpoint), 2 usage error or run directory in use, 74 no space
+left on the run's disk (one line names the file, what it needed and what is free;
+free space, then retry the same command), 75 preempted by SIGTERM/SIGINT with a
+checkpoint saved: retry the same command.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ import sys
 from absl import flags
 
 from launcher import config_loading, distributed, platforms
-from launcher.errors import EXIT_USAGE, ConfigError, UserError, suggest
+from launcher.errors import EXIT_NO_SPACE, EXIT_USAGE, ConfigError, UserError, suggest
+from trainer import disk
 
 
 def _define_flags(argv: list[str]) -> flags.FlagValues:
@@ -131,6 +134,13 @@ def main(argv: list[str], *, callbacks=()) -> int:
     message = " ".join(str(e).split())
     print(f"axtrain: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless a disk was full)
+    full = disk.as_no_space(e)
+    if full is None:
+      raise
+    print(f"axtrain: error: {full}; free space there, then run the same command again",
+          file=sys.stderr)
+    return EXIT_NO_SPACE
 
 
 def _command_hint(argv: list[str]) -> str:

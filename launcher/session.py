@@ -21,8 +21,9 @@ from absl import flags
 
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
-from launcher.errors import UserError
-from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
+from launcher.errors import EXIT_NO_SPACE, UserError
+from trainer import checkpoint, checkpoint_files, config as config_lib, disk
+from trainer import experiment as experiment_lib
 from trainer import flops, loop, meshes, schedules, sharding
 from planner import step_memory
 from trainer.progress import Progress
@@ -201,7 +202,10 @@ def _train(this: Run) -> int:
   except KeyboardInterrupt:
     finish("interrupted")
     raise
-  except Exception:
+  except Exception as e:  # pylint: disable=broad-except
+    full = disk.as_no_space(e)  # a write of the run (metrics, a checkpoint, ...) found no room
+    if full is not None:
+      return _no_space(this, finish, full)
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   return _finished(this, result, finish, progress)
@@ -231,6 +235,23 @@ def _failed(this: Run, finish, message: str) -> int:
   finish("failed", error=message)
   print(f"axtrain: error: {message}", file=sys.stderr, flush=True)
   return EXIT_FAILED
+
+
+def _no_space(this: Run, finish, full: disk.NoSpace) -> int:
+  """A write of the run found its disk full: one line saying where, what it needed and how to go
+  on, recorded in run.json where that still fits (else run.json keeps `running`, which the same
+  command resumes all the same); EXIT_NO_SPACE."""
+  steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
+  then = (f"it resumes from its checkpoint of step {steps[-1]}" if steps
+          else "it starts over, no checkpoint was written yet")
+  message = (f"{full}; {'raise the quota or delete files' if full.quota else 'free space'} "
+             f"there, then run the same command again: {then}")
+  try:
+    finish("failed", error=message)
+  except disk.NoSpace:
+    pass
+  print(f"axtrain: error: {message}", file=sys.stderr, flush=True)
+  return EXIT_NO_SPACE
 
 
 def _checkpoint_advice(rd: run_dir_lib.RunDir, e: Exception) -> str:
