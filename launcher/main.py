@@ -34,7 +34,8 @@ checkpoint (docs/fault_tolerance.md). Exit codes: 0 done, 1 failed (non-finite
 loss, no usable checkpoint), 2 usage error or run directory in use, 74 no space
 left on the run's disk (one line names the file, what it needed and what is free;
 free space, then retry the same command), 75 preempted by SIGTERM/SIGINT with a
-checkpoint saved: retry the same command.
+checkpoint saved, or SIGTERM before training: retry the same command; 130 Ctrl-C
+(SIGINT) before training began, nothing written.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import sys
 
 from absl import flags
 
-from launcher import config_loading, distributed, platforms
+from launcher import config_loading, distributed, platforms, preemption
 from launcher.errors import EXIT_NO_SPACE, EXIT_USAGE, ConfigError, UserError, suggest
 from trainer import disk
 
@@ -112,9 +113,18 @@ COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "gener
 ON_LOCAL_DEVICES = frozenset({"convert", "generate", "eval"})
 
 
-def run() -> None:
-  """Console-script entry point."""
-  sys.exit(main(sys.argv))
+def run(argv: list[str] | None = None, *, callbacks=()) -> None:
+  """Console-script entry point: `main` with the process's SIGINT/SIGTERM handling installed
+  (launcher/preemption.py:Interruptions: a signal before training stops it in one line), then
+  exit with its code. tests/launch_with_hooks.py passes `argv` and loop `callbacks`."""
+  argv = sys.argv if argv is None else argv
+  training = len(argv) < 2 or argv[1] not in COMMANDS
+  interruptions = preemption.Interruptions(what=(
+      " before training began; nothing is half-written: the same command starts or resumes "
+      "the run" if training else "")).install()
+  code = main(argv, callbacks=callbacks)
+  interruptions.finishing()
+  sys.exit(code)
 
 
 def main(argv: list[str], *, callbacks=()) -> int:

@@ -82,6 +82,13 @@ class RunLock:
         break  # something else was written there meanwhile: leave it
     self._created = []
 
+  def forget(self) -> None:
+    """What a refused command leaves, for a process about to end without unwinding (a signal
+    before training, launcher/preemption.py): the lock file as found, or none; the kernel
+    drops the lock itself."""
+    self._put_back()
+    self.undo()
+
   def __exit__(self, exc_type, *exc):
     refused = exc_type is not None and issubclass(exc_type, ConfigError)
     if refused:

@@ -7,6 +7,7 @@ each live in their own module; this one only puts them in order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -85,7 +86,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   try:
     if not main_process:
       return _train(this)
-    with run_lock.RunLock(rd.path):
+    with run_lock.RunLock(rd.path) as lock, preemption.undone_on_stop(lock.forget):
       return _train(this)
   except distributed.PeerLost:
     distributed.exit_alone(EXIT_FAILED)  # after the lock's release
@@ -180,13 +181,14 @@ def _train(this: Run) -> int:
   extension = _extension(rd, exp) if state == "extend" else None
   compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
   if this.main_process:
-    _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
+    with preemption.held():  # a signal lets the run directory's files be written whole first
+      _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
   stop, stop_requested, callbacks = _stop_handling(this, finish, progress)
   try:
-    with stop.installed():
+    with stop.installed(), _then_finishing():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
                           checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
                           callbacks=callbacks,
@@ -209,6 +211,16 @@ def _train(this: Run) -> int:
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   return _finished(this, result, finish, progress)
+
+
+@contextlib.contextmanager
+def _then_finishing():
+  """After the loop (inside the signal handling of the loop, so no signal falls between), later
+  signals change nothing: run.json and the last line follow, then the exit."""
+  try:
+    yield
+  finally:
+    preemption.finishing()
 
 
 def _start(this: Run, *, fresh: bool, extension: dict | None, compiled: dict) -> None:

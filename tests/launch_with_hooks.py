@@ -34,6 +34,22 @@ class PauseAfter(Callback):
         time.sleep(0.01)
 
 
+class PauseAtEval(PauseAfter):
+  """Holds the loop as the evaluation after step `step` reports (its record), like PauseAfter."""
+
+  def on_step_end(self, step: int, loop) -> None:
+    del step, loop
+
+  def on_record(self, record: dict) -> None:
+    if record["step"] == self.step and "eval_loss" in record:
+      self.paused_file.write_text(str(self.step))
+      while not self.loop.stop_requested():
+        time.sleep(0.01)
+
+  def on_train_start(self, loop) -> None:
+    self.loop = loop  # pylint: disable=attribute-defined-outside-init
+
+
 class HoldAfter(Callback):
   """Holds the loop after step `step` until `release_file` exists (`held_file`.<process index>
   is written when the hold begins), then sleeps `then_sleep_s` after each later step.
@@ -131,6 +147,9 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
   if "pause_after_step" in options:
     callbacks.append(PauseAfter(int(options.pop("pause_after_step")),
                                 pathlib.Path(options.pop("paused_file"))))
+  if "pause_at_eval" in options:
+    callbacks.append(PauseAtEval(int(options.pop("pause_at_eval")),
+                                 pathlib.Path(options.pop("paused_file"))))
   if "hold_after_step" in options:
     callbacks.append(HoldAfter(int(options.pop("hold_after_step")),
                                pathlib.Path(options.pop("held_file")),
@@ -155,4 +174,4 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
 if __name__ == "__main__":
   from launcher import main  # pylint: disable=import-outside-toplevel
   hooks, axtrain_args = parse(sys.argv[1:])
-  sys.exit(main.main(["axtrain", *axtrain_args], callbacks=hooks))
+  main.run(["axtrain", *axtrain_args], callbacks=hooks)

@@ -422,3 +422,28 @@ def test_full_tmpfs_at_a_metrics_write(small_disk, ref, cache, capfd):
   assert cu.losses(run_dir) == cu.losses(ref)
   assert_same_params(ref, run_dir)
 
+
+@pytest.mark.slow  # four interrupted runs and their resumes (make test-slow)
+@pytest.mark.parametrize("moment,pause,at,code,saved", [
+    ("the first step", 1, "pause_after_step", EXIT_PREEMPTED, [1]),
+    ("a checkpoint write", 10, "pause_after_step", EXIT_PREEMPTED, [10]),
+    ("an evaluation", 15, "pause_at_eval", EXIT_PREEMPTED, [10, 16]),
+    ("the last step", 30, "pause_after_step", 0, [10, 20, 30]),
+])
+def test_ctrl_c_in_the_loop(tmp_path, ref, cache, capfd, moment, pause, at, code, saved):
+  """Ctrl-C at `moment`: the step in flight finishes and is saved, exit 75 (after the last step
+  the run simply completes, exit 0); nothing is half-written, so the same command then ends
+  where the uninterrupted run ends, bit for bit. (Before the loop: tests/test_preemption.py.)"""
+  del moment
+  run_dir, extra = tmp_path / "run", ("--config.eval.every_steps=15",)
+  proc = cu.start_paused(run_dir, cache, pause, *extra, at=at)
+  rc, err = cu.signal_and_wait(proc, signal.SIGINT)
+  assert rc == code, err[-3000:]
+  assert "SIGINT: finishing the current step and saving a checkpoint" in err
+  assert "Traceback" not in err, err[-3000:]
+  assert cu.steps(run_dir) == saved and checkpoint_folders(run_dir) == [str(s) for s in saved]
+  result = cu.run_here(capfd, run_dir, cache, *extra)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.status(run_dir) == "completed"
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)
