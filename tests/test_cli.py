@@ -359,3 +359,15 @@ def test_a_misspelt_config_flag_or_file_gets_a_did_you_mean(capsys, args, messag
   """Run from the repository root (as the README's commands are)."""
   code, _, err = run_main(capsys, *args)
   assert code == 2 and err == f"axtrain: error: {message}\n", err
+
+
+@pytest.mark.parametrize("flag,hint", [
+    ("--max_step=20", "did you mean --config.trainer.max_steps?"),
+    ("--trainer.max_steps=20", "did you mean --config.trainer.max_steps?"),
+    ("--learning_rate=1e-3", "did you mean --config.optimizer.learning_rate?"),
+    ("--batch_size=4", "did you mean one of --config.data.batch_size, --config.eval.batch_size?")])
+def test_a_flag_named_like_a_config_field_points_to_it(capsys, flag, hint):
+  code, _, err = run_main(capsys, "--config=configs/tiny.py", flag)
+  name = flag.split("=")[0]
+  assert code == 2 and err == (f"axtrain: error: unknown flag {name} ({hint} config fields are "
+                               f"set as --config.<path>); see --help\n"), err
