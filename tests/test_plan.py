@@ -214,6 +214,14 @@ def test_unknown_mesh_suggests(capsys):
   assert out.err.count("\n") == 1 and "unknown mesh (did you mean 'tpu-v5e-" in out.err
 
 
+def test_a_mistyped_flag_is_reported_before_a_bad_mesh(capsys):
+  """The first mistake on the line, not the mesh: a flag typo is named (with its did-you-mean)
+  even where --mesh is wrong too."""
+  code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-17", "--jsn")
+  assert code == 2 and out.err == ("axtrain: error: unknown flag --jsn (did you mean 'json'?); "
+                                   "see --help\n"), out.err
+
+
 def test_ops_top_below_one_is_refused_before_compiling(capsys):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-4", "--ops",
                     "--ops_top=0")
