@@ -9,8 +9,8 @@ training, and nothing to stop half-way: the process ends without unwinding, whic
 delivered as an exception (KeyboardInterrupt) cannot promise (raised in a garbage-collector
 callback or a C extension's import, it is swallowed or turned into another error).
 
-In the training loop (`Preemption`) the first signal only sets a flag that the training loop polls after each
-step. A second signal exits at once (still EXIT_PREEMPTED): a save in flight
+In the training loop (`Preemption`) the first signal only sets a flag that the training loop
+polls after each step. A second signal exits at once (still EXIT_PREEMPTED): a save in flight
 is abandoned in its temporary directory, so the last committed checkpoint is
 untouched and the run resumes from it.
 

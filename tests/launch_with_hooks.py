@@ -1,7 +1,7 @@
 """axtrain with test callbacks, for tests that need a real process (signals, exit codes).
 
-    python tests/launch_with_hooks.py [--pause_after_step=N | --pause_at_eval=N --paused_file=PATH] \\
-        [--nan_at_step=N] \\
+    python tests/launch_with_hooks.py \\
+        [--pause_after_step=N | --pause_at_eval=N --paused_file=PATH] [--nan_at_step=N] \\
         [--hold_after_step=N --held_file=PATH --release_file=PATH [--then_sleep_s=S]] \\
         [--save_params_at_start=PATH] [--fill_disk_after_step=N --filler=PATH] \\
         [--no_room_check] -- --config=... (axtrain's own arguments)

@@ -1,4 +1,5 @@
-"""Exact resume after SIGKILL and SIGTERM, on another mesh, past a corrupt checkpoint and a full disk.
+"""Exact resume after SIGKILL and SIGTERM, on another mesh, past a corrupt checkpoint and a full
+disk.
 
 All runs train tests/testdata/ckpt_lm.py (30 steps, checkpoints every 10, every
 step logged) and are compared with one uninterrupted run. Runs that are signalled, run on
