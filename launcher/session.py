@@ -300,8 +300,11 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
          time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step,
          compiled_step=result.compiled, profiles=result.profiles)
-  progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
-                   f"run directory {rd.path}")
+  done = f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; run directory {rd.path}"
+  if progress.enabled:
+    progress.message(done)
+  elif this.main_process:  # --noprogress leaves out the progress lines, not the outcome
+    print(done, file=sys.stderr)
   return 0
 
 

@@ -164,9 +164,10 @@ def test_splash_off_tpu_says_it_runs_in_interpret_mode(capsys, tmp_path):
                           "--config.trainer.hang_timeout_s=0",  # its watchdog needs a real stderr
                           f"--output_dir={tmp_path / 'run'}")
   assert code == 0, err
-  assert err == ("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu it runs "
-                 "in Pallas interpret mode (slow, for tests); xla or chunked attention is fast "
-                 "here\n"), err
+  assert err.startswith("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu "
+                        "it runs in Pallas interpret mode (slow, for tests); xla or chunked "
+                        "attention is fast here\naxtrain: done; "), err
+  assert err.count("\n") == 2, err
 
 
 def test_version(capsys):
@@ -227,6 +228,10 @@ def test_a_run_shorter_than_its_warmup_trains(capsys, tmp_path):
                           f"--output_dir={tmp_path / 'run'}")
   assert code == 0, err
   assert err.startswith("axtrain: note: optimizer.schedule.warmup_steps ")
+  # --noprogress leaves out the progress lines, not the run's last line.
+  lines = err.splitlines()
+  assert len(lines) == 2 and lines[1].startswith("axtrain: done; final eval_loss "), err
+  assert lines[1].endswith(f"; run directory {tmp_path / 'run'}"), err
   import json  # pylint: disable=import-outside-toplevel
   import math  # pylint: disable=import-outside-toplevel
   records = map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
