@@ -376,3 +376,16 @@ def test_a_flag_named_like_a_config_field_points_to_it(capsys, flag, hint):
   name = flag.split("=")[0]
   assert code == 2 and err == (f"axtrain: error: unknown flag {name} ({hint} config fields are "
                                f"set as --config.<path>); see --help\n"), err
+
+
+@pytest.mark.parametrize("override,message", [
+    ("eval.every_steps=-1", "eval.every_steps must be >= 0, got -1 (steps between evaluations; "
+                            "0 = only at the end)"),
+    ("eval.num_batches=0", "eval.num_batches must be positive, got 0"),
+    ("checkpoint.every_steps=-5", "checkpoint.every_steps must be >= 0, got -5 (steps between "
+                                  "checkpoints; 0 = only at the end)"),
+    ("checkpoint.keep=0", "checkpoint.keep must be positive, got 0")])
+def test_a_negative_count_is_refused_naming_the_field_and_value(capsys, override, message):
+  code, _, err = run_main(capsys, "--config=configs/tiny.py", f"--config.{override}",
+                          "--print_config")
+  assert code == 2 and err == f"axtrain: error: {message}\n", err

@@ -94,10 +94,8 @@ class EvalConfig:
   microbatch_rows: int = 0
 
   def check(self):
-    if (self.every_steps < 0 or self.batch_size <= 0 or self.num_batches <= 0
-        or self.microbatch_rows < 0):
-      raise ConfigError("eval: every_steps and microbatch_rows must be >= 0, batch_size and "
-                        "num_batches positive")
+    _check_counts(self, "eval", positive=("batch_size", "num_batches"),
+                  non_negative=("every_steps", "microbatch_rows"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,10 +130,30 @@ class CheckpointConfig:
   restore_step: int = 0
 
   def check(self):
-    if self.every_steps < 0 or self.keep <= 0:
-      raise ConfigError("checkpoint: every_steps must be >= 0 and keep positive")
-    if self.keep_every_steps < 0 or self.restore_step < 0:
-      raise ConfigError("checkpoint: keep_every_steps and restore_step must be >= 0")
+    _check_counts(self, "checkpoint", positive=("keep",),
+                  non_negative=("every_steps", "keep_every_steps", "restore_step"))
+
+
+def _check_counts(cfg, section: str, *, positive: tuple[str, ...],
+                  non_negative: tuple[str, ...]) -> None:
+  """ConfigError naming the first field of `cfg` below its range, its value and its meaning (the
+  comment beside the field: 0 = ...)."""
+  for names, low, words in ((positive, 1, "positive"), (non_negative, 0, ">= 0")):
+    for name in names:
+      value = getattr(cfg, name)
+      if value < low:
+        raise ConfigError(f"{section}.{name} must be {words}, got {value}"
+                          + (f" ({_MEANING[section, name]})" if (section, name) in _MEANING
+                             else ""))
+
+
+# What the count fields mean, for their refusals.
+_MEANING = {("eval", "every_steps"): "steps between evaluations; 0 = only at the end",
+            ("eval", "microbatch_rows"): "rows a device evaluates at once; 0 = the whole batch",
+            ("checkpoint", "every_steps"): "steps between checkpoints; 0 = only at the end",
+            ("checkpoint", "keep_every_steps"): "also keep every checkpoint whose step is a "
+                                                "multiple of this; 0 = none",
+            ("checkpoint", "restore_step"): "resume from this committed step; 0 = the latest"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
