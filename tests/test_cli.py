@@ -136,7 +136,8 @@ def test_a_config_file_that_fails_is_one_line_naming_file_and_line(capsys, tmp_p
   text, message = CONFIG_FILES[name]
   path = tmp_path / name
   path.write_text(text)
-  code, out, err = run_main(capsys, *command, f"--config={path}", f"--output_dir={tmp_path / 'run'}")
+  out_dir = [] if command else [f"--output_dir={tmp_path / 'run'}"]  # plan has no --output_dir
+  code, out, err = run_main(capsys, *command, f"--config={path}", *out_dir)
   assert code == 2 and err == f"axtrain: error: {message.format(path)}\n", err
   assert not (tmp_path / "run").exists()
 
@@ -389,3 +390,26 @@ def test_a_negative_count_is_refused_naming_the_field_and_value(capsys, override
   code, _, err = run_main(capsys, "--config=configs/tiny.py", f"--config.{override}",
                           "--print_config")
   assert code == 2 and err == f"axtrain: error: {message}\n", err
+
+
+def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path):
+  """A plain section, the root, a component of some kind, and a key that a config file sets:
+  `unknown field 'K' of WHERE [(kind 'X')] (did you mean ...?); its fields: ...`."""
+  bad_file = tmp_path / "bad.py"
+  bad_file.write_text("from configs import tiny\n\n\ndef get_config(arg=None):\n"
+                      "  cfg = tiny.get_config()\n  cfg.trainer.max_stepz = 3\n  return cfg\n")
+  cases = [(["--config=configs/tiny.py", "--config.trainer.max_stepz=3"],
+            "--config.trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
+            "'max_steps'?); its fields: compute_dtype, "),
+           (["--config=configs/tiny.py", "--config.trainr.max_steps=3"],
+            "--config.trainr.max_steps: unknown field 'trainr' of the config (did you mean "
+            "'trainer'?); its fields: checkpoint, data, eval, init, mesh, model, optimizer, "
+            "trainer\n"),
+           (["--config=configs/tiny.py", "--config.optimizer.b3=0.1"],
+            "--config.optimizer.b3: unknown field 'b3' of optimizer (kind 'adamw'); its fields: "),
+           ([f"--config={bad_file}"],
+            "trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
+            "'max_steps'?); its fields: compute_dtype, ")]
+  for args, message in cases:
+    code, _, err = run_main(capsys, *args, "--print_config")
+    assert code == 2 and err.startswith(f"axtrain: error: {message}"), err
