@@ -124,6 +124,7 @@ class Interruptions:
     self._pending: int | None = None
     self._finishing = False
     self._undo: list[Callable[[], None]] = []  # what `_exit` undoes first, newest first
+    self._stderr = 2  # install() makes it a copy of the process's stderr
 
   def _exit(self, signum: int) -> None:
     """Ends the process (called with the lock held, outside held blocks)."""
@@ -134,8 +135,11 @@ class Interruptions:
     for stream in (sys.stdout, sys.stderr):
       with contextlib.suppress(Exception):
         stream.flush()
-    print(f"axtrain: {signal.Signals(signum).name}: stopped{self.what} (exit {code})",
-          file=sys.stderr, flush=True)
+    # To the stderr the process started with: fd 2 may be captured for a while (a compile's
+    # log, planner/plan.py), and that capture ends unread.
+    line = f"axtrain: {signal.Signals(signum).name}: stopped{self.what} (exit {code})\n"
+    with contextlib.suppress(OSError):
+      os.write(self._stderr, line.encode())
     os._exit(code)  # pylint: disable=protected-access
 
   def received(self, signum: int) -> None:
@@ -161,6 +165,7 @@ class Interruptions:
   def install(self) -> Interruptions:
     """Installs the handling for the rest of the process (from the main thread)."""
     global _installed  # pylint: disable=global-statement
+    self._stderr = os.dup(2)
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     for s in _SIGNALS:  # the Python-level handler only keeps the default action away

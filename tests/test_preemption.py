@@ -99,6 +99,27 @@ def test_before_training_sigint_ends_the_process_at_once_in_one_line():
     assert out == ""
 
 
+CAPTURED = OUTSIDE.replace("libc = ctypes.CDLL(None)\n", (
+    "libc = ctypes.CDLL(None)\n"
+    "import os, tempfile\n"
+    "log = tempfile.TemporaryFile()\n"
+    "os.dup2(log.fileno(), 2)  # captured, never read back\n"))
+
+
+def test_the_line_reaches_the_stderr_the_process_started_with():
+  """`axtrain plan` captures file descriptor 2 while it compiles (XLA's log) and reads the capture
+  only afterwards: a stop during the compile still says its line where the user sees it."""
+  assert CAPTURED != OUTSIDE
+  proc = _start_script(CAPTURED)
+  try:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+  finally:
+    proc.kill()
+  assert proc.returncode == 130, err
+  assert err == "axtrain: SIGINT: stopped before training began (exit 130)\n", err
+
+
 HELD = textwrap.dedent("""
     import sys, time
     from launcher.preemption import Interruptions
