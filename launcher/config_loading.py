@@ -232,8 +232,15 @@ def check_file(value: str | None, *, argv: tuple[str, ...] = ()) -> None:
         raise UserError(f"unknown flag --{name} (did you mean 'config'?); see --help")
     raise UserError("--config is required, e.g. --config=configs/tiny.py")
   path = pathlib.Path(value.split(":", 1)[0])
+  if path.is_dir():
+    names = sorted(p.name for p in path.glob("*.py") if "def get_config(" in p.read_text())[:4]
+    raise UserError(f"config file '{path}' is a folder; give a config file in it"
+                    + (f", e.g. {', '.join(str(path / n) for n in names)}" if names else ""))
   if not path.is_file():
     raise UserError(f"config file '{path}' not found{_file_hint(path)}")
+  if path.suffix != ".py":
+    raise UserError(f"config file '{path}' is not a Python file: a config is a .py file whose "
+                    f"get_config(arg=None) returns the config, e.g. configs/tiny.py")
 
 
 def _last_line(text: str) -> str:

@@ -41,6 +41,7 @@ checkpoint saved, or SIGTERM before training: retry the same command; 130 Ctrl-C
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from absl import flags
@@ -148,9 +149,21 @@ def main(argv: list[str], *, callbacks=()) -> int:
     full = disk.as_no_space(e)
     if full is None:
       raise
+    if full.path is None and _written(argv) is not None:  # a library's error that names no file
+      full = disk.NoSpace(_written(argv), needed=full.needed, quota=full.quota)
     print(f"axtrain: error: {full}; free space there, then run the same command again",
           file=sys.stderr)
     return EXIT_NO_SPACE
+
+
+def _written(argv: list[str]) -> str | None:
+  """What a command writes, by its flags (--output_dir, --plot, --run_dir): where a full disk
+  that an error does not locate is."""
+  for name in ("output_dir", "plot", "run_dir"):
+    for arg in argv[1:]:
+      if arg.startswith(f"--{name}=") and arg.split("=", 1)[1]:
+        return os.path.expanduser(arg.split("=", 1)[1])
+  return None
 
 
 def _command_hint(argv: list[str]) -> str:

@@ -51,8 +51,16 @@ BAD_INPUTS = [
     ([], "--config is required"),
     (["--config=missing.py"], "config file 'missing.py' not found"),
     (["--config=configs/base.py"], "defines no get_config"),
-    (["--config=configs/tiny.py:size=1"], "unknown key 'size'"),
-    (["--config=configs/tiny.py:oops"], "expected key=value"),
+    (["--config=configs/tiny.py:size=1"], "config argument 'size=1': this config takes no "
+                                          "argument; drop ':size=1'"),
+    (["--config=configs/llama.py:sise=1b"], "unknown key 'sise' (did you mean 'size'?); keys: "
+                                            "size"),
+    (["--config=configs/tiny.py:oops"], "takes no argument"),
+    (["--config=configs/gpt2.py:oops"], "expected key=value"),
+    (["--config=configs"], "config file 'configs' is a folder; give a config file in it, e.g. "
+                           "configs/bench_lm.py, configs/gpt2.py, configs/llama.py"),
+    (["--config=README.md"], "config file 'README.md' is not a Python file: a config is a .py "
+                             "file whose get_config(arg=None) returns the config"),
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),
@@ -413,3 +421,27 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
   for args, message in cases:
     code, _, err = run_main(capsys, *args, "--print_config")
     assert code == 2 and err.startswith(f"axtrain: error: {message}"), err
+
+
+def test_a_full_disk_under_another_command_names_what_it_writes(capsys, tmp_path, monkeypatch):
+  """A library's write that finds no room and names no file (fault injection: numpy.save
+  raises ENOSPC as tokenize writes a shard): one line naming the device and the command's
+  --output_dir, exit 74, and tokenize's partial folder removed."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  corpus, out = tmp_path / "c.jsonl", tmp_path / "tok"
+  corpus.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(20)))
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(np, "save", full)
+  code, _, err = run_main(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl",
+                          f"--output_dir={out}")
+  assert code == EXIT_NO_SPACE, err
+  head = f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing {out} ("
+  assert err.startswith(head) and err.count("\n") == 1, err  # what is free: the disk's own
+  assert err.endswith(" free); free space there, then run the same command again\n"), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
