@@ -113,8 +113,9 @@ class Interruptions:
   A signal ends the process at once, from a thread that reads the signal wakeup fd (so also
   while the main thread compiles or waits in native code): one line, exit EXIT_INTERRUPTED for
   SIGINT and EXIT_PREEMPTED for SIGTERM. Inside `held()` blocks it waits for the outermost one
-  to end. After `finishing()` it only says that the run is finishing. `what` (set by the caller)
-  ends the line: what the stop left on disk.
+  to end. After `finishing()` it only says that the run is finishing. A signal whose handler
+  another part of the process installed over this one (launch's supervisor) is left to it.
+  `what` (set by the caller) ends the line: what the stop left on disk.
   """
 
   def __init__(self, *, what: str = ""):
@@ -143,6 +144,8 @@ class Interruptions:
     os._exit(code)  # pylint: disable=protected-access
 
   def received(self, signum: int) -> None:
+    if signal.getsignal(signum) is not self._keep_default_away:
+      return  # another handler took this signal over (launch's supervisor): it is theirs
     with self._lock:
       if self._finishing:
         print(f"axtrain: {signal.Signals(signum).name}: the run is finishing; its files are "
@@ -162,14 +165,20 @@ class Interruptions:
         if signum in _SIGNALS:
           self.received(signum)
 
+  @staticmethod
+  def _keep_default_away(signum, frame) -> None:
+    """The Python-level handler: keeps the default action (KeyboardInterrupt, exit) away; the
+    thread acts on the signal while this is the handler, not once another replaced it."""
+    del signum, frame
+
   def install(self) -> Interruptions:
     """Installs the handling for the rest of the process (from the main thread)."""
     global _installed  # pylint: disable=global-statement
     self._stderr = os.dup(2)
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    for s in _SIGNALS:  # the Python-level handler only keeps the default action away
-      signal.signal(s, lambda *_: None)
+    for s in _SIGNALS:
+      signal.signal(s, self._keep_default_away)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     threading.Thread(target=self._read, args=(read_fd,), name="axtrain-interruptions",
                      daemon=True).start()

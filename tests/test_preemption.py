@@ -147,6 +147,34 @@ def test_a_signal_waits_for_the_held_block_to_end():
   assert out == "written\n" and err == "axtrain: SIGINT: stopped (exit 130)\n"
 
 
+TAKEN_OVER = textwrap.dedent("""
+    import signal, sys, time
+    from launcher.preemption import Interruptions
+    Interruptions().install()
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(1))  # as launch's supervisor does
+    print("ready", flush=True)
+    while not got:
+      time.sleep(0.01)
+    time.sleep(1.0)  # room for the interruption thread to act on the signal, which it must not
+    print("handled", flush=True)
+    sys.exit(0)
+""")
+
+
+def test_a_handler_that_takes_a_signal_over_gets_it_alone():
+  """`axtrain launch --backend=local` installs its own SIGINT/SIGTERM handlers (pass them on to
+  its processes, wait for their checkpoints): the process's interruption handling leaves those
+  signals to it rather than ending launch at once, orphaning its processes."""
+  proc = _start_script(TAKEN_OVER)
+  try:
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0 and out == "handled\n" and err == "", (proc.returncode, out, err)
+
+
 FINISHING = textwrap.dedent("""
     import sys
     from launcher.preemption import Interruptions
