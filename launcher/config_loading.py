@@ -308,6 +308,10 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
   if isinstance(error, SyntaxError):
     return UserError(f"config file '{error.filename}' line {error.lineno}: {error.msg}")
   text = str(error)
+  early = re.search(r"Found (--config\.\S+) in argv before a value for --config", text)
+  if early:  # ml_collections reads the overrides against the file: the file comes first
+    return UserError(f"{early[1]} comes before --config=FILE; give --config first, then its "
+                     f"overrides")
   if "has no attribute 'get_config'" in text:
     return UserError(f"config file '{value.split(':')[0]}' defines no get_config(arg=None)")
   if "Error whilst parsing config file" in text:

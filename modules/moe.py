@@ -70,8 +70,10 @@ class MoeConfig:
     if not 1 <= self.top_k <= self.num_experts:
       raise ConfigError(f"moe: top_k {self.top_k} must be between 1 and num_experts "
                         f"{self.num_experts}")
-    if self.capacity_factor < 0 or self.aux_loss_coef < 0:
-      raise ConfigError("moe: capacity_factor and aux_loss_coef must be >= 0")
+    for name, what in (("capacity_factor", "0 = dropless"), ("aux_loss_coef", "0 = off")):
+      value = getattr(self, name)
+      if not 0 <= value < math.inf:
+        raise ConfigError(f"moe.{name} must be a finite number >= 0 ({what}), got {value}")
 
   def capacity(self, length: int) -> int:
     return min(length, math.ceil(self.capacity_factor * length * self.top_k / self.num_experts))

@@ -61,6 +61,11 @@ BAD_INPUTS = [
                            "configs/bench_lm.py, configs/gpt2.py, configs/llama.py"),
     (["--config=README.md"], "config file 'README.md' is not a Python file: a config is a .py "
                              "file whose get_config(arg=None) returns the config"),
+    (["--config.trainer.max_steps=3", "--config=configs/tiny.py"],
+     "--config.trainer.max_steps=3 comes before --config=FILE; give --config first, then its "
+     "overrides"),
+    (["--config=configs/moe_tiny.py", "--config.model.block.ffn.aux_loss_coef=inf"],
+     "moe.aux_loss_coef must be a finite number >= 0 (0 = off), got inf"),
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),

@@ -182,6 +182,12 @@ def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache, capfd):
   assert f"init.from_run={ref}: parameter params.layers." in error
   assert "has shape (2, " in error and "but (3, " in error and "in this model" in error
   assert not run_dir.exists() and cu.snapshot(ref) == before
+  # Stacked layers (model.scan_layers) in the model but not in the checkpoint: says what to set.
+  error = cu.one_error_line(cu.run_here(capfd, run_dir, cache, f"--config.init.from_run={ref}",
+                                        "--config.model.scan_layers=false"))
+  assert error.endswith("the checkpoint stacks its layers in one array: add "
+                        "--config.model.scan_layers=true"), error
+  assert not run_dir.exists() and cu.snapshot(ref) == before
 
 
 def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache, capfd):

@@ -407,6 +407,20 @@ def _names(tree, prefix: str) -> dict[str, tuple[int, ...]]:
   return {".".join([prefix, *map(key_name, path)]): tuple(leaf.shape) for path, leaf in leaves}
 
 
+def _layers_hint(saved: dict, want: dict) -> str:
+  """What to set when the checkpoint and the model stack their layers differently (one scanned
+  `layers` array, or `layers_0`, `layers_1`, ...: model.scan_layers)."""
+  def stacked(names):
+    return any(n.startswith("params.layers.") for n in names)
+  def unrolled(names):
+    return any(n.startswith("params.layers_0.") for n in names)
+  if stacked(saved) and unrolled(want):
+    return ("; the checkpoint stacks its layers in one array: add --config.model.scan_layers=true")
+  if unrolled(saved) and stacked(want):
+    return ("; the checkpoint holds its layers one by one: add --config.model.scan_layers=false")
+  return ""
+
+
 def check_params_compatible(run_dir: pathlib.Path | str, abstract_params) -> None:
   """ConfigError unless the newest checkpoint of `run_dir` reads back with these parameters.
 
@@ -424,7 +438,8 @@ def check_params_compatible(run_dir: pathlib.Path | str, abstract_params) -> Non
   where = f"the checkpoint ({step_dir})"
   for name, shape in want.items():
     if name not in saved:
-      raise ConfigError(f"{field}: parameter {name} {shape} of this model is not in {where}")
+      raise ConfigError(f"{field}: parameter {name} {shape} of this model is not in {where}"
+                        + _layers_hint(saved, want))
     if saved[name] != shape:
       raise ConfigError(f"{field}: parameter {name} has shape {saved[name]} in {where} but "
                         f"{shape} in this model")
