@@ -1,4 +1,5 @@
-"""User mistakes: printed as one `axtrain: error: ...` line with exit code 2."""
+"""User mistakes: printed as one `axtrain: error: ...` line with exit code 2; a disk without room
+(trainer/disk.py:NoSpace) is one such line too, with exit code 74."""
 
 from core.registry import ConfigError, suggest
 
