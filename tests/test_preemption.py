@@ -156,7 +156,7 @@ TAKEN_OVER = textwrap.dedent("""
     print("ready", flush=True)
     while not got:
       time.sleep(0.01)
-    time.sleep(1.0)  # room for the interruption thread to act on the signal, which it must not
+    time.sleep(0.3)  # room for the interruption thread to act on the signal, which it must not
     print("handled", flush=True)
     sys.exit(0)
 """)
