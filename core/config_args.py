@@ -10,15 +10,17 @@ def parse_arg(arg: str | None, **defaults) -> dict:
   out = dict(defaults)
   if not arg:
     return out
+  if not defaults:
+    raise ConfigError(f"config argument '{arg}': this config takes no argument; drop ':{arg}'")
   for item in arg.split(","):
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key:
       raise ConfigError(f"config argument '{arg}': expected key=value[,key=value...]; keys: "
-                        f"{', '.join(defaults) or 'none'}")
+                        f"{', '.join(defaults)}")
     if key not in defaults:
       raise ConfigError(f"config argument: unknown key '{key}'{suggest(key, defaults)}; keys: "
-                        f"{', '.join(defaults) or 'none'}")
+                        f"{', '.join(defaults)}")
     kind = type(defaults[key])
     try:
       out[key] = {bool: lambda v: {"true": True, "false": False}[v.lower()]}.get(kind, kind)(value)

@@ -1,8 +1,9 @@
 """Dotted paths in a config (`model.block.ffn.hidden_dim`): get, set, and switch a node's kind.
 
 One walker serves the command line's overrides, the mesh rules and config files,
-so every unknown key is reported the same way: the key, where, a did-you-mean and,
-in a component node, the fields of its kind.
+so every unknown key is reported the same way (core/registry.py:unknown_field, which config
+files' nodes get too): the key, where, its kind in a component node, a did-you-mean and the
+fields there.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from core.registry import ConfigError, Registry, child_registry, suggest
+from core.registry import ConfigError, Registry, child_registry, suggest, unknown_field
 
 
 def _keys(node: Any) -> list[str]:
@@ -21,12 +22,8 @@ def _keys(node: Any) -> list[str]:
 
 
 def _unknown(part: str, node: Any, walked: list[str]) -> str:
-  where = ".".join(walked) or "the config"
   keys = _keys(node)
-  if "kind" in keys:
-    return (f"unknown field '{part}' of {where} (kind '{node['kind']}'){suggest(part, keys)};"
-            f" its fields: {', '.join(sorted(keys))}")
-  return f"unknown key '{part}' in {where}{suggest(part, keys)}; see --print_config"
+  return unknown_field(part, ".".join(walked), keys, kind=node["kind"] if "kind" in keys else None)
 
 
 def parent_of(cfg: ml_collections.ConfigDict, path: str) -> tuple[ml_collections.ConfigDict, str]:

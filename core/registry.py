@@ -62,6 +62,14 @@ def suggest(name: str, choices) -> str:
   return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def unknown_field(key: str, where: str, fields, *, kind: str | None = None) -> str:
+  """How every unknown config key is told, on the command line or in a config file: the key,
+  the node (and its kind), a did-you-mean and the node's fields."""
+  return (f"unknown field '{key}' of {where or 'the config'}"
+          + (f" (kind '{kind}')" if kind is not None else "") + suggest(key, fields)
+          + f"; its fields: {', '.join(sorted(fields))}")
+
+
 def child(registry: str, default: Any = REQUIRED, *, kind: str | None = None,
           how: str = "") -> Any:
   """Declares a config field that holds a child node of `registry`.
@@ -326,8 +334,8 @@ def parse_dataclass(cls: type, node: Mapping, path: str, *, what: str) -> Any:
   fields = {f.name: f for f in dataclasses.fields(cls)}
   for key in node:
     if key not in fields:
-      raise ConfigError(f"{_join(path, key)}: unknown field of {what}{suggest(key, fields)};"
-                        f" fields: {', '.join(sorted(fields))}")
+      raise ConfigError(f"{_join(path, key)}: " + unknown_field(key, path, fields,
+                                                                kind=node.get("kind")))
   values = {}
   for name, f in fields.items():
     sub = _join(path, name)

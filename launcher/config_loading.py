@@ -31,6 +31,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 from core import paths
 from core.registry import child_registry, optional_child
 from launcher.errors import ConfigError, UserError, suggest
+from launcher.flat import flatten
 from trainer.config import field_at, switch_kind
 
 
@@ -239,6 +240,9 @@ def check_file(value: str | None, *, argv: tuple[str, ...] = ()) -> None:
     raise UserError(f"--config={value}: '{path}' is a directory; give a config file{listed}")
   if not path.is_file():
     raise UserError(f"config file '{path}' not found{_file_hint(path)}")
+  if path.suffix != ".py":
+    raise UserError(f"config file '{path}' is not a Python file: a config is a .py file whose "
+                    f"get_config(arg=None) returns the config, e.g. configs/tiny.py")
 
 
 _BARE = re.compile(r"^--?([A-Za-z_][\w.-]*)$")  # a flag without `=value`
@@ -330,11 +334,15 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
   if isinstance(error, Refused):
     return UserError(str(error))
   if isinstance(error, flags.UnrecognizedFlagError):
-    return UserError(f"unknown flag --{error.flagname}{suggest(error.flagname, _FLAG_NAMES)};"
-                     f" see --help")
+    hint = suggest(error.flagname, _FLAG_NAMES) or _field_hint(error.flagname, value)
+    return UserError(f"unknown flag --{error.flagname}{hint}; see --help")
   if isinstance(error, SyntaxError):
     return UserError(f"config file '{error.filename}' line {error.lineno}: {error.msg}")
   text = str(error)
+  early = re.search(r"Found (--config\.\S+) in argv before a value for --config", text)
+  if early:  # ml_collections reads the overrides against the file: the file comes first
+    return UserError(f"{early[1]} comes before --config=FILE; give --config first, then its "
+                     f"overrides")
   if "has no attribute 'get_config'" in text:
     return UserError(f"config file '{value.split(':')[0]}' defines no get_config(arg=None)")
   if "Error whilst parsing config file" in text:
@@ -356,6 +364,28 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
       reason = "expected true or false"
     return UserError(f"{m[1]}={m[2]}: {reason}")
   return UserError(_last_line(text))
+
+
+def _field_hint(name: str, value: str | None) -> str:
+  """` (did you mean --config.trainer.max_steps?)` for a flag named like a field of the config
+  (`--max_step`, `--trainer.max_steps`): config fields are set with --config.<path>=..."""
+  try:
+    keys = list(flatten(load(value))) if value else []
+  except Exception:  # pylint: disable=broad-except  (the config's own error is reported elsewhere)
+    return ""
+  name = name.removeprefix("config.")
+  by_name: dict[str, list[str]] = {}
+  for key in keys:  # a path by its field name and by its whole path
+    by_name.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    by_name.setdefault(key, []).append(key)
+  close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.8)
+  if not close:
+    return ""
+  paths = sorted(by_name[close[0]])
+  return (f" (did you mean --config.{paths[0]}? config fields are set as --config.<path>)"
+          if len(paths) == 1 else
+          f" (did you mean one of {', '.join('--config.' + p for p in paths[:3])}? config "
+          f"fields are set as --config.<path>)")
 
 
 _FLAG_NAMES: list[str] = []

@@ -153,6 +153,8 @@ def main(argv: list[str]) -> int:
   options.check()
   if args["step"] is not None and args["step"] < 0:
     raise UserError(f"generate: --step must be >= 0, got {args['step']}")
+  if not 0 <= args["seed"] < 2 ** 63:  # as trainer.seed: a key of the sampling's random stream
+    raise UserError(f"generate: --seed must be a whole number in [0, 2**63), got {args['seed']}")
   prompts = read_prompts(args)
   run_dir = pathlib.Path(os.path.expanduser(args["run_dir"]))
   cfg = read_run_config(run_dir)

@@ -31,19 +31,24 @@ Mistakes print one line `axtrain: error: ...` and exit with code 2.
 
 Re-running the command of an unfinished run resumes it from its last committed
 checkpoint (docs/fault_tolerance.md). Exit codes: 0 done, 1 failed (non-finite
-loss, no usable checkpoint), 2 usage error or run directory in use, 75
-preempted by SIGTERM/SIGINT with a checkpoint saved: retry the same command.
+loss, no usable checkpoint), 2 usage error or run directory in use, 74 no space
+left on the run's disk (one line names the file, what it needed and what is free;
+free space, then retry the same command), 75 preempted by SIGTERM/SIGINT with a
+checkpoint saved, or SIGTERM before training: retry the same command; 130 Ctrl-C
+(SIGINT) before training began, nothing written.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from absl import flags
 
-from launcher import config_loading, distributed, platforms
-from launcher.errors import EXIT_USAGE, ConfigError, UserError, suggest
+from launcher import config_loading, distributed, platforms, preemption
+from launcher.errors import EXIT_NO_SPACE, EXIT_USAGE, ConfigError, UserError, suggest
+from trainer import disk
 
 
 def _define_flags(argv: list[str]) -> flags.FlagValues:
@@ -113,9 +118,18 @@ COMMANDS = {"convert": "convert", "tokenize": "tokenize", "plan": "plan", "gener
 ON_LOCAL_DEVICES = frozenset({"convert", "generate", "eval"})
 
 
-def run() -> None:
-  """Console-script entry point."""
-  sys.exit(main(sys.argv))
+def run(argv: list[str] | None = None, *, callbacks=()) -> None:
+  """Console-script entry point: `main` with the process's SIGINT/SIGTERM handling installed
+  (launcher/preemption.py:Interruptions: a signal before training stops it in one line), then
+  exit with its code. tests/launch_with_hooks.py passes `argv` and loop `callbacks`."""
+  argv = sys.argv if argv is None else argv
+  training = len(argv) < 2 or argv[1] not in COMMANDS
+  interruptions = preemption.Interruptions(what=(
+      " before training began; nothing is half-written: the same command starts or resumes "
+      "the run" if training else "")).install()
+  code = main(argv, callbacks=callbacks)
+  interruptions.finishing()
+  sys.exit(code)
 
 
 def main(argv: list[str], *, callbacks=()) -> int:
@@ -135,6 +149,25 @@ def main(argv: list[str], *, callbacks=()) -> int:
     message = " ".join(str(e).split())
     print(f"axtrain: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless a disk was full)
+    full = disk.as_no_space(e)
+    if full is None:
+      raise
+    if full.path is None and _written(argv) is not None:  # a library's error that names no file
+      full = disk.NoSpace(_written(argv), needed=full.needed, quota=full.quota)
+    print(f"axtrain: error: {full}; free space there, then run the same command again",
+          file=sys.stderr)
+    return EXIT_NO_SPACE
+
+
+def _written(argv: list[str]) -> str | None:
+  """What a command writes, by its flags (--output_dir, --plot, --run_dir): where a full disk
+  that an error does not locate is."""
+  for name in ("output_dir", "plot", "run_dir"):
+    for arg in argv[1:]:
+      if arg.startswith(f"--{name}=") and arg.split("=", 1)[1]:
+        return os.path.expanduser(arg.split("=", 1)[1])
+  return None
 
 
 def _command_hint(argv: list[str]) -> str:

@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
   if any(a in ("-h", "--help", "-help") for a in argv[1:]):
     sys.stdout.write(__doc__.strip() + "\n")
     return 0
+  _check_flag_names(argv)  # a mistyped flag first, before the mesh or the config is read
   name = _flag(argv, "mesh")
   if not name:
     raise UserError("plan: --mesh=NAME is required (an entry of docs/meshes.md, e.g. "
@@ -170,6 +171,17 @@ def main(argv: list[str]) -> int:
     raise UserError(f"plan: --margin={fv.margin:g}: give the fraction of device memory to keep "
                     f"free, from 0 up to (not including) 1, e.g. 0.05 for 5%")
   return _plan(fv, argv, entry)
+
+
+def _check_flag_names(argv: list[str]) -> None:
+  """UserError (with a did-you-mean) for a flag that plan does not have, in the order given."""
+  fv = _define_flags(argv)
+  for arg in argv[1:]:
+    name = arg.lstrip("-").split("=", 1)[0]
+    if not arg.startswith("-") or name == "config" or name.startswith("config."):
+      continue
+    if name not in fv and not (name.startswith("no") and name[2:] in fv):
+      raise config_loading.translate(flags.UnrecognizedFlagError(name, arg), argv)
 
 
 def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:

@@ -30,7 +30,7 @@ from launcher import folders
 from launcher.errors import ConfigError, UserError
 from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
-from trainer import config as config_lib, run_files
+from trainer import config as config_lib, disk, run_files
 
 # What `axtrain launch` writes before the run starts (its script, the scheduler's log): like
 # the lock it is the run's, and --overwrite keeps it.
@@ -107,19 +107,8 @@ def check_writable(path: pathlib.Path, *, flag: str = "--output_dir") -> None:
 
 def _fstype(path: pathlib.Path) -> str | None:
   """The filesystem type of the mount holding `path` (Linux /proc/self/mounts), if known."""
-  try:
-    mounts = pathlib.Path("/proc/self/mounts").read_text().splitlines()
-  except OSError:
-    return None
-  resolved, best, kind = str(path.resolve()), "", None
-  for line in mounts:
-    fields = line.split()
-    if len(fields) < 3:
-      continue
-    point = fields[1].replace("\\040", " ")
-    if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
-      best, kind = point, fields[2]
-  return kind
+  found = disk.mount(path)
+  return found[2] if found else None
 
 
 def versions() -> dict:
@@ -138,9 +127,7 @@ def now() -> str:
 
 def write_json(path: pathlib.Path, obj) -> None:
   """Atomic: a crash leaves the old file or the new one, never half of one."""
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-  os.replace(tmp, path)
+  disk.write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def _read_json(path: pathlib.Path):
@@ -262,7 +249,9 @@ class RunDir:
     `overwrite` only when every file it would delete is axtrain's (run_files.py). A message
     suggests --overwrite only then. Writes nothing.
     """
-    if not self.path.exists() or all(p.name in KEPT for p in self.path.iterdir()):
+    # Nothing yet, or a first start cut short before config.json (a full disk): a new run.
+    if not self.path.exists() or all(p.name in KEPT or p.name == run_files.MANIFEST or _tmp(p.name)
+                                     for p in self.path.iterdir()):
       return "new"
     existing, unproven = self._check_ours()
     if existing is None:

@@ -12,6 +12,7 @@ import os
 import pathlib
 
 from launcher.errors import ConfigError, UserError
+from trainer import disk
 
 LOCK_NAME = ".lock"
 
@@ -42,9 +43,17 @@ class RunLock:
                       f"it to finish or stop it, or choose another --output_dir") from None
     if existed:
       self._found = (os.pread(fd, 1 << 16, 0), os.fstat(fd))
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
     self._fd = fd
+    pid = f"{os.getpid()}\n".encode()
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, pid)
+    except OSError as e:
+      full = disk.as_no_space(e, path=self.path, needed=len(pid))
+      self.__exit__(ConfigError, None, None)  # as found, unlocked
+      if full is None:
+        raise
+      raise full from None
     return self
 
   def _put_back(self) -> None:
@@ -72,6 +81,13 @@ class RunLock:
       except OSError:
         break  # something else was written there meanwhile: leave it
     self._created = []
+
+  def forget(self) -> None:
+    """What a refused command leaves, for a process about to end without unwinding (a signal
+    before training, launcher/preemption.py): the lock file as found, or none; the kernel
+    drops the lock itself."""
+    self._put_back()
+    self.undo()
 
   def __exit__(self, exc_type, *exc):
     refused = exc_type is not None and issubclass(exc_type, ConfigError)

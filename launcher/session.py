@@ -7,6 +7,7 @@ each live in their own module; this one only puts them in order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,8 +22,9 @@ from absl import flags
 
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
-from launcher.errors import UserError
-from trainer import checkpoint, checkpoint_files, config as config_lib, experiment as experiment_lib
+from launcher.errors import EXIT_NO_SPACE, UserError
+from trainer import checkpoint, checkpoint_files, config as config_lib, disk
+from trainer import experiment as experiment_lib
 from trainer import flops, loop, meshes, schedules, sharding
 from planner import plan as plan_lib, step_memory
 from trainer.callbacks import Callback
@@ -87,7 +89,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   try:
     if not main_process:
       return _train(this)
-    with run_lock.RunLock(rd.path):
+    with run_lock.RunLock(rd.path) as lock, preemption.undone_on_stop(lock.forget):
       return _train(this)
   except distributed.PeerLost:
     distributed.exit_alone(EXIT_FAILED)  # after the lock's release
@@ -191,8 +193,9 @@ def _train(this: Run) -> int:
         rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
       exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
   if this.main_process:
-    _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
-    _keep_compiler_log(rd, compiler_lines, compiler_notes)
+    with preemption.held():  # a signal lets the run directory's files be written whole first
+      _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
+      _keep_compiler_log(rd, compiler_lines, compiler_notes)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
@@ -200,7 +203,7 @@ def _train(this: Run) -> int:
   if this.main_process:  # says where an extension continues once the restore has said it
     callbacks = (_ExtensionRecord(rd, exp, extension), *callbacks)
   try:
-    with stop.installed():
+    with stop.installed(), _then_finishing():
       result = loop.train(exp, run_dir=rd.path, progress=progress,
                           checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
                           callbacks=callbacks,
@@ -216,10 +219,23 @@ def _train(this: Run) -> int:
   except KeyboardInterrupt:
     finish("interrupted")
     raise
-  except Exception:
+  except Exception as e:  # pylint: disable=broad-except
+    full = disk.as_no_space(e)  # a write of the run (metrics, a checkpoint, ...) found no room
+    if full is not None:
+      return _no_space(this, finish, full)
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   return _finished(this, result, finish, progress)
+
+
+@contextlib.contextmanager
+def _then_finishing():
+  """After the loop (inside the signal handling of the loop, so no signal falls between), later
+  signals change nothing: run.json and the last line follow, then the exit."""
+  try:
+    yield
+  finally:
+    preemption.finishing()
 
 
 def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: dict) -> None:
@@ -273,6 +289,23 @@ def _failed(this: Run, finish, message: str) -> int:
   return EXIT_FAILED
 
 
+def _no_space(this: Run, finish, full: disk.NoSpace) -> int:
+  """A write of the run found its disk full: one line saying where, what it needed and how to go
+  on, recorded in run.json where that still fits (else run.json keeps `running`, which the same
+  command resumes all the same); EXIT_NO_SPACE."""
+  steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
+  then = (f"it resumes from its checkpoint of step {steps[-1]}" if steps
+          else "it starts over, no checkpoint was written yet")
+  message = (f"{full}; {'raise the quota or delete files' if full.quota else 'free space'} "
+             f"there, then run the same command again: {then}")
+  try:
+    finish("failed", error=message)
+  except disk.NoSpace:
+    pass
+  print(f"axtrain: error: {message}", file=sys.stderr, flush=True)
+  return EXIT_NO_SPACE
+
+
 def _checkpoint_advice(rd: run_dir_lib.RunDir, e: Exception) -> str:
   """A non-finite loss's or checkpoint's message, with how to start over where none reads."""
   message = str(e)
@@ -307,8 +340,11 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
          time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step,
          compiled_step=result.compiled, profiles=result.profiles)
-  progress.message(f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; "
-                   f"run directory {rd.path}")
+  done = f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; run directory {rd.path}"
+  if progress.enabled:
+    progress.message(done)
+  elif this.main_process:  # --noprogress leaves out the progress lines, not the outcome
+    print(done, file=sys.stderr)
   return 0
 
 

@@ -36,7 +36,7 @@ class TokenEmbedding(nn.Module):
         (self.vocab_size, self.dim))
 
   def __call__(self, tokens_BxL):
-    return jnp.take(self.embedding, tokens_BxL, axis=0)
+    return jnp.take(_whole_rows(self.embedding, "vocab"), tokens_BxL, axis=0)
 
   def attend(self, x_BxLxD):
     """Logits against the embedding matrix (a tied LM head)."""
@@ -89,4 +89,14 @@ class LearnedPositionEmbedding(nn.Module):
         "embedding",
         nn.with_logical_partitioning(nn.initializers.normal(self.cfg.init_std), (None, "embed")),
         (self.cfg.max_length, self.dim))
-    return jnp.take(table, positions_BxL, axis=0)
+    return jnp.take(_whole_rows(table, None), positions_BxL, axis=0)
+
+
+def _whole_rows(table_VxD, rows: str | None):
+  """The table with its `embed` side gathered (FSDP's all-gather, as every other weight gets
+  before it is used): a lookup then gives batch-split activations directly, and its backward
+  adds each device's rows into a table gradient that is reduce-scattered. A lookup in the
+  embed-split table instead sends the batch-split cotangent to the table's embed split in the
+  backward, which XLA's SPMD partitioner can do only by replicating it whole ("Involuntary full
+  rematerialization", on every mesh that splits the batch over more axes than embed)."""
+  return nn.with_logical_constraint(table_VxD, (rows, None))

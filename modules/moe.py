@@ -70,9 +70,10 @@ class MoeConfig:
     if not 1 <= self.top_k <= self.num_experts:
       raise ConfigError(f"moe: top_k {self.top_k} must be between 1 and num_experts "
                         f"{self.num_experts}")
-    for name in ("capacity_factor", "aux_loss_coef"):
-      if not getattr(self, name) >= 0:
-        raise ConfigError(f"moe.{name} must be >= 0, got {getattr(self, name)}")
+    for name, what in (("capacity_factor", "0 = dropless"), ("aux_loss_coef", "0 = off")):
+      value = getattr(self, name)
+      if not 0 <= value < math.inf:
+        raise ConfigError(f"moe.{name} must be a finite number >= 0 ({what}), got {value}")
 
   def capacity(self, length: int) -> int:
     return min(length, math.ceil(self.capacity_factor * length * self.top_k / self.num_experts))

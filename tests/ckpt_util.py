@@ -83,13 +83,14 @@ def run_here(capfd, run_dir, cache_dir, *extra, callbacks=()) -> subprocess.Comp
   return subprocess.CompletedProcess(argv, code, out, err)
 
 
-def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None,
-                 platform="cpu") -> subprocess.Popen:
+def start_paused(run_dir, cache_dir, pause: int, *extra, devices=None, platform="cpu",
+                 at: str = "pause_after_step") -> subprocess.Popen:
   """Starts a run that holds after step `pause` (dispatched, checkpoint dispatched; its
-  metrics record is written one step late, so on the stop, or never on SIGKILL)."""
+  metrics record is written one step late, so on the stop, or never on SIGKILL); with
+  `at="pause_at_eval"`, as the evaluation after step `pause` reports."""
   paused = pathlib.Path(run_dir).parent / f".{pathlib.Path(run_dir).name}.paused"
   paused.unlink(missing_ok=True)
-  hooks = (f"--pause_after_step={pause}", f"--paused_file={paused}")
+  hooks = (f"--{at}={pause}", f"--paused_file={paused}")
   proc = subprocess.Popen(args(run_dir, *extra, hooks=hooks),
                           env=env(cache_dir, devices, platform=platform), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,8 +1,10 @@
 """axtrain with test callbacks, for tests that need a real process (signals, exit codes).
 
-    python tests/launch_with_hooks.py [--pause_after_step=N --paused_file=PATH] [--nan_at_step=N] \\
+    python tests/launch_with_hooks.py \\
+        [--pause_after_step=N | --pause_at_eval=N --paused_file=PATH] [--nan_at_step=N] \\
         [--hold_after_step=N --held_file=PATH --release_file=PATH [--then_sleep_s=S]] \\
-        [--save_params_at_start=PATH] -- --config=... (axtrain's own arguments)
+        [--save_params_at_start=PATH] [--fill_disk_after_step=N --filler=PATH] \\
+        [--no_room_check] -- --config=... (axtrain's own arguments)
 
 The callbacks are also used in-process (`launcher.main.main(argv, callbacks=[...])`).
 """
@@ -30,6 +32,22 @@ class PauseAfter(Callback):
       self.paused_file.write_text(str(step))
       while not loop.stop_requested():
         time.sleep(0.01)
+
+
+class PauseAtEval(PauseAfter):
+  """Holds the loop as the evaluation after step `step` reports (its record), like PauseAfter."""
+
+  def on_step_end(self, step: int, loop) -> None:
+    del step, loop
+
+  def on_record(self, record: dict) -> None:
+    if record["step"] == self.step and "eval_loss" in record:
+      self.paused_file.write_text(str(self.step))
+      while not self.loop.stop_requested():
+        time.sleep(0.01)
+
+  def on_train_start(self, loop) -> None:
+    self.loop = loop  # pylint: disable=attribute-defined-outside-init
 
 
 class HoldAfter(Callback):
@@ -81,6 +99,32 @@ class NanAt(Callback):
     return batch
 
 
+class FillDisk(Callback):
+  """After step `step`, once no checkpoint is being written beside `filler` (so that the
+  run's next write to fail is not a save in flight), writes `filler` until its filesystem has
+  no room left, as another job on a shared disk would; deleting it frees the space again."""
+
+  def __init__(self, step: int, filler: pathlib.Path):
+    self.step, self.filler = step, pathlib.Path(filler)
+
+  def on_step_end(self, step: int, loop) -> None:
+    if step == self.step:
+      while any(self.filler.parent.rglob("*.orbax-checkpoint-tmp*")):
+        time.sleep(0.01)
+      fill(self.filler)
+
+
+def fill(filler: pathlib.Path) -> None:
+  """Writes `filler` until its filesystem is full (ENOSPC)."""
+  block = b"\0" * 4096
+  with open(filler, "ab", buffering=0) as f:
+    try:
+      while True:
+        f.write(block)
+    except OSError:
+      pass
+
+
 class SaveParamsAtStart(Callback):
   """Writes the parameters the loop starts from (restored or initialised) to `path`, an .npz
   keyed as tests/ckpt_util.py:params keys a checkpoint's, to compare them with what was saved."""
@@ -98,11 +142,14 @@ class SaveParamsAtStart(Callback):
 def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
   """(callbacks, axtrain arguments) from this script's arguments."""
   split = args.index("--")
-  options = dict(a.removeprefix("--").split("=", 1) for a in args[:split])
+  options = dict(a.removeprefix("--").partition("=")[::2] for a in args[:split])
   callbacks: list[Callback] = []
   if "pause_after_step" in options:
     callbacks.append(PauseAfter(int(options.pop("pause_after_step")),
                                 pathlib.Path(options.pop("paused_file"))))
+  if "pause_at_eval" in options:
+    callbacks.append(PauseAtEval(int(options.pop("pause_at_eval")),
+                                 pathlib.Path(options.pop("paused_file"))))
   if "hold_after_step" in options:
     callbacks.append(HoldAfter(int(options.pop("hold_after_step")),
                                pathlib.Path(options.pop("held_file")),
@@ -112,6 +159,13 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
     callbacks.append(SaveParamsAtStart(pathlib.Path(options.pop("save_params_at_start"))))
   if "nan_at_step" in options:
     callbacks.append(NanAt(int(options.pop("nan_at_step"))))
+  if "fill_disk_after_step" in options:
+    callbacks.append(FillDisk(int(options.pop("fill_disk_after_step")),
+                              pathlib.Path(options.pop("filler"))))
+  if "no_room_check" in options:  # a disk that fills while a checkpoint is written (a race)
+    from trainer import disk  # pylint: disable=import-outside-toplevel
+    options.pop("no_room_check")
+    disk.check_room = lambda path, needed: None
   if options:
     raise SystemExit(f"launch_with_hooks: unknown options {sorted(options)}")
   return callbacks, args[split + 1:]
@@ -120,4 +174,4 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
 if __name__ == "__main__":
   from launcher import main  # pylint: disable=import-outside-toplevel
   hooks, axtrain_args = parse(sys.argv[1:])
-  sys.exit(main.main(["axtrain", *axtrain_args], callbacks=hooks))
+  main.run(["axtrain", *axtrain_args], callbacks=hooks)

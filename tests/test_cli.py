@@ -51,8 +51,19 @@ BAD_INPUTS = [
     ([], "--config is required"),
     (["--config=missing.py"], "config file 'missing.py' not found"),
     (["--config=configs/base.py"], "defines no get_config"),
-    (["--config=configs/tiny.py:size=1"], "unknown key 'size'"),
-    (["--config=configs/tiny.py:oops"], "expected key=value"),
+    (["--config=configs/tiny.py:size=1"], "config argument 'size=1': this config takes no "
+                                          "argument; drop ':size=1'"),
+    (["--config=configs/llama.py:sise=1b"], "unknown key 'sise' (did you mean 'size'?); keys: "
+                                            "size"),
+    (["--config=configs/tiny.py:oops"], "takes no argument"),
+    (["--config=configs/gpt2.py:oops"], "expected key=value"),
+    (["--config=README.md"], "config file 'README.md' is not a Python file: a config is a .py "
+                             "file whose get_config(arg=None) returns the config"),
+    (["--config.trainer.max_steps=3", "--config=configs/tiny.py"],
+     "--config.trainer.max_steps=3 comes before --config=FILE; give --config first, then its "
+     "overrides"),
+    (["--config=configs/moe_tiny.py", "--config.model.block.ffn.aux_loss_coef=inf"],
+     "moe.aux_loss_coef must be a finite number >= 0 (0 = off), got inf"),
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),
@@ -118,7 +129,7 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.checkpoint.keep=0"],
      "checkpoint.keep: 0 is outside the allowed range [1, inf)"),
     (["--config=configs/moe_tiny.py", "--config.model.block.ffn.aux_loss_coef=-1"],
-     "moe.aux_loss_coef must be >= 0, got -1.0"),
+     "moe.aux_loss_coef must be a finite number >= 0 (0 = off), got -1.0"),
     (["--config=configs/llm_1b.py", "--config.model.block.attention.position.factor=0"],
      "rope_llama3.factor must be positive, got 0.0"),
 ]
@@ -155,7 +166,8 @@ def test_a_config_file_that_fails_is_one_line_naming_file_and_line(capsys, tmp_p
   text, message = CONFIG_FILES[name]
   path = tmp_path / name
   path.write_text(text)
-  code, out, err = run_main(capsys, *command, f"--config={path}", f"--output_dir={tmp_path / 'run'}")
+  out_dir = [] if command else [f"--output_dir={tmp_path / 'run'}"]  # plan has no --output_dir
+  code, out, err = run_main(capsys, *command, f"--config={path}", *out_dir)
   assert code == 2 and err == f"axtrain: error: {message.format(path)}\n", err
   assert not (tmp_path / "run").exists()
 
@@ -183,9 +195,10 @@ def test_splash_off_tpu_says_it_runs_in_interpret_mode(capsys, tmp_path):
                           "--config.trainer.hang_timeout_s=0",  # its watchdog needs a real stderr
                           f"--output_dir={tmp_path / 'run'}")
   assert code == 0, err
-  assert err == ("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu it runs "
-                 "in Pallas interpret mode (slow, for tests); xla or chunked attention is fast "
-                 "here\n"), err
+  assert err.startswith("axtrain: note: attention.implementation=splash is a TPU kernel: on cpu "
+                        "it runs in Pallas interpret mode (slow, for tests); xla or chunked "
+                        "attention is fast here\naxtrain: done; "), err
+  assert err.count("\n") == 2, err
 
 
 def test_help_of_distributed_names_the_flags_it_reads(capsys):
@@ -256,6 +269,10 @@ def test_a_run_shorter_than_its_warmup_trains(capsys, tmp_path):
                           f"--output_dir={tmp_path / 'run'}")
   assert code == 0, err
   assert err.startswith("axtrain: note: optimizer.schedule.warmup_steps ")
+  # --noprogress leaves out the progress lines, not the run's last line.
+  lines = err.splitlines()
+  assert len(lines) == 2 and lines[1].startswith("axtrain: done; final eval_loss "), err
+  assert lines[1].endswith(f"; run directory {tmp_path / 'run'}"), err
   import json  # pylint: disable=import-outside-toplevel
   import math  # pylint: disable=import-outside-toplevel
   records = map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
@@ -388,3 +405,74 @@ def test_a_misspelt_config_flag_or_file_gets_a_did_you_mean(capsys, args, messag
   """Run from the repository root (as the README's commands are)."""
   code, _, err = run_main(capsys, *args)
   assert code == 2 and err == f"axtrain: error: {message}\n", err
+
+
+@pytest.mark.parametrize("flag,hint", [
+    ("--max_step=20", "did you mean --config.trainer.max_steps?"),
+    ("--trainer.max_steps=20", "did you mean --config.trainer.max_steps?"),
+    ("--learning_rate=1e-3", "did you mean --config.optimizer.learning_rate?"),
+    ("--batch_size=4", "did you mean one of --config.data.batch_size, --config.eval.batch_size?")])
+def test_a_flag_named_like_a_config_field_points_to_it(capsys, flag, hint):
+  code, _, err = run_main(capsys, "--config=configs/tiny.py", flag)
+  name = flag.split("=")[0]
+  assert code == 2 and err == (f"axtrain: error: unknown flag {name} ({hint} config fields are "
+                               f"set as --config.<path>); see --help\n"), err
+
+
+@pytest.mark.parametrize("override,message", [
+    ("eval.every_steps=-1", "eval.every_steps: -1 is outside the allowed range [0, inf)"),
+    ("eval.num_batches=0", "eval.num_batches: 0 is outside the allowed range [1, inf)"),
+    ("checkpoint.every_steps=-5", "checkpoint.every_steps: -5 is outside the allowed range "
+                                  "[0, inf)"),
+    ("checkpoint.keep=0", "checkpoint.keep: 0 is outside the allowed range [1, inf)")])
+def test_a_negative_count_is_refused_naming_the_field_and_value(capsys, override, message):
+  code, _, err = run_main(capsys, "--config=configs/tiny.py", f"--config.{override}",
+                          "--print_config")
+  assert code == 2 and err == f"axtrain: error: {message}\n", err
+
+
+def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path):
+  """A plain section, the root, a component of some kind, and a key that a config file sets:
+  `unknown field 'K' of WHERE [(kind 'X')] (did you mean ...?); its fields: ...`."""
+  bad_file = tmp_path / "bad.py"
+  bad_file.write_text("from configs import tiny\n\n\ndef get_config(arg=None):\n"
+                      "  cfg = tiny.get_config()\n  cfg.trainer.max_stepz = 3\n  return cfg\n")
+  cases = [(["--config=configs/tiny.py", "--config.trainer.max_stepz=3"],
+            "--config.trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
+            "'max_steps'?); its fields: compute_dtype, "),
+           (["--config=configs/tiny.py", "--config.trainr.max_steps=3"],
+            "--config.trainr.max_steps: unknown field 'trainr' of the config (did you mean "
+            "'trainer'?); its fields: checkpoint, data, eval, init, mesh, model, optimizer, "
+            "trainer\n"),
+           (["--config=configs/tiny.py", "--config.optimizer.b3=0.1"],
+            "--config.optimizer.b3: unknown field 'b3' of optimizer (kind 'adamw'); its fields: "),
+           ([f"--config={bad_file}"],
+            "trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
+            "'max_steps'?); its fields: compute_dtype, ")]
+  for args, message in cases:
+    code, _, err = run_main(capsys, *args, "--print_config")
+    assert code == 2 and err.startswith(f"axtrain: error: {message}"), err
+
+
+def test_a_full_disk_under_another_command_names_what_it_writes(capsys, tmp_path, monkeypatch):
+  """A library's write that finds no room and names no file (fault injection: numpy.save
+  raises ENOSPC as tokenize writes a shard): one line naming the device and the command's
+  --output_dir, exit 74, and tokenize's partial folder removed."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  corpus, out = tmp_path / "c.jsonl", tmp_path / "tok"
+  corpus.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(20)))
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(np, "save", full)
+  code, _, err = run_main(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl",
+                          f"--output_dir={out}")
+  assert code == EXIT_NO_SPACE, err
+  head = f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing {out} ("
+  assert err.startswith(head) and err.count("\n") == 1, err  # what is free: the disk's own
+  assert err.endswith(" free); free space there, then run the same command again\n"), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]

@@ -388,7 +388,8 @@ def test_mixture_components_are_nodes_of_corpus_kinds(corpus):
     source("mixture", sources=({"kind": "synthetic", "weight": 1},))
   with pytest.raises(ConfigError, match=r"sources\[0\].weight must be a positive number"):
     source("mixture", sources=({**good, "weight": 0},))
-  with pytest.raises(ConfigError, match=r"sources\[0\].field: unknown field of data 'text'"):
+  with pytest.raises(ConfigError, match=r"sources\[0\].field: unknown field 'field' of "
+                     r"data.sources\[0\] \(kind 'text'\)"):
     source("mixture", sources=({**good, "kind": "text"},))
 
 

@@ -1,4 +1,5 @@
-"""Exact resume after SIGKILL and SIGTERM, on another mesh, and past a corrupt checkpoint.
+"""Exact resume after SIGKILL and SIGTERM, on another mesh, past a corrupt checkpoint and a full
+disk.
 
 All runs train tests/testdata/ckpt_lm.py (30 steps, checkpoints every 10, every
 step logged) and are compared with one uninterrupted run. Runs that are signalled, run on
@@ -8,15 +9,19 @@ run in this process (ckpt_util.run_here), sharing the subprocesses' compile cach
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
+import shutil
 import signal
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
+from launcher.errors import EXIT_NO_SPACE
 from launcher.preemption import EXIT_PREEMPTED
 from tests import ckpt_util as cu
 from tests.launch_with_hooks import NanAt, StopAfter
@@ -177,6 +182,11 @@ def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache, capfd):
   assert f"init.from_run={ref}: parameter params.layers." in error
   assert "has shape (2, " in error and "but (3, " in error and "in this model" in error
   assert not run_dir.exists() and cu.snapshot(ref) == before
+  # Stacked layers (model.scan_layers) in the model but not in the checkpoint: says what to set.
+  error = cu.one_error_line(cu.run_here(capfd, run_dir, cache, f"--config.init.from_run={ref}",
+                                        "--config.model.scan_layers=false"))
+  assert error.endswith("set --config.model.scan_layers=true to read it"), error
+  assert not run_dir.exists() and cu.snapshot(ref) == before
 
 
 def test_nonfinite_loss_stops_with_one_line_error(tmp_path, cache, capfd):
@@ -243,3 +253,203 @@ def test_sigint_stops_after_the_step_in_flight(tmp_path, cache, capfd):
   assert json.loads((tmp_path / "run" / "run.json").read_text())["last_step"] == 6
   assert cu.steps(tmp_path / "run") == [6]
   assert hook.behind == [0] * 6, hook.behind  # every step before the one just dispatched is done
+
+
+def no_space_line(result) -> str:
+  """The one `axtrain: error: no space left ...` line of a run that found its disk full."""
+  assert result.returncode == EXIT_NO_SPACE, (result.returncode, result.stderr[-3000:])
+  errors = [l for l in result.stderr.splitlines() if l.startswith("axtrain: error:")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert errors[0].startswith("axtrain: error: no space left on "), errors[0]
+  for report in ("Traceback", "Exception ignored", "ERROR:absl"):
+    assert report not in result.stderr, result.stderr[-3000:]
+  return errors[0]
+
+
+def checkpoint_folders(run_dir) -> list[str]:
+  return sorted(p.name for p in (pathlib.Path(run_dir) / "checkpoints").iterdir())
+
+
+class _At(Callback):
+  """Appends `step` to `flag` after step `step` (the fault injections below read it)."""
+
+  def __init__(self, step: int, flag: list):
+    self.step, self.flag = step, flag
+
+  def on_step_end(self, step: int, loop) -> None:
+    if step == self.step:
+      self.flag.append(step)
+
+
+def test_a_checkpoint_without_room_stops_in_one_line_and_resumes_exactly(tmp_path, ref, cache,
+                                                                          capfd, monkeypatch):
+  """A full disk at a checkpoint, by fault injection (CI mounts no small filesystem;
+  test_full_tmpfs_* do it on a real one): first Orbax's write of checkpoint 20 fails in its
+  background thread (ENOSPC from the writer of its `data` item), then, resumed, the room check
+  before checkpoint 30 finds the disk full (os.statvfs reports one 4 kB block free after step
+  25). Each stops with one line and exit 74, the committed checkpoints intact and no partial
+  one left; the same command then ends where the uninterrupted run ends, bit for bit."""
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "run"
+  path_type, real_write_text = type(epath.Path(tmp_path)), type(epath.Path(tmp_path)).write_text
+
+  def write_text(self, *args, **kwargs):
+    if self.name == "metadata" and "20.orbax-checkpoint-tmp" in str(self):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    return real_write_text(self, *args, **kwargs)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(path_type, "write_text", write_text)
+    error = no_space_line(cu.run_here(capfd, run_dir, cache))
+  assert f"writing {run_dir.absolute() / 'checkpoints' / '20'} (1." in error  # MB needed
+  assert error.endswith("free space there, then run the same command again: it resumes from "
+                        "its checkpoint of step 10"), error
+  assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
+
+  full, real_statvfs = [], os.statvfs
+
+  def statvfs(path):
+    found = real_statvfs(path)
+    if full and str(run_dir) in os.fspath(path):
+      return os.statvfs_result((found.f_bsize, 4096, found.f_blocks, 1, 1, found.f_files,
+                                found.f_ffree, found.f_favail, found.f_flag, found.f_namemax))
+    return found
+
+  with monkeypatch.context() as patch:
+    patch.setattr(os, "statvfs", statvfs)
+    error = no_space_line(cu.run_here(capfd, run_dir, cache, callbacks=[_At(25, full)]))
+  assert f"writing {run_dir.absolute() / 'checkpoints' / '30'} (1." in error
+  assert " MB needed, 4.1 kB free)" in error and "checkpoint of step 20" in error
+  assert checkpoint_folders(run_dir) == ["10", "20"]
+
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 20" in result.stderr
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)
+
+
+def test_a_metrics_record_without_room_is_taken_back(tmp_path, ref, cache, capfd, monkeypatch):
+  """The disk fills after step 12, by fault injection: os.write of metrics.jsonl writes half of
+  step 12's record, then fails with ENOSPC. One line naming metrics.jsonl, exit 74; the file
+  ends with the last whole record (the half is taken back), and the same command resumes from
+  checkpoint 10 and ends where the uninterrupted run ends, bit for bit."""
+  run_dir, full, real_write = tmp_path / "run", [], os.write
+
+  def write(fd, data):
+    if full and os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+      if len(full) == 1:
+        full.append("half written")
+        return real_write(fd, bytes(data)[:len(data) // 2])
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_write(fd, data)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(os, "write", write)
+    error = no_space_line(cu.run_here(capfd, run_dir, cache, callbacks=[_At(12, full)]))
+  assert full == [12, "half written"]
+  assert f"writing {run_dir.absolute() / 'metrics.jsonl'} (" in error and " bytes needed, " in error
+  text = (run_dir / "metrics.jsonl").read_text()
+  assert text.endswith("\n") and [json.loads(l)["step"] for l in text.splitlines()] == list(
+      range(1, 12))
+  assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 10" in result.stderr
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)
+
+
+@pytest.fixture
+def small_disk(tmp_path, request):
+  """A tmpfs of `request.param` (2m unless given), which the tests grow or empty to free space;
+  skipped where mounts are not allowed (CI without root): the fault-injected tests above cover
+  the same paths there."""
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  if shutil.which("mount") is None:
+    pytest.skip("no mount command to make a small filesystem")
+  size = getattr(request, "param", "2m")
+  made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                        capture_output=True, text=True, check=False)
+  if made.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode})")
+  try:
+    yield mount_point
+  finally:
+    subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def _grow(mount_point) -> None:
+  subprocess.run(["mount", "-o", "remount,size=16m", str(mount_point)], check=True)
+
+
+@pytest.mark.slow  # three processes on a real small filesystem (make test-slow)
+def test_full_tmpfs_at_a_checkpoint(small_disk, ref, cache, capfd):
+  """On a 2 MB tmpfs checkpoint 10 (1.2 MB) fits and checkpoint 20 does not. The first run skips
+  the room check (as if the disk filled while the checkpoint was written: TensorStore's writes
+  fail part-way in Orbax's threads), the second is refused by it; both end in one line, exit
+  74, with nothing printed at exit, checkpoint 10 intact and no partial one left. Once the
+  filesystem grows, the same command ends where the uninterrupted run ends, bit for bit."""
+  run_dir = small_disk / "run"
+  result = cu.run(run_dir, cache, hooks=("--no_room_check",))
+  error = no_space_line(result)
+  assert f"no space left on tmpfs mounted on {small_disk} writing {run_dir / 'checkpoints' / '20'}" \
+      in error, error
+  assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
+  error = no_space_line(cu.run(run_dir, cache))
+  assert "MB needed, " in error and "resumes from its checkpoint of step 10" in error
+  assert checkpoint_folders(run_dir) == ["10"]
+  _grow(small_disk)
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)
+
+
+@pytest.mark.slow  # two runs on a real small filesystem (make test-slow)
+@pytest.mark.parametrize("small_disk", ["8m"], indirect=True)  # room for three checkpoints
+def test_full_tmpfs_at_a_metrics_write(small_disk, ref, cache, capfd):
+  """Another job fills the disk after step 12: the next metrics record (metrics.jsonl or the
+  TensorBoard event file, whichever needs a new block first) finds no room: one line, exit 74;
+  the files end with whole records. Once the filler is deleted the same command resumes from
+  checkpoint 10 and ends where the uninterrupted run ends, bit for bit."""
+  run_dir, filler = small_disk / "run", small_disk / "filler"
+  result = cu.run(run_dir, cache, hooks=("--fill_disk_after_step=12", f"--filler={filler}"))
+  error = no_space_line(result)
+  assert (f"writing {run_dir / 'metrics.jsonl'} (" in error
+          or f"writing {run_dir / 'tensorboard'}/events.out.tfevents." in error), error
+  text = (run_dir / "metrics.jsonl").read_text()
+  assert text.endswith("\n") and all(json.loads(line) for line in text.splitlines())
+  assert checkpoint_folders(run_dir) == ["10"]
+  filler.unlink()
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)
+
+
+@pytest.mark.slow  # four interrupted runs and their resumes (make test-slow)
+@pytest.mark.parametrize("moment,pause,at,code,saved", [
+    ("the first step", 1, "pause_after_step", EXIT_PREEMPTED, [1]),
+    ("a checkpoint write", 10, "pause_after_step", EXIT_PREEMPTED, [10]),
+    ("an evaluation", 15, "pause_at_eval", EXIT_PREEMPTED, [10, 16]),
+    ("the last step", 30, "pause_after_step", 0, [10, 20, 30]),
+])
+def test_ctrl_c_in_the_loop(tmp_path, ref, cache, capfd, moment, pause, at, code, saved):
+  """Ctrl-C at `moment`: the step in flight finishes and is saved, exit 75 (after the last step
+  the run simply completes, exit 0); nothing is half-written, so the same command then ends
+  where the uninterrupted run ends, bit for bit. (Before the loop: tests/test_preemption.py.)"""
+  del moment
+  run_dir, extra = tmp_path / "run", ("--config.eval.every_steps=15",)
+  proc = cu.start_paused(run_dir, cache, pause, *extra, at=at)
+  rc, err = cu.signal_and_wait(proc, signal.SIGINT)
+  assert rc == code, err[-3000:]
+  assert "SIGINT: finishing the current step and saving a checkpoint" in err
+  assert "Traceback" not in err, err[-3000:]
+  assert cu.steps(run_dir) == saved and checkpoint_folders(run_dir) == [str(s) for s in saved]
+  result = cu.run_here(capfd, run_dir, cache, *extra)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cu.status(run_dir) == "completed"
+  assert cu.losses(run_dir) == cu.losses(ref)
+  assert_same_params(ref, run_dir)

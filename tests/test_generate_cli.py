@@ -123,6 +123,7 @@ def test_cli_cuts_max_new_tokens_to_the_model_length(run_dir, capsys):
     (["--prompt=hi", "--step=7"], "no committed checkpoint of step 7; steps: 0"),
     (["--prompt=hi", "--temprature=1"], "did you mean 'temperature'"),
     (["--prompt=hi", "--top_k=two"], "--top_k must be an integer, got 'two'"),
+    (["--prompt=hi", "--seed=-1"], "--seed must be a whole number in [0, 2**63), got -1"),
 ])
 def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys, args, message):
   target = run_dir

@@ -540,3 +540,23 @@ def test_the_supervisor_says_a_processes_cpp_abort_in_one_line(tmp_path):
   assert code == 134 and out.getvalue() == "[p0] fine\n"
   assert p1[0].startswith("[p1] F1205 client.h:80] Terminating process") and len(p1) == 2, lines
   assert "stack trace of 9 frames left out" in p1[1]
+
+
+def test_the_supervisor_leaves_out_gloos_all_connected_line(tmp_path):
+  """jaxlib's gloo prints `[Gloo] Rank N is connected to K peer ranks...` on stdout as each CPU
+  process joins its peers (the line as jaxlib 0.10.2 prints it, std::cout). All connected: left
+  out, stdout keeps the processes' own output; fewer than expected: kept, on stderr."""
+  import io  # pylint: disable=import-outside-toplevel
+  from launcher.launch import job as launch_job, local  # pylint: disable=import-outside-toplevel
+  line = ("[Gloo] Rank {} is connected to {} peer ranks. Expected number of connected peer ranks "
+          "is : 1")
+  layout = launch_layout.resolve("cpu", num_processes=2, devices_per_process=1)
+  job = launch_job.Job(name="t", layout=layout, train_args=(), axtrain=(), workdir=str(tmp_path),
+                       run_dir=tmp_path, record_dir=tmp_path, command="test")
+  out, err = io.StringIO(), io.StringIO()
+  code = local.Supervisor(job, [
+      [sys.executable, "-c", f"print({line.format(0, 1)!r}); print('trained')"],
+      [sys.executable, "-c", f"print({line.format(1, 0)!r}); print('[Gloo] Rank 1 is NOT "
+                             f"connected to: [0]')"]], out=out, err=err).run()
+  assert code == 0 and out.getvalue() == "[p0] trained\n", out.getvalue()
+  assert f"[p1] {line.format(1, 0)}\n[p1] [Gloo] Rank 1 is NOT connected to: [0]\n" in err.getvalue()

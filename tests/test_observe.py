@@ -14,13 +14,12 @@ import jax
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
-from tensorboardX import event_file_writer
 
 from configs.base import lm_config
 from launcher import main as launcher_main
 from modules import llama
 from tests.conftest import ROOT
-from trainer import config as config_lib, experiment, loop, metrics, meshes
+from trainer import config as config_lib, experiment, loop, metrics, meshes, writers
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
@@ -178,9 +177,9 @@ def test_docs_observe_names_real_files_and_symbols():
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, monkeypatch):
   """A crash after step 5 (checkpoint at 3, records up to 4); the resumed run redoes 4.
 
-  tensorboardX names event files by the second: both runs get the same second here, as a
-  quick resume can, and the first run's events must survive it."""
-  monkeypatch.setattr(event_file_writer, "time",
+  Event files are named by the second: both runs get the same second here, as a quick resume
+  can, and the first run's events must survive it."""
+  monkeypatch.setattr(writers, "time",
                       types.SimpleNamespace(time=lambda: 1.7e9, sleep=time.sleep))
   exp = _experiment(6, log_every=1)
   exp = experiment.build(dataclasses.replace(exp.run, checkpoint=dataclasses.replace(

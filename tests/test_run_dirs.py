@@ -622,3 +622,44 @@ def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
                  "write (notes.txt); move them out of it to resume, extend or start over this "
                  "run, or choose another --output_dir\n")
   assert snapshot(copied) == before
+
+
+def test_a_first_start_cut_short_by_a_full_disk_is_started_again(tmp_path, monkeypatch):
+  """The disk fills as a new run writes config.json (fault injection: its write raises ENOSPC
+  after half the bytes): NoSpace names the file, nothing half-written is left (no temporary
+  file; manifest.json already lists the files), and the same command then starts the run as a
+  new one rather than refusing a directory without config.json."""
+  import builtins  # pylint: disable=import-outside-toplevel
+  import errno  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  out, config = tmp_path / "run", {"trainer": {"max_steps": 1}}
+  rd = run_dir.RunDir(out)
+  assert rd.prepare(config, overwrite=False) == "new"
+
+  class Full:
+    def __init__(self, path, mode):
+      self.file = builtins.open(path, mode)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.file.close()
+
+    def write(self, data):
+      self.file.write(data[:len(data) // 2])
+      self.file.flush()
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  def full_at_config(path, mode):
+    return Full(path, mode) if path.name == "config.json.tmp" else builtins.open(path, mode)
+
+  monkeypatch.setattr(disk, "open", full_at_config, raising=False)
+  with pytest.raises(disk.NoSpace, match=f"writing {out / 'config.json'} \\("):
+    rd.start(config, argv=["axtrain"], fresh=True, extra={})
+  monkeypatch.undo()
+  assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+  assert rd.prepare(config, overwrite=False) == "new"
+  rd.start(config, argv=["axtrain"], fresh=True, extra={})
+  assert json.loads((out / "config.json").read_text()) == config
+  assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "run.json"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import pathlib
 import re
@@ -39,10 +40,14 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.registry import ConfigError
+from trainer import disk
 from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
 
+# Where a failed save's errors are logged: Orbax's threads (absl.logging), and asyncio's "Task
+# exception was never retrieved" for the writes that failed after their gather gave up.
+_LOGS = (logging.getLogger("absl"), logging.getLogger("asyncio"))
 # Checkpoints taken out of use are moved next to checkpoints/ rather than deleted:
 QUARANTINE = "corrupt_checkpoints"  # unreadable ones
 SUPERSEDED = "superseded_checkpoints"  # newer than checkpoint.restore_step when resuming from it
@@ -60,6 +65,11 @@ class Restored:
 
 
 # -- reads ---------------------------------------------------------------------------------
+
+def _nbytes(state) -> int:
+  """Bytes of the arrays of `state`, every process's shards (a jax.Array's nbytes is global)."""
+  return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree.leaves(state))
+
 
 def _with_shardings(abstract, shardings):
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -148,6 +158,67 @@ def _reason(e: Exception) -> str:
   return f"a read failed: {text[:240]}" if text else f"a read failed ({type(e).__name__})"
 
 
+class _SaveReports:
+  """What a save that fails part-way leaves behind, kept out of the console while it is written.
+
+  Orbax writes a checkpoint's arrays in a background thread, one asyncio task per fragment
+  under one gather; when one write fails (a full disk) the gather raises, Orbax closes its event
+  loop and logs the error from each of its threads, and the other writes, still in flight,
+  report "Event loop is closed" as they finish; their coroutines, collected at interpreter exit,
+  add "Exception ignored in: <coroutine ... write_fragment>" tracebacks, and asyncio logs "Task
+  exception was never retrieved" for each write that failed after the gather gave up. Between
+  `start` (a save begins) and `stop` (the save finished, or its failure was read) those reports
+  are dropped: log records (Orbax's, asyncio's) whose exception is a write without room (the
+  launcher prints its one line instead) and the closed loop's unraisable reports. `stop(failed=True)` clears the
+  failed write's frames and collects the abandoned writes while the interpreter still runs
+  (they close quietly then), until they have been quiet for `quiet_s`. Everything is put back
+  at `stop`.
+  """
+
+  def __init__(self, *, quiet_s: float = 1.0, max_s: float = 10.0):
+    self.quiet_s, self.max_s = quiet_s, max_s
+    self._dropped: list[str] = []
+    self._previous_hook = None
+    self._filter = logging.Filter()
+    self._filter.filter = self._keep
+
+  def _keep(self, record) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and disk.no_room(error):
+      self._dropped.append("log")
+      return False
+    return True
+
+  def _hook(self, unraisable) -> None:
+    exc = unraisable.exc_value
+    loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+    closed_write = (isinstance(unraisable.object, types.CoroutineType) and exc is not None
+                    and isinstance(exc.__cause__ or exc.__context__, GeneratorExit))
+    if loop_closed or closed_write:
+      self._dropped.append(type(exc).__name__)
+    else:
+      self._previous_hook(unraisable)
+
+  def start(self) -> None:
+    if self._previous_hook is None:
+      self._previous_hook = sys.unraisablehook
+      sys.unraisablehook = self._hook
+      for logger in _LOGS:
+        logger.addFilter(self._filter)
+
+  def stop(self, failure: BaseException | None = None) -> None:
+    if self._previous_hook is None:
+      return
+    if failure is not None:
+      while failure is not None:  # the finished frames of the failed save hold the other writes
+        traceback.clear_frames(failure.__traceback__)
+        failure = failure.__cause__ or failure.__context__
+      _settle(self._dropped, quiet_s=self.quiet_s, max_s=self.max_s)
+    for logger in _LOGS:
+      logger.removeFilter(self._filter)
+    sys.unraisablehook, self._previous_hook = self._previous_hook, None
+
+
 class Checkpointer:
   """Saves and restores one run's checkpoints; every process of a run makes one."""
 
@@ -169,6 +240,8 @@ class Checkpointer:
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._moves = 0
+    self._in_flight: tuple[int, int] | None = None  # (step, bytes needed) of the save in flight
+    self._reports = _SaveReports()
 
   def due(self, step: int) -> bool:
     """Whether the schedule (checkpoint.every_steps) asks for a checkpoint after `step`."""
@@ -177,12 +250,23 @@ class Checkpointer:
   def save(self, step: int, state, data_state: dict) -> bool:
     """Starts an asynchronous save of `step`; False if that step is already on disk.
 
-    The caller decides when to save (`due`, the last step, a preemption).
+    The caller decides when to save (`due`, the last step, a preemption). Waits for the save
+    before it first. Raises disk.NoSpace, starting nothing, when the disk holding the
+    checkpoints has less room than the state's arrays take (the most a checkpoint needs: Orbax
+    compresses), and when the disk filled during the save before (wait_until_finished).
     """
     if step in self.all_steps():
       return False
-    self._manager.save(step, force=True, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
+    self.wait_until_finished()
+    needed = _nbytes(state) + len(json.dumps(data_state))
+    disk.check_room(self.directory / str(step), needed)
+    self._in_flight = (step, needed)
+    self._reports.start()
+    try:
+      self._manager.save(step, force=True, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
+    except Exception as e:  # pylint: disable=broad-except  (read by _failed)
+      raise self._failed(e) from None
     return True
 
   def all_steps(self) -> list[int]:
@@ -259,10 +343,33 @@ class Checkpointer:
     return dest
 
   def wait_until_finished(self) -> None:
-    self._manager.wait_until_finished()
+    """Waits for the save in flight. One the disk had no room for raises disk.NoSpace, its
+    temporary folder removed: the committed checkpoints are untouched."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (read by _failed)
+      raise self._failed(e) from None
+    self._in_flight = None
+    self._reports.stop()
+
+  def _failed(self, error: Exception) -> Exception:
+    """What a failed save raises: disk.NoSpace for a disk without room, else `error`. Stops the
+    save's reports once its abandoned writes are collected, and removes its temporary folder."""
+    step, needed = self._in_flight or (None, None)
+    self._in_flight = None
+    self._reports.stop(failure=error)
+    if step is not None and jax.process_index() == 0:
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    if disk.no_room(error):  # what is free counts the partial checkpoint as removed
+      return disk.as_no_space(error, path=self.directory / str(step), needed=needed)
+    return error
 
   def close(self) -> None:
-    self._manager.close()
+    try:
+      self.wait_until_finished()
+    finally:
+      self._manager.close()
 
 
 # -- checks before a run writes anything ---------------------------------------------------

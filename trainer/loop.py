@@ -11,6 +11,7 @@ launcher (launcher/session.py) owns signals, the run directory and exit codes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import pathlib
@@ -136,7 +137,10 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
     call_all(callbacks, "on_train_end", loop)
     progress.close()
     if ckpt is not None:
-      ckpt.close()  # waits for a save in flight
+      # Waits for a save in flight. Where the run already failed (a full disk, say), that save's
+      # own failure is not reported over the first one.
+      with contextlib.suppress(Exception) if sys.exc_info()[0] else contextlib.nullcontext():
+        ckpt.close()
   return Result(records=loop.records, final_eval_loss=None if loop.preempted else loop.eval_loss,
                 time_to_first_step_s=loop.first_step_s, state=loop.state, start_step=loop.start,
                 preempted=loop.preempted, last_step=loop.step, compiled=loop.compiled,

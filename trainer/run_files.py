@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import re
 import struct
 from typing import Callable, Iterable
 
+from trainer import disk
 from trainer.config import RunConfig
 
 MANIFEST = "manifest.json"
@@ -94,9 +94,8 @@ class Manifest:
 
   def _write(self, names: set[str]) -> None:
     self.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = self.path.with_name(MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"written_by": _TAG, "files": sorted(names)}, indent=1) + "\n")
-    os.replace(tmp, self.path)
+    disk.write_atomic(self.path, (json.dumps({"written_by": _TAG, "files": sorted(names)},
+                                             indent=1) + "\n").encode())
 
   def record(self, path: pathlib.Path) -> None:
     """The `Record` callback: adds one path."""

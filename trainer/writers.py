@@ -12,7 +12,11 @@ import json
 import math
 import os
 import pathlib
+import socket
+import struct
+import time
 
+from trainer import disk
 from trainer.callbacks import Callback
 from trainer.config import TrainerConfig
 from trainer.run_files import NewFiles, Record, no_record
@@ -30,52 +34,72 @@ def scalars(record: dict) -> dict[str, float]:
 
 
 class JsonlWriter(Callback):
-  """One JSON object per line; NaN/Inf are written as null."""
+  """One JSON object per line; NaN/Inf are written as null. A line the disk has no room for is
+  not left half-written (disk.AppendFile): the run stops with NoSpace."""
 
   def __init__(self, path: pathlib.Path, *, record: Record = no_record):
     self.path = pathlib.Path(path)
     record(self.path)
-    self._file = open(self.path, "a", encoding="utf-8")
+    self._file = disk.AppendFile(self.path)
 
   def on_record(self, record: dict) -> None:
-    self._file.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v)
-                                     else v) for k, v in record.items()}) + "\n")
-    self._file.flush()
+    self._file.append((json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v)
+                                       else v) for k, v in record.items()}) + "\n").encode())
 
   def on_train_end(self, loop) -> None:
     self._file.close()
 
 
-class TensorBoardWriter(Callback):
-  """Event files under <run_dir>/tensorboard/, written by tensorboardX (no TensorFlow).
+def _framed(event) -> bytes:
+  """One record of a TensorBoard event file: length, its checksum, the event, its checksum."""
+  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
+  data = event.SerializeToString()
+  header = struct.pack("<Q", len(data))
+  return (header + struct.pack("<I", masked_crc32c(header)) + data
+          + struct.pack("<I", masked_crc32c(data)))
 
-  A resumed run starts a new event file that purges the steps it redoes, so
-  TensorBoard shows each step once. Event file names carry the start step and the
-  process id: tensorboardX names files by the second, and a resume within the same
-  second would otherwise reopen (and truncate) the first run's file.
+
+class TensorBoardWriter(Callback):
+  """Event files under <run_dir>/tensorboard/ (tensorboardX's event protos, no TensorFlow),
+  written in this thread: each metrics record's scalars are appended at once as whole records
+  (disk.AppendFile), so a full disk stops the run with NoSpace rather than a writer thread's
+  traceback, and leaves no half record.
+
+  A resumed run starts a new event file that purges the steps it redoes (a SessionLog START at
+  its first step), so TensorBoard shows each step once. Event file names carry the start step
+  and the process id besides the second, so a resume within the same second gets a file of its
+  own.
   """
 
   def __init__(self, directory: pathlib.Path, *, record: Record = no_record):
     self.directory = pathlib.Path(directory)
-    self._new = NewFiles(self.directory, record)
-    self._writer = None
+    self._record = record
+    self._file: disk.AppendFile | None = None
 
   def on_train_start(self, loop) -> None:
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-    self._new.start()
-    self._writer = SummaryWriter(logdir=str(self.directory), flush_secs=10,
-                                 purge_step=loop.start + 1 if loop.start else None,
-                                 filename_suffix=f".{os.getpid()}.from{loop.start}")
-    self._new.done()  # the event file, created with the writer
+    from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=import-outside-toplevel
+    self.directory.mkdir(parents=True, exist_ok=True)
+    path = self.directory / (f"events.out.tfevents.{str(time.time())[:10]}."
+                             f"{socket.gethostname()}.{os.getpid()}.from{loop.start}")
+    self._record(path)
+    self._file = disk.AppendFile(path)
+    events = [Event(wall_time=time.time(), file_version="brain.Event:2")]
+    if loop.start:
+      events += [Event(step=loop.start + 1, file_version="brain.Event:2"),
+                 Event(step=loop.start + 1, session_log=SessionLog(status=SessionLog.START))]
+    self._file.append(b"".join(map(_framed, events)))
 
   def on_record(self, record: dict) -> None:
-    for key, value in scalars(record).items():
-      self._writer.add_scalar(key, value, global_step=record["step"])
+    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
+    from tensorboardX.summary import scalar  # pylint: disable=import-outside-toplevel
+    now = time.time()
+    self._file.append(b"".join(
+        _framed(Event(wall_time=now, step=record["step"], summary=scalar(key, value)))
+        for key, value in scalars(record).items()))
 
   def on_train_end(self, loop) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._new.done()
+    if self._file is not None:
+      self._file.close()
 
 
 class WandbWriter(Callback):

@@ -19,8 +19,9 @@ the run directory, NNN-k8s.yaml or NNN-tpu-vm.sh in --record_dir (the cluster's 
 is not created here). It prints it, then: local runs the processes (unless --dry_run); slurm,
 k8s and tpu-vm submit only with --submit (sbatch, kubectl apply, gcloud ssh). The mesh entry
 (--mesh after `--`, docs/meshes.md) sets the hosts and devices; a generic entry (cpu, gpu,
-auto) takes --num_processes. Exit codes: those of the run (0 done, 1 failed, 2 usage error, 75
-preempted: re-run to resume); mistakes print one line and write nothing. docs/launch.md.
+auto) takes --num_processes. Exit codes: those of the run (0 done, 1 failed, 2 usage error, 74
+no space left on a disk: free space, then re-run, 75 preempted: re-run to resume, 130 Ctrl-C
+before training); mistakes print one line and write nothing. docs/launch.md.
 """
 
 from __future__ import annotations

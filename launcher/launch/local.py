@@ -2,7 +2,9 @@
 
 Process 0 serves the coordinator on 127.0.0.1 at a free port; each process gets its slice of the
 machine's devices (CPU: `--devices_per_process` fake devices through XLA_FLAGS, as the tests
-use; GPU: JAX_LOCAL_DEVICE_IDS). Their output lines come prefixed `[p0]`, `[p1]`.
+use; GPU: JAX_LOCAL_DEVICE_IDS). Their output lines come prefixed `[p0]`, `[p1]`; gloo's line
+that a CPU process connected to all its peers is left out (one connected to fewer is kept, on
+stderr).
 
 When a process exits non-zero (other than 75, a preemption that every process takes together),
 the others get SIGTERM and, FAILURE_GRACE_S later, SIGKILL: a peer that died leaves collectives
@@ -125,6 +127,11 @@ def _start(job: Job, fv: flags.FlagValues, files: dict[str, pathlib.Path]) -> in
 # absl's fatal report: this line, then one "    @ 0x..." line per frame.
 _STACK_TRACE = "*** Check failure stack trace: ***"
 _FRAME = re.compile(r"^\s+@\s+0x[0-9a-f]+")
+# What the gloo inside jaxlib (0.10.2) prints to stdout, unconditionally, as each CPU process
+# connects to its peers (gloo has since made it an INFO log, off by default). All peers
+# connected says nothing: left out; fewer is kept, on stderr, with gloo's "is NOT connected".
+_GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected "
+                             r"number of connected peer ranks is : (\d+)$")
 
 
 class Supervisor:
@@ -155,9 +162,13 @@ class Supervisor:
       if line.strip() == _STACK_TRACE:
         frames = 0
         continue
+      gloo = _GLOO_CONNECTED.match(line)
+      if gloo and gloo[1] == gloo[2]:
+        continue
       with self._lock:
-        sink.write(f"{prefix}{line}\n")
-        sink.flush()
+        out = self.err if gloo or line.startswith("[Gloo] Rank ") else sink
+        out.write(f"{prefix}{line}\n")
+        out.flush()
     if frames is not None:
       self._frames_left_out(prefix, sink, frames)
     stream.close()
