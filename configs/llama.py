@@ -92,6 +92,11 @@ RECIPES: dict[str, Recipe] = {
     "7b": Recipe(batch_size=256, seq_len=4096, learning_rate=3e-4, warmup_steps=2000,
                  remat="dots_with_no_batch_dims_saveable", mesh_rules=(
         ({"platform": "tpu", "min_num_devices": 64}, _fit(1024, **_rows(1))),
+        # Fewer 16 GiB chips (one v5e host of 8): the float32 parameters and AdamW state (10.1
+        # GiB per chip under FSDP) live in host memory (48 GB per chip), each chip's
+        # microbatches run on its bfloat16 shard of the weights (docs/offload.md).
+        ({"platform": "tpu", "max_hbm_gb": 20, "min_host_memory_gb": 40},
+         {"trainer.state_memory": "host", **_fit(1024, **_rows(1))}),
         # Two H100 hosts: the best layout of `axtrain plan --sweep` with XLA's GPU compiler
         # (docs/plan.md): data parallel across the hosts, FSDP over 4 and tensor parallel over
         # 2 inside each; matmul outputs kept (little recompute), 8 microbatches.

@@ -33,6 +33,13 @@ REMAT_POLICIES = {
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "save_qkv_proj": jax.checkpoint_policies.save_only_these_names("qkv_proj"),
     "save_attn_out": jax.checkpoint_policies.save_only_these_names("qkv_proj", "attn_out"),
+    # Saved to host memory (memory kind pinned_host) instead of kept on the device, and brought
+    # back for the backward pass: MaxText's offloading remat policies.
+    "offload_dots_with_no_batch_dims": jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+        "device", "pinned_host"),
+    "offload_attn_out": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["qkv_proj", "attn_out"],
+        offload_src="device", offload_dst="pinned_host"),
 }
 REMAT_NAMES = ("none", *REMAT_POLICIES)
 # Activations tagged with checkpoint_name in the layer library (modules/attention.py);
@@ -59,7 +66,7 @@ class DecoderLMConfig:
   # layer stack (mesh.stage > 1; modules/pipeline.py); the idle fraction of a step is
   # (stages - 1) / (microbatches + stages - 1). 0 = as many as stages.
   pipeline_microbatches: int = 0
-  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | tagged names, e.g. "qkv_proj,attn_out"
+  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | offload_dots_with_no_batch_dims | offload_attn_out (saved to host memory) | tagged names, e.g. "qkv_proj,attn_out"
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
   embedding: Any = child("embedding")
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned

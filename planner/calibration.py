@@ -31,6 +31,12 @@ class Calibration:
   memory: float  # achieved / peak HBM bandwidth on memory-bound ops
   source: str  # measured (what, how, when) or assumed (from what)
   measured: bool
+  # Bytes/s one device moves between host memory and its own memory inside a compiled program
+  # (trainer.state_memory="host": each step reads the state from host memory and writes it
+  # back); measured by benchmarks/host_transfer.py where a device was lent.
+  host_to_device: float = 0.0
+  device_to_host: float = 0.0
+  transfer_source: str = ""
 
 
 # One TPU v5e chip (the device tool, 2026-12-05; benchmarks/chip.py, profiles joined op by op
@@ -43,10 +49,17 @@ class Calibration:
 # 1b's attention). memory: the memory-bound ops against their bytes in the compiled HLO. Checked
 # on the steps measured beside it: 125m at 4 rows 71.3 ms estimated / 68.2 measured, llm_1b at 8
 # rows (full remat, Adafactor) 1.262 / 1.244 s, 125m as shipped (64 microbatches) 4.11 / 3.93 s.
+# Host transfers: benchmarks/host_transfer.py on the lent chip, 2026-12-06, 2 GiB in 4 arrays
+# per direction inside one jitted program (benchmarks/host_transfer_v5e.json): host to device
+# 13.9 GB/s; device to pinned host memory 0.66 GB/s into donated buffers (0.55 into new ones,
+# 0.76 by device_put). That machine runs its programs under gVisor: a TPU VM's PCIe link is
+# likely faster towards the host; the estimate uses what was measured.
 _V5E = Calibration(
     matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
-           "splash kernel timings)")
+           "splash kernel timings)",
+    host_to_device=13.9e9, device_to_host=0.657e9,
+    transfer_source="measured on one TPU v5e chip, 2026-12-06 (benchmarks/host_transfer.py)")
 
 # No GPU has been lent to this project: assumed. matmul: cuBLAS bf16 GEMMs of LLM shapes on
 # H100 SXM reach 650-750 of 989 TFLOP/s; attention: cuDNN / FlashAttention-2 forward on
@@ -54,12 +67,16 @@ _V5E = Calibration(
 # 2.5 forward passes; memory: 80% of HBM bandwidth on fused elementwise ops.
 _GPU = Calibration(
     matmul=0.70, attention=0.40, attention_backward=2.5, memory=0.80, measured=False,
-    source="assumed for NVIDIA GPUs from published kernel throughput (no GPU measured here)")
+    source="assumed for NVIDIA GPUs from published kernel throughput (no GPU measured here)",
+    host_to_device=25e9, device_to_host=25e9,
+    transfer_source="assumed: 25 GB/s each way, a PCIe 4.0 x16 link's practical rate")
 
 # Trainium: assumed like a GPU's matmul share, no attention kernel in our plans.
 _NEURON = Calibration(
     matmul=0.65, attention=0.30, attention_backward=2.5, memory=0.75, measured=False,
-    source="assumed for Trainium (no Trainium measured here)")
+    source="assumed for Trainium (no Trainium measured here)",
+    host_to_device=25e9, device_to_host=25e9,
+    transfer_source="assumed: 25 GB/s each way (no Trainium measured here)")
 
 # (platform, the registry's device_kind of that hardware or None for any, row): first match.
 ROWS: tuple[tuple[str, str | None, Calibration], ...] = (

@@ -15,7 +15,7 @@ import math
 import jax
 from jax.sharding import NamedSharding
 
-from trainer import experiment as experiment_lib, flops as flops_lib, sharding
+from trainer import experiment as experiment_lib, flops as flops_lib, offload, sharding
 
 
 def _sharded_bytes(abstract_tree, shardings) -> int:
@@ -81,6 +81,9 @@ def _saved_per_token_layer(policy: str, s: Shape, c: int, seq_len: int, model: i
       "dots_with_no_batch_dims_saveable": c * s.dim + matmul_outputs,
       "save_qkv_proj": c * (s.dim + q + 2 * kv),
       "save_attn_out": c * (s.dim + 2 * q + 2 * kv),
+      # The rest goes to host memory: on the device the layer's input, as under full remat.
+      "offload_dots_with_no_batch_dims": c * s.dim,
+      "offload_attn_out": c * s.dim,
   }.get(policy, c * (s.dim + 2 * q + 2 * kv))
 
 
@@ -149,10 +152,32 @@ class Analytic:
   grads: int  # float32 gradients (and the accumulator under gradient accumulation)
   activations: int  # saved for the backward pass, plus one layer's working set under remat
   logits: int  # LM-head logits and their float32 loss buffers (one chunk with chunking)
+  # trainer.state_memory="host" (trainer/offload.py): the float32 parameters and the optimizer
+  # state live in host memory (`host`, exact); on the device, `params` is their compute-dtype
+  # copy and `opt_state` one piece in flight.
+  host: int = 0
 
   @property
   def total(self) -> int:
+    """Device bytes."""
     return self.params + self.opt_state + self.grads + self.activations + self.logits
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StateBytes:
+  """The train state's float32 parameters and optimizer state, bytes per device (exact)."""
+  params: int
+  opt_state: int
+
+  @property
+  def total(self) -> int:
+    return self.params + self.opt_state
+
+
+def state_bytes(exp: experiment_lib.Experiment) -> StateBytes:
+  abstract = nn_unbox(exp.abstract_state)
+  return StateBytes(params=_sharded_bytes(abstract.params, exp.state_shardings.params),
+                    opt_state=_sharded_bytes(abstract.opt_state, exp.state_shardings.opt_state))
 
 
 def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> Analytic:
@@ -161,7 +186,21 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   params = _sharded_bytes(abstract.params, exp.state_shardings.params)
   opt_state = _sharded_bytes(abstract.opt_state, exp.state_shardings.opt_state)
   accum = run.trainer.grad_accum_steps
-  grads = params * (2 if accum > 1 else 1)
+  host = 0
+  if run.trainer.state_memory == "host":
+    # On the device: the compute-dtype weights, the float32 gradient sum beside each
+    # microbatch's compute-dtype gradients, and the state of one piece of one parameter at a
+    # time (trainer/offload.py), in and out.
+    host = params + opt_state
+    largest = max((math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize for a, sh in zip(
+        jax.tree.leaves(abstract.params), jax.tree.leaves(
+            exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding)))),
+        default=0)
+    piece = min(largest, offload.PIECE_BYTES) * (1 + opt_state // max(params, 1)) * 2
+    grads = params + (params * compute_bytes // 4 if accum > 1 else 0)
+    params, opt_state = params * compute_bytes // 4, piece
+  else:
+    grads = params * (2 if accum > 1 else 1)
   shape = model_shape(exp.abstract_state.params, top_k=flops_lib.find_field(run.model, "top_k"))
   sp = split(exp)
   seq, tokens, model = sp.seq_len, sp.tokens, sp.model
@@ -184,7 +223,7 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
   # and gradient for the tokens in flight.
   logits = int(logit_tokens * vocab * (2 * compute_bytes + 12))
   return Analytic(params=params, opt_state=opt_state, grads=grads, activations=activations,
-                  logits=logits)
+                  logits=logits, host=host)
 
 
 def hbm_traffic(exp: experiment_lib.Experiment, analytic: Analytic, *, compute_bytes: int) -> float:

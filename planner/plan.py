@@ -217,6 +217,8 @@ class Compiled:
   # device peak the compiler reports for such a program (trainer/metrics.py:device_bytes).
   host: int = 0
   device_peak: int | None = None
+  host_in: int = 0  # of `host`, the arguments (read from host memory each step)
+  host_out: int = 0  # ... the outputs (written back)
 
   @property
   def peak(self) -> int:
@@ -234,7 +236,9 @@ class Estimate:
   (planner/calibration.py): matmuls (`compute_s`), attention kernels (`kernel_s`: their causal
   FLOPs, which the HLO does not show), memory-bound ops (`hbm_s`), one after another; the
   collectives' bytes at the link bandwidth (`collective_s`). `step_s` overlaps the collectives
-  with the rest, `serial_s` adds them."""
+  with the rest, `serial_s` adds them. With the state in host memory, both add its transfers
+  (`transfer_s`: `to_device` and `to_host` bytes at the calibrated host link rates; the
+  microbatches need the weights first, and the update's transfers bound it)."""
   compute_s: float
   kernel_s: float
   hbm_s: float
@@ -245,6 +249,9 @@ class Estimate:
   mfu: float  # at step_s
   mfu_serial: float  # at serial_s
   calibration: calibration_lib.Calibration
+  transfer_s: float = 0.0
+  to_device: float = 0.0  # bytes per step per device read from host memory
+  to_host: float = 0.0  # ... written to it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -276,6 +283,12 @@ class Plan:
   # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
   # stages and microbatches.
   split: memory_model.Split
+  # Host memory (trainer.state_memory="host"): per device, the state between updates and a
+  # checkpoint's copy of the train state (Orbax copies it out before writing); a host's RAM
+  # (the entry's fact, 0 where unknown) against its devices' need.
+  host_per_device: int = 0
+  devices_per_host: int = 1
+  host_ram: int = 0
 
   @property
   def bubble(self) -> float:
@@ -292,8 +305,17 @@ class Plan:
     return int(self.hbm_bytes * (1 - self.margin))
 
   @property
+  def host_needed(self) -> int:
+    """Host RAM one host needs: its devices' host memory."""
+    return self.host_per_device * self.devices_per_host
+
+  @property
+  def host_fits(self) -> bool:
+    return not (self.host_per_device and self.host_ram) or self.host_needed <= self.host_ram
+
+  @property
   def fits(self) -> bool:
-    return self.needed <= self.usable
+    return self.needed <= self.usable and self.host_fits
 
   @property
   def headroom(self) -> int:
@@ -350,6 +372,8 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
   host = metrics_lib.host_bytes(mem)
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                   alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes, host=host,
+                  host_in=int(getattr(mem, "host_argument_size_in_bytes", 0) or 0),
+                  host_out=int(getattr(mem, "host_output_size_in_bytes", 0) or 0),
                   device_peak=metrics_lib.device_bytes(mem) if host else None,
                   code=mem.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
                   seconds=seconds, cost_model_s=cost_model, ops=ops, notes=tuple(notes),
@@ -379,8 +403,17 @@ def attention_call_flops(exp: experiment_lib.Experiment) -> float:
   return 2.0 * sp.rows * (shape.heads / sp.model) * head_dim * sp.positions * sp.seq_len
 
 
+def host_transfers(compiled: Compiled, params_bytes: int) -> tuple[float, float]:
+  """(bytes read from host memory, bytes written to it) per step per device of a program
+  with host-resident state (trainer/offload.py): the parameters once for the microbatches,
+  then the whole state for the update, which returns to host memory."""
+  if not compiled.host:
+    return 0.0, 0.0
+  return float(params_bytes + compiled.host_in), float(compiled.host_out)
+
+
 def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops: float,
-             tokens: int) -> Estimate | None:
+             tokens: int, params_bytes: int = 0) -> Estimate | None:
   """The calibrated step time of `compiled` on `entry`'s hardware (see Estimate)."""
   hw = entry.hardware
   if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth) or compiled.ops is None:
@@ -404,12 +437,17 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
   collective_s = (c.total_bytes - cross) / hw.link_bandwidth + (
       cross / hw.host_bandwidth if cross else 0.0)
   busy = compute_s + kernel_s + hbm_s
-  step_s, serial_s = max(busy, collective_s), busy + collective_s
+  to_device, to_host = host_transfers(compiled, params_bytes)
+  transfer_s = (to_device / cal.host_to_device + to_host / cal.device_to_host
+                if to_device and cal.host_to_device and cal.device_to_host else 0.0)
+  step_s = max(busy, collective_s) + transfer_s
+  serial_s = busy + collective_s + transfer_s
   peak = hw.peak_bf16_flops * entry.num_devices
   return Estimate(compute_s=compute_s, kernel_s=kernel_s, hbm_s=hbm_s,
                   collective_s=collective_s, step_s=step_s, serial_s=serial_s,
                   tokens_per_s=tokens / step_s, mfu=plan_flops / (step_s * peak),
-                  mfu_serial=plan_flops / (serial_s * peak), calibration=cal)
+                  mfu_serial=plan_flops / (serial_s * peak), calibration=cal,
+                  transfer_s=transfer_s, to_device=to_device, to_host=to_host)
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
@@ -453,6 +491,9 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
+  host = train.host or analytic.host
+  state = memory_model.state_bytes(exp)
+  per_host = entry.hardware.devices_per_host if entry.hardware.devices_per_host > 0 else n
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
               data=run.data.kind, batch_arrays={k: str(v.dtype) for k, v in batch.items()},
@@ -462,5 +503,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               fit_source="compiler" if exact else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
               estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
-                                tokens=tokens),
-              split=split)
+                                tokens=tokens, params_bytes=state.params),
+              split=split, host_per_device=host + state.total if host else 0,
+              devices_per_host=min(per_host, n),
+              host_ram=(entry.hardware.host_memory_bytes or 0) * min(per_host, n))

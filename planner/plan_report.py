@@ -54,10 +54,13 @@ def _head(p: Plan) -> list[str]:
 
 def _memory(p: Plan) -> list[str]:
   src, a, t = p.source, p.analytic, p.train
+  offloaded = (" (compute dtype; float32 in host memory)", " (one piece in flight)") if (
+      a.host) else ("", "")
   lines = [
       "  per device                       bytes",
-      f"    parameters         [exact]     {gib(a.params)}",
-      f"    optimizer state    [exact]     {gib(a.opt_state)}",
+      f"    parameters         [exact]     {gib(a.params)}{offloaded[0]}",
+      f"    optimizer state    [{'model' if a.host else 'exact'}]     {gib(a.opt_state)}"
+      f"{offloaded[1]}",
       f"    gradients          [model]     {gib(a.grads)}",
       f"    activations        [model]     {gib(a.activations)}",
       f"    logits + loss      [model]     {gib(a.logits)}",
@@ -75,6 +78,9 @@ def _memory(p: Plan) -> list[str]:
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
+  if p.host_per_device:
+    lines.append(f"    host memory        [{src}]  {gib(p.host_per_device)}: the state between "
+                 f"updates ({gib(t.host or a.host)}) and a checkpoint's copy of the train state")
   if p.fit_source == "model":
     lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
                  f"compiler stands in, and the fit comes from the analytic model)")
@@ -83,12 +89,20 @@ def _memory(p: Plan) -> list[str]:
 
 def _verdict(p: Plan) -> list[str]:
   src, t = p.source, p.train
-  verdict = "fits" if p.fits else "does NOT fit"
-  how = (f"{gib(p.headroom)} to spare" if p.fits else f"short by {gib(-p.headroom)}")
+  device_fits = p.needed <= p.usable
+  verdict = "fits" if device_fits else "does NOT fit"
+  how = (f"{gib(p.headroom)} to spare" if device_fits else f"short by {gib(-p.headroom)}")
   basis = f"{src} peak" if p.fit_source == "compiler" else "analytic model total"
+  host = []
+  if p.host_per_device:
+    ram = (f"of {gib(p.host_ram)} RAM (the entry's hosts): "
+           + ("fits" if p.host_fits else "does NOT fit") if p.host_ram else
+           "(the entry names no host RAM: unchecked)")
+    host = [f"  host memory: each host of {p.devices_per_host} device(s) needs "
+            f"{gib(p.host_needed)} {ram}"]
   return [
       f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
-      f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}",
+      f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}", *host,
       f"  FLOPs per step: model {num(p.model_flops)} (6N + attention, all devices) = "
       f"{num(p.model_flops / p.devices)} per device; "
       + (f"compiler {num(t.flops)} per device (while-loop bodies counted once)" if t.flops
@@ -117,6 +131,10 @@ def _time(p: Plan) -> list[str]:
         f"{secs(e.collective_s)}",
         f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
         f"{e.mfu_serial:.2f} serial",
+        *([f"    both include host transfers {secs(e.transfer_s)}: {gib(e.to_device)} from "
+           f"host memory at {c.host_to_device / 1e9:.3g} GB/s, {gib(e.to_host)} back at "
+           f"{c.device_to_host / 1e9:.3g} GB/s per device ({c.transfer_source})"]
+          if e.transfer_s else []),
         f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "
         f"kernels, {c.memory:.0%} of HBM bandwidth: {c.source} (planner/calibration.py)",
     ]
@@ -198,7 +216,8 @@ def to_json(p: Plan) -> dict:
   out = dataclasses.asdict(dataclasses.replace(
       p, train=dataclasses.replace(p.train, ops=None),
       eval=dataclasses.replace(p.eval, ops=None) if p.eval else None))
-  out.update(fits=p.fits, usable=p.usable, headroom=p.headroom,
+  out.update(fits=p.fits, usable=p.usable, headroom=p.headroom, host_fits=p.host_fits,
+             host_needed=p.host_needed,
              analytic_total=p.analytic.total, train_peak=p.train.peak,
              eval_peak=p.eval.peak if p.eval else None, bubble=p.bubble)
   return out

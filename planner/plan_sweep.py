@@ -7,7 +7,8 @@ and gradient accumulation. The **memory** sweep (one device, or an entry where n
 the analytic model) tries, for each layout, the knobs that trade speed for memory: gradient
 accumulation, remat policies, `trainer.loss_chunk_size`, the attention implementation that the
 platform runs natively without whole [queries, keys] logits (LEAN_ATTENTION) and the other
-`model.scan_layers`; then the eval step's `eval.microbatch_rows` for the best. Knobs that
+`model.scan_layers`, and on TPU and GPU `trainer.state_memory=host` (the train state in host
+memory: trainer/offload.py); then the eval step's `eval.microbatch_rows` for the best. Knobs that
 change the training recipe (RECIPE: bfloat16 optimizer state, Adafactor) only with
 `recipe=True` (`--sweep_recipe`), labelled so.
 
@@ -42,6 +43,10 @@ from trainer.optimizer import OPTIMIZERS
 REMAT, CHUNK, SCAN = "model.remat", "trainer.loss_chunk_size", "model.scan_layers"
 ACCUM, ROWS = "trainer.grad_accum_steps", "trainer.microbatch_rows"
 EVAL_ROWS, STATE_DTYPE, KIND = "eval.microbatch_rows", "optimizer.state_dtype", "optimizer.kind"
+STATE_MEMORY = "trainer.state_memory"
+# Platforms whose devices hold arrays in host memory (trainer/offload.py): the memory sweep
+# also tries the train state there. (On CPU host memory is the device's: nothing to gain.)
+OFFLOAD_PLATFORMS = ("tpu", "gpu")
 # Knobs that change the training recipe, swept only when asked, and the value each tries:
 # bfloat16 moments; Adafactor (factored second moments, no first moment: T5, PaLM), the
 # optimizer with the least state.
@@ -273,6 +278,8 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
     mine = own_accumulation(run, shards)
     values[ACCUM] = ([mine] if mine else []) + accumulations(run.data.batch_size, shards)
     values[REMAT] = own(REMAT) + list(REMAT_SWEEP)
+    if platform in OFFLOAD_PLATFORMS:
+      values[STATE_MEMORY] = own(STATE_MEMORY) + ["host"]
   values[CHUNK] = own(CHUNK) + [0] + [seq // k for k in CHUNK_SPLITS if seq % k == 0]
   path = attention_path(run)
   lean = LEAN_ATTENTION.get(platform, "chunked")
@@ -411,7 +418,8 @@ def with_scan_twins(run: RunConfig, order: list[Candidate]) -> list[Candidate]:
 
 def _lean(cand: Candidate, run: RunConfig, path: str | None) -> tuple | None:
   """How far each knob of `cand` goes toward less memory: (accumulation, remat rank, chunks per
-  sequence, attention rank, bfloat16 state); None for a remat policy outside REMAT_ORDER."""
+  sequence, attention rank, bfloat16 state, state in host memory); None for a remat policy
+  outside REMAT_ORDER."""
   remat = cand.get(REMAT, run)
   if remat not in REMAT_ORDER:
     return None
@@ -419,7 +427,8 @@ def _lean(cand: Candidate, run: RunConfig, path: str | None) -> tuple | None:
   return (cand.grad_accum_steps or cand.get(ACCUM, run), REMAT_ORDER.index(remat),
           seq // _effective_chunk(cand, run),
           ATTENTION_ORDER.get(cand.get(path, run) if path else None, 0),
-          int(cand.get(STATE_DTYPE, run) == "bfloat16"))
+          int(cand.get(STATE_DTYPE, run) == "bfloat16"),
+          int(cand.get(STATE_MEMORY, run) == "host"))
 
 
 def implied(cand: Candidate, *, missed: list, fitted: list, run: RunConfig) -> str:

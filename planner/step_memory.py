@@ -21,8 +21,8 @@ import re
 import jax
 
 from core.registry import ConfigError
-from planner import plan_report, plan_sweep
-from trainer import metrics as metrics_lib
+from planner import plan as plan_lib, plan_report, plan_sweep
+from trainer import experiment, metrics as metrics_lib
 
 GiB = 1024 ** 3
 # The TPU compiler's words when it refuses a program: its temporaries and the HBM it had.
@@ -87,23 +87,29 @@ def refused_bytes(message: str) -> tuple[int | None, int | None]:
 
 def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> str:
   """What to change for a step of `exp` that needs `need` bytes where a device has `memory`:
-  the changes that keep the run's math and mesh which the analytic model puts within the
-  device (its figures scaled by need / its figure for the step: planner/plan_sweep.py:fixes),
-  only changes not already made, at most three, each with the model's figure; else the last
-  resort, which changes the recipe. `entry`: the mesh entry, to name the sweep that compiles
-  them."""
+  the changes that keep the run's math and mesh, not already made, which the compiler finds
+  within the device (each compiled: `verified`), at most three with its figure; where none
+  compiles within it, those the analytic model puts there, labelled unverified (its figures
+  scaled by need / its figure for the step: planner/plan_sweep.py:fixes); else the last
+  resort, which changes the recipe. `entry`: the mesh entry, to name the sweep."""
   eval_step = what == "eval step"
   now = plan_sweep.model_bytes(exp, eval_step=eval_step)
   # The model's figures are compared at its own scale: the device's memory times now / need.
   within = memory * now / (need or now) if memory else 0
-  options = plan_sweep.fixes(exp, eval_step=eval_step, within=within, entry=entry)
+  options = plan_sweep.fixes(exp, eval_step=eval_step, within=within, entry=entry,
+                             limit=VERIFY_LIMIT)
   sweep = (f"; `axtrain plan --sweep --mesh={entry.name}` compiles and ranks them"
            if entry is not None and entry.num_devices else "")
+  checked = verified(exp, [cand for cand, _ in options], what=what, memory=memory, entry=entry)
+  if checked:
+    listed = ", ".join(f"{cand.flags()} (compiled: {plan_report.gib(b)})" for cand, b in checked)
+    return f"what fits by the compiler: {listed}{sweep}"
   if options:
-    listed = ", ".join(f"{cand.flags()} (model: {plan_report.gib(b)})" for cand, b in options)
-    return (f"what would fit by the analytic model (it puts this step at "
-            f"{plan_report.gib(now)}, the device at {plan_report.gib(within)} on that scale): "
-            f"{listed}{sweep}")
+    listed = ", ".join(f"{cand.flags()} (model: {plan_report.gib(b)})"
+                       for cand, b in options[:FIXES_LISTED])
+    return (f"what would fit by the analytic model, unverified (it puts this step at "
+            f"{plan_report.gib(now)}, the device at {plan_report.gib(within)} on that scale; "
+            f"none of these compiled within the device): {listed}{sweep}")
   recipe = "" if eval_step else "".join(
       f", or optimizer.{path.split('.')[-1]}={value}" for path, value in plan_sweep.RECIPE.items()
       if plan_sweep.get_path(exp.run, path) not in (None, value))
@@ -112,6 +118,37 @@ def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> 
   return (f"no change of {KNOBS[what]} fits by the analytic model (it puts this step at "
           f"{plan_report.gib(now)}); {LAST_RESORT[what]}{recipe} (these change the training "
           f"recipe){sweep}")
+
+
+FIXES_LISTED = 3  # options a refusal names
+VERIFY_LIMIT = 6  # options the analytic model proposes, compiled in its order until 3 fit
+
+
+def verified(exp, cands, *, what: str, memory: int | None, entry=None) -> list:
+  """[(Candidate, compiled bytes)] of `cands` (changes of `exp`'s run on mesh entry `entry`),
+  compiled for `exp`'s devices in order, that need at most `memory` bytes per device: at most
+  FIXES_LISTED. None without an entry or a memory figure."""
+  if not memory or entry is None:
+    return []
+  eval_step, out, run = what == "eval step", [], plan_sweep.normalized(exp.run)
+  for cand in cands:
+    try:
+      changed = experiment.build(cand.apply(run), entry, list(exp.mesh.devices.flat))
+      changed = dataclasses.replace(changed, compute_dtype=exp.compute_dtype)
+      rows = changed.run.eval.batch_size if eval_step else changed.source.batch_size
+      state, batch = plan_lib.abstract_inputs(changed, rows)
+      fn, args = ((changed.eval_fn, (state.params, batch)) if eval_step
+                  else (changed.step_fn, (state, batch)))
+      with changed.context():
+        stats = metrics_lib.compiled_stats(fn.lower(*args).compile())
+    except (ConfigError, jax.errors.JaxRuntimeError):  # does not build, or the compiler refused
+      continue
+    need = stats.get("total_bytes")
+    if need is not None and need <= memory:
+      out.append((cand, need))
+      if len(out) == FIXES_LISTED:
+        break
+  return out
 
 
 def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None, entry=None):

@@ -116,10 +116,12 @@ def _abstract_batch(exp, rows: int) -> dict:
 
 
 def _listed(text: str) -> list[dict]:
-  """The refusal's options: {config path: value as written} each."""
-  listed = text.split("): ", 1)[1].split("; `axtrain plan")[0]
+  """The refusal's options: {config path: value as written} each (compiled or, where none
+  compiled within the device, the analytic model's)."""
+  listed = re.split(r"what fits by the compiler: |on that scale; none of these compiled within "
+                    r"the device\): ", text, maxsplit=1)[1].split("; `axtrain plan")[0]
   return [dict(re.findall(r"--config\.(\S+)=(\S+)", option))
-          for option in re.split(r" \(model: [^)]*\),? ?", listed) if option]
+          for option in re.split(r" \((?:compiled|model): [^)]*\),? ?", listed) if option]
 
 
 def _unchanged(exp, options: list[dict]) -> list[str]:
@@ -137,7 +139,7 @@ def test_refusal_lists_accumulation_first_for_a_plain_step_and_never_a_change_ma
   options = _listed(text)
   assert 1 <= len(options) <= 3 and not _unchanged(exp, options), text
   assert any("trainer.grad_accum_steps" in o for o in options), text
-  assert text.count("(model: ") == len(options) and "(it puts this step at " in text
+  assert text.count("(compiled: ") == len(options), text
   assert text.endswith("; `axtrain plan --sweep --mesh=tpu-v5e-1` compiles and ranks them")
 
 
@@ -219,10 +221,12 @@ def test_a_tpu_step_the_compiler_refuses_is_one_line_with_what_would_fit():
     step_memory.compile_step(exp.step_fn, args, exp=exp, what="train step", entry=entry)
   text = str(refused.value)
   assert text.startswith("the train step needs ") and " of temporaries: the compiler ran out of "
-  assert "device memory (15.8 GiB available); what would fit by the analytic model" in text
+  assert "device memory (15.8 GiB available); what fits by the compiler: " in text
   options = _listed(text)
   assert options and not _unchanged(exp, options), text
-  assert any(o.get("model.block.attention.implementation") == "splash" for o in options), text
+  # Each listed change was compiled by the TPU compiler within the chip's memory.
+  compiled = [float(x) for x in re.findall(r"\(compiled: ([\d.]+) GiB\)", text)]
+  assert len(compiled) == len(options) and all(0 < x <= 15.8 for x in compiled), text
 
 
 def test_cpu_devices_share_the_host_memory_available():
@@ -241,3 +245,24 @@ def test_a_run_that_sets_rows_per_device_is_told_rows_per_device():
   assert options and not any("trainer.grad_accum_steps" in o for o in options), options
   rows = [int(o["trainer.microbatch_rows"]) for o in options if "trainer.microbatch_rows" in o]
   assert rows and all(r < 4 for r in rows)
+
+
+def test_the_first_change_a_refusal_names_fits_when_applied_alone():
+  """The refusal's first change, applied to the config and compiled as a run would compile it,
+  needs no more than the device the refusal was about (issue 37: advice that works)."""
+  exp = _test_exp()
+  stats = metrics.compiled_stats(step_memory.compile_step(
+      exp.step_fn, (exp.abstract_state_inputs(), _abstract_batch(exp, exp.source.batch_size)),
+      exp=exp, what="train step"))
+  memory = step_memory.DeviceMemory(bytes=int(stats["total_bytes"] * 0.5), source="test")
+  with pytest.raises(ConfigError) as refused:
+    step_memory.check(stats, exp=exp, what="train step", memory=memory,
+                      entry=meshes.lookup("cpu"))
+  first = _listed(str(refused.value))[0]
+  changed = _test_exp(**{path: int(v) if v.isdigit() else v for path, v in first.items()})
+  again = metrics.compiled_stats(step_memory.compile_step(
+      changed.step_fn, (changed.abstract_state_inputs(),
+                        _abstract_batch(changed, changed.source.batch_size)),
+      exp=changed, what="train step"))
+  assert again["total_bytes"] <= memory.bytes < stats["total_bytes"], (first, again)
+  step_memory.check(again, exp=changed, what="train step", memory=memory)  # not refused

@@ -66,6 +66,9 @@ class Hardware:
   hbm_bandwidth: float | None = None  # memory bytes/s per device
   link_bandwidth: float | None = None  # device-to-device bytes/s per device, one direction
   host_bandwidth: float | None = None  # bytes/s per device between hosts (network), one direction
+  # Host RAM per device (the host's divided among its devices): where trainer.state_memory
+  # "host" keeps the train state, beside a checkpoint's copy of it (`axtrain plan` checks).
+  host_memory_bytes: int | None = None
   interconnect: str = "unknown"  # between devices (and hosts), in words
   source: str = ""  # where the figures come from
 
@@ -104,22 +107,26 @@ _GPU = {
         platform="gpu", device_kind=r"\bA100", devices_per_host=8, peak_bf16_flops=312e12,
         hbm_bytes=80 * GB, hbm_bandwidth=2039 * GBps, link_bandwidth=300 * GBps,
         host_bandwidth=25 * GBps, interconnect="NVLink3 600 GB/s per GPU",
-        source="NVIDIA A100 datasheet; DGX A100"),
+        host_memory_bytes=1024 * GB // 8,
+        source="NVIDIA A100 datasheet; DGX A100 (1 TB system memory)"),
     "gpu-h100-8": Hardware(
         platform="gpu", device_kind=r"\bH100", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=80 * GB, hbm_bandwidth=3350 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
-        source="NVIDIA H100 SXM datasheet; DGX H100"),
+        host_memory_bytes=2048 * GB // 8,
+        source="NVIDIA H100 SXM datasheet; DGX H100 (2 TB system memory)"),
     "gpu-h200-8": Hardware(
         platform="gpu", device_kind=r"\bH200", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=141 * GB, hbm_bandwidth=4800 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
-        source="NVIDIA H200 SXM datasheet; DGX H200"),
+        host_memory_bytes=2048 * GB // 8,
+        source="NVIDIA H200 SXM datasheet; DGX H200 (2 TB system memory)"),
     "gpu-b200-8": Hardware(
         platform="gpu", device_kind=r"\bB200", devices_per_host=8, peak_bf16_flops=2250e12,
         hbm_bytes=180 * GB, hbm_bandwidth=8000 * GBps, link_bandwidth=900 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink5 1.8 TB/s per GPU",
-        source="NVIDIA DGX B200 datasheet"),
+        host_memory_bytes=2048 * GB // 8,
+        source="NVIDIA DGX B200 datasheet (2 TB system memory)"),
 }
 
 
@@ -173,49 +180,55 @@ _TPU = (
               chip=Hardware(platform="tpu", device_kind=r"TPU v4", devices_per_host=4,
                             peak_bf16_flops=275e12, hbm_bytes=32 * GiB,
                             hbm_bandwidth=1200 * GBps, link_bandwidth=150 * GBps,
+                            host_memory_bytes=400 * GB // 4,
                             interconnect="ICI 3D torus, 2400 Gb/s per chip",
-                            source="Cloud TPU v4 docs")),
+                            source="Cloud TPU v4 docs (host: 4 chips, 400 GB)")),
     TpuFamily(name="tpu-v5e", single_host=8, cores_per_chip=1, dims=2, libtpu_name="v5e",
               sizes=(1, 4, 8, 16, 32, 64, 128, 256),
               chip=Hardware(platform="tpu", device_kind=r"TPU v5 ?lite|TPU v5e",
                             devices_per_host=4, peak_bf16_flops=197e12, hbm_bytes=16 * GiB,
                             hbm_bandwidth=819 * GBps, link_bandwidth=100 * GBps,
-                            host_bandwidth=3.125 * GBps,
+                            host_bandwidth=3.125 * GBps, host_memory_bytes=48 * GB,
                             interconnect="ICI 2D torus, 1600 Gb/s per chip; DCN between slices",
-                            source="Cloud TPU v5e docs (DCN: 6.4 Tb/s per 256-chip pod)")),
+                            source="Cloud TPU v5e docs (DCN: 6.4 Tb/s per 256-chip pod; host "
+                                   "RAM 48 GB per chip: ct5lp-hightpu-1t 48 GB, -4t 192 GB, "
+                                   "-8t 400 GB)")),
     TpuFamily(name="tpu-v5p", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v5p",
               sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
               chip=Hardware(platform="tpu", device_kind=r"TPU v5p|TPU v5$", devices_per_host=4,
                             peak_bf16_flops=459e12, hbm_bytes=95 * GiB,
                             hbm_bandwidth=2765 * GBps, link_bandwidth=300 * GBps,
-                            host_bandwidth=6.25 * GBps,
+                            host_bandwidth=6.25 * GBps, host_memory_bytes=448 * GB // 4,
                             interconnect="ICI 3D torus, 4800 Gb/s per chip; DCN between slices",
-                            source="Cloud TPU v5p docs (DCN: 50 Gb/s per chip)")),
+                            source="Cloud TPU v5p docs (DCN: 50 Gb/s per chip; host: 4 chips, "
+                                   "448 GB)")),
     TpuFamily(name="tpu-v6e", single_host=8, cores_per_chip=1, dims=2, libtpu_name="v6e",
               sizes=(1, 4, 8, 16, 32, 64, 128, 256),
               chip=Hardware(platform="tpu", device_kind=r"TPU v6 ?lite|TPU v6e",
                             devices_per_host=4, peak_bf16_flops=918e12, hbm_bytes=32 * GiB,
                             hbm_bandwidth=1640 * GBps, link_bandwidth=224 * GBps,
-                            host_bandwidth=12.5 * GBps,
+                            host_bandwidth=12.5 * GBps, host_memory_bytes=180 * GB,
                             interconnect="ICI 2D torus, 3584 Gb/s per chip; DCN between slices",
-                            source="Cloud TPU v6e docs (DCN: 25.6 Tb/s per 256-chip pod)")),
+                            source="Cloud TPU v6e docs (DCN: 25.6 Tb/s per 256-chip pod; host "
+                                   "RAM 180 GB per chip: ct6e-standard-4t 720 GB)")),
 )
 # Trainium: one jax device per (logical) NeuronCore. trn1.32xlarge: 16 chips x 2 cores,
 # 190 TFLOP/s bf16, 32 GiB and 820 GB/s HBM per chip, NeuronLink-v2 384 GB/s per chip,
 # 800 Gb/s EFA per host. trn2.48xlarge: 16 chips x 4 logical cores (LNC=2), 667 TFLOP/s
 # bf16, 96 GiB and 2.9 TB/s HBM per chip, NeuronLink-v3 1 TB/s per chip, 3.2 Tb/s EFA per
-# host. Per-device figures divide the chip's by its cores. Source: AWS Neuron docs.
+# host; host memory 512 GiB (trn1.32xlarge) and 2 TiB (trn2.48xlarge). Per-device figures
+# divide the chip's by its cores. Source: AWS Neuron docs.
 _NEURON = {
     "neuron-trn1-32": Hardware(
         platform="neuron", device_kind=r"NC_v2|trn1|Trainium1", devices_per_host=32,
         peak_bf16_flops=95e12, hbm_bytes=16 * GiB, hbm_bandwidth=410 * GBps,
-        link_bandwidth=96 * GBps, host_bandwidth=3.125 * GBps,
+        link_bandwidth=96 * GBps, host_bandwidth=3.125 * GBps, host_memory_bytes=512 * GiB // 32,
         interconnect="NeuronLink 384 GB/s per chip, EFA between hosts",
         source="AWS Neuron docs: trn1 architecture"),
     "neuron-trn2-64": Hardware(
         platform="neuron", device_kind=r"NC_v3|trn2|Trainium2", devices_per_host=64,
         peak_bf16_flops=166.75e12, hbm_bytes=24 * GiB, hbm_bandwidth=725 * GBps,
-        link_bandwidth=125 * GBps, host_bandwidth=6.25 * GBps,
+        link_bandwidth=125 * GBps, host_bandwidth=6.25 * GBps, host_memory_bytes=2048 * GiB // 64,
         interconnect="NeuronLink 1 TB/s per chip, EFA between hosts",
         source="AWS Neuron docs: trn2 architecture"),
 }
@@ -370,6 +383,9 @@ MATCH_FACTS = {
     "num_hosts": lambda e: e.num_hosts,
     "num_devices": lambda e: e.num_devices,
     "hbm_gb": lambda e: None if e.hardware.hbm_bytes is None else e.hardware.hbm_bytes / GB,
+    # Host RAM per device (Hardware.host_memory_bytes): room for host offload.
+    "host_memory_gb": lambda e: (None if e.hardware.host_memory_bytes is None
+                                 else e.hardware.host_memory_bytes / GB),
 }
 MATCH_KEYS = ("name", "platform", *(f"{p}{k}" for k in MATCH_FACTS if k != "platform"
                                     for p in ("", "min_", "max_")))

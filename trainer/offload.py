@@ -107,37 +107,52 @@ class _Chain:
     return to_device(jax.lax.dynamic_slice(x, index, sizes))
 
 
-def _outer_axis(shape) -> int:
-  """The axis the TPU compiler lays out outermost in a host array of `shape`, as seen in its
-  compiled layouts: a matrix row-major (rows outer); a higher-rank array with its longest axis
-  innermost and its shortest outermost ([2048, 8, 64] is laid out {0,2,1}). The TPU copies
-  host memory in slices along outer axes only (its lane axis must be cut on chunk
-  boundaries); tests/test_offload.py checks the compiled program for such cuts."""
-  if len(shape) <= 2:
-    return 0
-  return min(range(len(shape)), key=lambda i: (shape[i], i))
+LANES, SUBLANES = 128, 8  # the TPU's tile of a float32 array's two innermost axes
 
 
-def _piece_axis(x, names) -> int | None:
-  """The axis to cut `x` along (_outer_axis), if the mesh does not split it and it is at
-  least 2 long; None (whole) for a small parameter or otherwise."""
-  if x.ndim == 0 or x.size * x.dtype.itemsize <= SMALL_BYTES:
+def _cut_axis(shape) -> tuple[int, int] | None:
+  """(axis, rows multiple) to cut a host array of `shape` along, by how the TPU compiler lays
+  it out (as seen in its compiled layouts of llm_1b, 125m and tiny): the lane (innermost)
+  axis is the last where that is a multiple of 128, else the longest multiple of 128, else the
+  longest ([2048, 8, 64] and [512, 192] are laid out {0,2,1} and {0,1}); the sublane axis the
+  last of the others. An outer axis is cut in any rows, the sublane axis in multiples of 8;
+  the lane axis never (the chip halts: 'Async slices in the lane dimension must start on chunk
+  boundaries'). tests/test_offload.py checks the compiled program for lane cuts."""
+  nd = len(shape)
+  if nd < 2:
     return None
-  axis = _outer_axis(x.shape)
-  if x.shape[axis] < 2:
+  if shape[-1] % LANES == 0:
+    lane = nd - 1
+  else:  # a multiple of 128 first, then the longest: [192, 6, 32] is laid out {0,2,1} too
+    lane = max(range(nd), key=lambda i: (shape[i] % LANES == 0, shape[i], i))
+  sublane = nd - 1 if lane != nd - 1 else nd - 2
+  outer = [i for i in range(nd) if i not in (lane, sublane)]
+  return (outer[0], 1) if outer else (sublane, SUBLANES)
+
+
+def _piece_axis(x, names) -> tuple[int, int] | None:
+  """(axis, rows multiple) to cut `x` along (_cut_axis), if the mesh does not split that axis
+  and it makes two pieces; None (whole) for a small parameter or otherwise."""
+  if x.size * x.dtype.itemsize <= SMALL_BYTES:
+    return None
+  cut = _cut_axis(x.shape)
+  if cut is None or x.shape[cut[0]] < 2 * cut[1]:
     return None
   mesh = jax.sharding.get_abstract_mesh()
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes)) if mesh.axis_names else {}
-  mesh_axes = nn.logical_to_mesh_axes(tuple(names))[axis] if names else None
+  mesh_axes = nn.logical_to_mesh_axes(tuple(names))[cut[0]] if names else None
   mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
-  return axis if all(sizes.get(a, 1) == 1 for a in mesh_axes) else None
+  return cut if all(sizes.get(a, 1) == 1 for a in mesh_axes) else None
 
 
-def _pieces(x, axis: int) -> list[tuple[int, int]]:
-  """(start, size) along `axis`: two or more pieces of at most PIECE_BYTES."""
+def _pieces(x, cut: tuple[int, int]) -> list[tuple[int, int]]:
+  """(start, size) along the cut's axis: two or more pieces of at most PIECE_BYTES (or of the
+  rows multiple, where one row is larger), each a multiple of it but the last."""
+  axis, multiple = cut
   n = x.shape[axis]
   row = x.size * x.dtype.itemsize // n
-  rows = max(1, min(n // 2, PIECE_BYTES // max(row, 1)))
+  rows = min(n // 2, PIECE_BYTES // max(row, 1)) // multiple * multiple
+  rows = max(rows, multiple)
   return [(start, min(rows, n - start)) for start in range(0, n, rows)]
 
 
@@ -151,15 +166,15 @@ def compute_weights(params, dtype, axes=None):
   target = lambda d: dtype if jnp.issubdtype(d, jnp.floating) else d
   chain, out = _Chain(), {}
   for path, x in _by_size(params):
-    axis = _piece_axis(x, _names(axes, path))
-    if axis is None:
+    cut = _piece_axis(x, _names(axes, path))
+    if cut is None:
       out[path] = to_device(x).astype(target(x.dtype))
       continue
     parts = []
-    for rows in _pieces(x, axis):
-      parts.append(chain.fetch(x, rows, axis).astype(target(x.dtype)))
+    for rows in _pieces(x, cut):
+      parts.append(chain.fetch(x, rows, cut[0]).astype(target(x.dtype)))
       chain.done(parts[-1])
-    out[path] = jnp.concatenate(parts, axis=axis)
+    out[path] = jnp.concatenate(parts, axis=cut[0])
   return _rebuild(params, out)
 
 
@@ -196,29 +211,15 @@ def streamed_update(optimizer, axes, grads, params, opt_state, *, keep_old=None)
     if scale is not None:
       g = g * scale.astype(g.dtype)
 
-    axis = _piece_axis(p, _names(axes, path)) if optimizer.elementwise else None
-    pieces = [None] if axis is None else _pieces(p, axis)
+    cut = _piece_axis(p, _names(axes, path)) if optimizer.elementwise else None
+    axis = None if cut is None else cut[0]
+    pieces = [None] if cut is None else _pieces(p, cut)
     new = []  # per piece: [new parameter, *new state]
     for rows in pieces:
-      def take(x, rows=rows):  # this piece of a parameter-shaped array (others whole)
-        if rows is None or x.shape != p.shape:
-          return to_device(x)
-        if not on_host(x):
-          return jax.lax.dynamic_slice_in_dim(x, rows[0], rows[1], axis)
-        return chain.fetch(x, rows, axis)
-
-      p_d, s_d = take(p), [take(x) for x in s]
-      updates, s_out = part.update(_prune(grads, path, leaf=take(g)),
-                                   jax.tree.unflatten(t_def, s_d),
-                                   _prune(params, path, leaf=p_d))
-      u = _get(updates, path)
-      p_out, s_out = optax.apply_updates(p_d, u), jax.tree.leaves(s_out)
-      if keep_old is not None:
-        p_out = keep_old(p_out, p_d)
-        s_out = [keep_old(a, b) for a, b in zip(s_out, s_d)]
+      p_out, s_out, u = _update_piece(part, chain, path, rows, axis, grads, params, p, s, g,
+                                      t_def, keep_old)
       squares = {"params": squares["params"] + _square_sum(p_out),
                  "updates": squares["updates"] + _square_sum(u)}
-      chain.done(p_out)
       new.append([p_out, *s_out])
     # The pieces join on the device and go back to host memory whole: the TPU compiler does
     # not write a piece into a host array along every axis ("lane slice updating").
@@ -230,6 +231,29 @@ def streamed_update(optimizer, axes, grads, params, opt_state, *, keep_old=None)
   state = jax.tree.unflatten(s_def, [new_state[k] for k, _ in s_paths])
   opt_state = (*clip_state, *state) if optimizer.clip_norm is not None else state
   return _rebuild(params, new_params), opt_state, squares
+
+
+def _update_piece(part, chain, path, rows, axis, grads, params, p, s, g, t_def, keep_old):
+  """(new parameter piece, new state pieces, update) of `rows` along `axis` (None: the whole
+  parameter) of parameter `p` at `path`, its state leaves `s` (host arrays; those not shaped
+  like `p` whole) and gradient `g` (device), by optimizer part `part`."""
+  def take(x):  # this piece of a parameter-shaped array (others whole), on the device
+    if rows is None or x.shape != p.shape:
+      return to_device(x)
+    if not on_host(x):
+      return jax.lax.dynamic_slice_in_dim(x, rows[0], rows[1], axis)
+    return chain.fetch(x, rows, axis)
+
+  p_d, s_d = take(p), [take(x) for x in s]
+  updates, s_out = part.update(_prune(grads, path, leaf=take(g)), jax.tree.unflatten(t_def, s_d),
+                               _prune(params, path, leaf=p_d))
+  u = _get(updates, path)
+  p_out, s_out = optax.apply_updates(p_d, u), jax.tree.leaves(s_out)
+  if keep_old is not None:
+    p_out = keep_old(p_out, p_d)
+    s_out = [keep_old(a, b) for a, b in zip(s_out, s_d)]
+  chain.done(p_out)
+  return p_out, s_out, u
 
 
 def _join(pieces, axis, shape):
