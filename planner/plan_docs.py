@@ -33,7 +33,7 @@ from planner import plan_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STORE = ROOT / "tests" / "testdata" / "plans"
-DOCS = (ROOT / "docs" / "plan.md", ROOT / "README.md")
+DOCS = (ROOT / "docs" / "plan.md", ROOT / "README.md", ROOT / "docs" / "offload.md")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +129,10 @@ VARIANTS = (
 # --help`) that SHIPPED lacks: tests/test_launch_examples.py checks that every example has its
 # report here and that it fits.
 LAUNCHED = tuple(_shipped("llm_1b", m) for m in ("gpu-h100-8x2", "gpu-h100-8x4", "tpu-v5e-16x2"))
-REPORTS = SHIPPED + VARIANTS + LAUNCHED
+# The recipes that fit their chips with the train state in host memory (docs/offload.md):
+# llm_1b on one v5e chip, llm_7b on one v5e host of 8.
+OFFLOADED = tuple(_shipped(c, m) for c, m in (("llm_1b", "tpu-v5e-1"), ("llm_7b", "tpu-v5e-8")))
+REPORTS = SHIPPED + VARIANTS + LAUNCHED + OFFLOADED
 BY_NAME = {r.name: r for r in REPORTS}
 
 
@@ -423,11 +426,27 @@ def peers() -> str:
   return "\n" + "\n".join(rows) + "\n"
 
 
+def offloaded() -> str:
+  """The recipes that fit with their state in host memory: device and host memory, estimate."""
+  rows = ["| recipe | mesh | device peak | host memory per host | estimate |",
+          "|---|---|---|---|---|"]
+  for report in OFFLOADED:
+    p = plan_of(report.name)
+    e = p.estimate
+    rows.append(
+        f"| `{report.config}` | {p.mesh} | {plan_report.gib(p.needed)} of "
+        f"{plan_report.gib(p.usable)} usable | {plan_report.gib(p.host_needed)} of "
+        f"{plan_report.gib(p.host_ram)} | {plan_report.secs(e.step_s)} a step, MFU "
+        f"{e.mfu:.2f}; of it {plan_report.secs(e.transfer_s)} of host transfers "
+        f"({plan_report.gib(e.to_host)} back per device) |")
+  return "\n" + "\n".join(rows) + "\n"
+
+
 FRAGMENTS: dict[str, Callable[..., str]] = {
     "reports": reports, "readme-excerpts": readme_excerpts, "h100-layouts": h100_layouts,
     "gpu-compilers": gpu_compilers, "v5e-sweep": v5e_sweep, "ops-overcount": ops_overcount,
     "peers": peers, "mfu": mfu, "step": step, "peak": peak, "parts": parts,
-    "peer-mfu": peer_mfu,
+    "peer-mfu": peer_mfu, "offloaded": offloaded,
 }
 
 
