@@ -167,7 +167,7 @@ def test_the_tpu_program_fetches_pieces_along_outer_axes_only():
 @pytest.mark.tpu
 def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   """The checkpoint model's 30 steps on the chip (bfloat16 compute), state in pinned host
-  memory against state in HBM: the same losses within the chip's measured tolerance."""
+  memory against state in HBM: the same losses within TPU_LOSS_RTOL."""
   runs = {}
   for memory in offload.STATE_MEMORY:
     run_dir = tmp_path / memory
@@ -180,6 +180,7 @@ def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   assert worst <= TPU_LOSS_RTOL
 
 
-# Twice the largest relative loss difference seen on the chip (v5e, 2026-12-06); see the note
-# printed by the test above.
+# Issue 37's bound for an offloaded run against the same run on the device (item 5); the lane
+# has not run on a chip since this test was written (the session's chip time ran out), so no
+# measured difference stands behind it yet: the test prints the largest it sees.
 TPU_LOSS_RTOL = 1e-6
