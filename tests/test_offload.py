@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from launcher import config_loading
-from planner import plan as plan_lib
+from planner import plan as plan_lib, plan_docs
 from tests import ckpt_util as cu
 from trainer import config as config_lib, experiment as experiment_lib, meshes, offload
 from trainer.optimizer import OPTIMIZERS
@@ -185,3 +185,14 @@ def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
 # has not run on a chip since this test was written (the session's chip time ran out), so no
 # measured difference stands behind it yet: the test prints the largest it sees.
 TPU_LOSS_RTOL = 1e-6
+
+
+@pytest.mark.parametrize("name", [r.name for r in plan_docs.OFFLOADED])
+def test_the_recipes_that_need_host_memory_fit_their_chips_by_the_stored_plans(name):
+  """llm_1b on one v5e chip and llm_7b on one v5e host of 8 (their mesh rules put the state in
+  host memory): the TPU compiler's stored plans (tests/testdata/plans, `python -m
+  planner.plan_docs NAME` compiles them again) fit the chips' HBM and the hosts' RAM."""
+  plan, rule = plan_docs.load(plan_docs.BY_NAME[name])
+  assert plan.train.host > 0 and plan.fit_source == "compiler", name
+  assert plan.needed <= plan.usable and plan.host_needed <= plan.host_ram, name
+  assert plan.fits and rule and "max_hbm_gb=20" in rule, (name, rule)
