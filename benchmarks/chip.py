@@ -99,9 +99,21 @@ def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
   return out
 
 
+def _host_rss_bytes() -> int:
+  """This process's resident host memory (Linux /proc; 0 elsewhere): offloaded state counts."""
+  try:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
 class MemoryWatch:
   """The device's memory_stats() polled while a run trains: the largest value of each field
-  seen (is a step's scratch space counted anywhere while it runs?)."""
+  seen (is a step's scratch space counted anywhere while it runs?), and the process's host RSS
+  (host_rss_bytes: what offloaded state and checkpoints take of the host's RAM)."""
 
   def __init__(self, period_s: float = 0.005):
     self.period_s, self.seen, self._stop = period_s, {}, threading.Event()
@@ -111,7 +123,8 @@ class MemoryWatch:
     import jax  # pylint: disable=import-outside-toplevel
     device = jax.devices()[0]
     while not self._stop.wait(self.period_s):
-      for k, v in (device.memory_stats() or {}).items():
+      stats = dict(device.memory_stats() or {}, host_rss_bytes=_host_rss_bytes())
+      for k, v in stats.items():
         self.seen[k] = max(self.seen.get(k, v), v)
 
   def __enter__(self):

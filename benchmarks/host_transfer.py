@@ -83,13 +83,45 @@ def measure(*, mib: int, repeats: int, pieces: int = 4) -> dict:
           "pieces": pieces, "repeats": repeats, "jax": jax.__version__, "figures": out}
 
 
+def by_piece_size(*, mib: int, repeats: int, pieces: tuple[int, ...] = (4, 16, 64, 256)) -> dict:
+  """Device -> host GB/s by piece count for the same total: into pinned_host (eager and inside
+  one jitted program), into unpinned_host (eager), and to NumPy (jax.device_get). Is the slow
+  pinned_host write a matter of piece size, of the memory kind, or of the path?"""
+  device = jax.local_devices()[0]
+  mesh = jax.sharding.Mesh([device], ("x",))
+  on_device = NamedSharding(mesh, PartitionSpec(), memory_kind="device")
+  pinned, unpinned = (on_device.with_memory_kind(k) for k in ("pinned_host", "unpinned_host"))
+  out = {}
+  for count in pieces:
+    n = mib * 2 ** 20 // 4 // count
+    dev = [jax.device_put(jnp.full((n,), i, jnp.float32), on_device) for i in range(count)]
+    to_host = jax.jit(lambda xs: [x + 1 for x in xs], out_shardings=[pinned] * count)
+    ways = {"eager_pinned": lambda: [jax.device_put(x, pinned) for x in dev],
+            "jit_pinned": lambda: to_host(dev),
+            "eager_unpinned": lambda: [jax.device_put(x, unpinned) for x in dev],
+            # (fresh arrays: jax keeps an array's NumPy copy once made)
+            "device_get": lambda: jax.device_get([jnp.copy(x) for x in dev])}
+    for name, fn in ways.items():
+      try:
+        seconds = _median_s(fn, repeats=repeats)
+        out[f"{name}/{count}"] = {"seconds": seconds, "gb_per_s": 4 * n * count / seconds / 1e9}
+      except Exception as e:  # pylint: disable=broad-except
+        out[f"{name}/{count}"] = {"error": str(e).splitlines()[0][:200]}
+    del dev
+  return out
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", type=pathlib.Path, default=None, help="folder for the JSON")
   parser.add_argument("--mib", type=int, default=1024, help="MiB moved per direction")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--by_piece_size", action="store_true",
+                      help="also device -> host by piece count (by_piece_size)")
   args = parser.parse_args(argv)
   result = measure(mib=args.mib, repeats=args.repeats)
+  if args.by_piece_size:
+    result["by_piece_size"] = by_piece_size(mib=args.mib, repeats=args.repeats)
   text = json.dumps(result, indent=1)
   print(text)
   if args.out is not None:

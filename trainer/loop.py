@@ -246,8 +246,15 @@ class _Loop:
     has finished: its flag, a scalar, is ready; nothing is copied. The devices always have the
     next step queued, and the host is never more than one step ahead of them, so a stop request
     (a signal) is acted on after the step in flight, not after the steps the host would
-    otherwise dispatch ahead until its next sync (a logging step)."""
-    if self.previous is not None:
+    otherwise dispatch ahead until its next sync (a logging step).
+
+    With the state in host memory (trainer.state_memory="host") it waits for this step itself:
+    a step queued behind the running one would hold a third copy of the state in host RAM (the
+    running step's input and output, the queued one's output), and a step of tens of seconds
+    gains nothing from being queued early."""
+    if self.cfg.state_memory == "host":
+      flag.block_until_ready()
+    elif self.previous is not None:
       self.previous.block_until_ready()
     self.previous = flag
 
