@@ -43,7 +43,7 @@ from absl import flags
 
 from launcher import config_loading
 from launcher.errors import UserError
-from trainer import meshes
+from trainer import mesh_rules, meshes
 
 
 def _define_flags(argv: list[str]) -> flags.FlagValues:
@@ -189,7 +189,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   from trainer import config as config_lib
   from planner import plan as plan_lib, plan_report
   cfg = fv["config"].value
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
   name = config_loading.config_file_arg(argv)
   if fv.sweep:

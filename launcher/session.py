@@ -25,7 +25,7 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
 from launcher.errors import EXIT_NO_SPACE, UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, disk
 from trainer import experiment as experiment_lib
-from trainer import flops, loop, meshes, schedules, sharding
+from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
 from planner import plan as plan_lib, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
@@ -63,7 +63,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   if fv.print_config:
     return _print_config(fv.mesh, cfg, items)
   entry = meshes.select(fv.mesh)
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
@@ -115,7 +115,7 @@ def _print_config(mesh: str, cfg: ml_collections.ConfigDict, items) -> int:
   """--print_config: the config resolved for `mesh` (on any machine: a named entry's rule and
   axes need none of its devices), its parameter count and the rule that applied."""
   entry = meshes.select(mesh) if mesh == "auto" else meshes.lookup(mesh)
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   _schedule_note(run_cfg)
   here = entry.num_devices in (None, jax.device_count()) and (

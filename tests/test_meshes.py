@@ -12,7 +12,7 @@ import pytest
 from configs import tiny
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli_batch
-from trainer import meshes, sharding
+from trainer import mesh_rules, meshes, sharding
 from planner import meshes_doc
 from trainer.config import MeshConfig
 
@@ -189,20 +189,20 @@ def rules_config():
 
 def test_first_matching_rule_wins():
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model) == (2, -1, None)
   assert cfg.trainer.grad_accum_steps == 2 and cfg.model.remat == "none"
 
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
   assert (cfg.mesh.data, cfg.mesh.model, cfg.model.remat) == (None, 2, "full")
 
 
 def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
+  assert mesh_rules.apply_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
 
 
@@ -221,18 +221,18 @@ def test_a_new_gpu_entry_takes_the_rule_of_its_hardware(monkeypatch):
   from configs import llm_1b, llm_7b
   entry = _b300(monkeypatch)
   cfg = llm_1b.get_config()
-  assert meshes.apply_rules(cfg, entry, set()) == (
+  assert mesh_rules.apply_rules(cfg, entry, set()) == (
       "platform=gpu, devices_per_host=8, num_hosts=1, min_hbm_gb=80")
   assert (cfg.model.remat, cfg.trainer.grad_accum_steps, cfg.trainer.loss_chunk_size) == (
       "full", 8, 256)
   cfg = llm_7b.get_config()
-  assert meshes.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
+  assert mesh_rules.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
   assert cfg.trainer.grad_accum_steps == 8
   small = dataclasses.replace(entry, name="gpu-l4-8", hardware=dataclasses.replace(
       entry.hardware, hbm_bytes=24 * meshes.GB))
-  assert meshes.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
+  assert mesh_rules.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
   generic = meshes.auto("gpu", "NVIDIA B300", 4, 1)  # half a host: the generic entry
-  assert meshes.apply_rules(llm_1b.get_config(), generic, set()) is None
+  assert mesh_rules.apply_rules(llm_1b.get_config(), generic, set()) is None
 
 
 def test_rules_by_facts_bounds_and_names():
@@ -240,30 +240,30 @@ def test_rules_by_facts_bounds_and_names():
   cfg.mesh.rules = (({"platform": "tpu", "max_hbm_gb": 20}, {"mesh.model": 2}),
                     ({"name": "gpu-h.*", "min_num_devices": 16}, {"mesh.data": 2}),
                     ({"platform": "gpu"}, {"mesh.fsdp": 4}))
-  assert meshes.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
+  assert mesh_rules.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
   cfg.mesh.model = None
-  assert meshes.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
-  assert meshes.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
-  assert meshes.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
+  assert mesh_rules.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
+  assert mesh_rules.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
 
 
 def test_bad_rule():
   cfg = tiny.get_config()
   cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="bad regex 'gpu-\\('"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
   with pytest.raises(ConfigError, match="did you mean 'mesh.data'|did you mean 'data'"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({"platfrom": "gpu"}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="unknown fact 'platfrom' \\(did you mean 'platform'"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({"min_hbm_gb": "80"}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="min_hbm_gb='80' must be a number"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="must be \\(regex or"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
 
 
 def test_select_mesh_in_process():

@@ -17,7 +17,7 @@ import configs.llm_1b
 import configs.tiny
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, experiment, flops, meshes
+from trainer import config as config_lib, experiment, flops, mesh_rules, meshes
 from planner import hlo_collectives, plan, plan_report, plan_sweep
 from trainer.data.packing import PACKED_FIELDS
 
@@ -261,7 +261,7 @@ def test_libtpu_missing_says_how_to_install(monkeypatch, capsys):
 def _llm_1b(entry_name, *, rules: bool):
   cfg = configs.llm_1b.get_config()
   if rules:
-    meshes.apply_rules(cfg, entry_name, set())
+    mesh_rules.apply_rules(cfg, entry_name, set())
   return _run(cfg)
 
 
