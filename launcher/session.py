@@ -26,7 +26,7 @@ from launcher.errors import EXIT_NO_SPACE, UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, disk
 from trainer import experiment as experiment_lib
 from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
-from planner import plan as plan_lib, step_memory
+from planner import compiler_output, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
@@ -187,7 +187,7 @@ def _train(this: Run) -> int:
   extension = _Extension(rd, exp) if state == "extend" else None
   compiler_lines: list[str] = []  # XLA's own log of the compile, for the run's compiler.log
   compiler_notes: list[str] = []
-  with plan_lib.compiler_log(compiler_notes, rest=compiler_lines):
+  with compiler_output.compiler_log(compiler_notes, rest=compiler_lines):
     compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
     if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
         rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
@@ -269,7 +269,7 @@ def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: 
 def _keep_compiler_log(rd: run_dir_lib.RunDir, lines: list[str], notes: list[str]) -> None:
   """XLA's own lines of the steps' compile (its C++ logging, raw on the console otherwise) go
   to the run's compiler.log, appended start after start; one note says so, and what they say
-  in words where it is known (planner/plan.py:compiler_log)."""
+  in words where it is known (planner/compiler_output.py:compiler_log)."""
   if not lines:
     return
   path = rd.path / run_dir_lib.COMPILER_LOG

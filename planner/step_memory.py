@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import jax
 
 from core.registry import ConfigError
 from planner import plan as plan_lib, plan_report, plan_sweep
+from planner.compiler_output import refused_bytes
 from trainer import experiment, metrics as metrics_lib
 
 GiB = 1024 ** 3
-# The TPU compiler's words when it refuses a program: its temporaries and the HBM it had.
-_UNITS = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4, "P": 1024 ** 5}
-_TEMPORARIES = re.compile(r"HLO temporaries \(([\d.]+)([KMGTP])\)")
-_AVAILABLE = re.compile(r"available HBM \(([\d.]+)([KMGTP])\)")
 # What the refusal's advice may change, in words; and the last resort, which changes the recipe.
 KNOBS = {"train step": "gradient accumulation, remat, loss chunks or attention",
          "eval step": "eval rows per pass, loss chunks or attention"}
@@ -74,15 +70,6 @@ def device_memory(devices) -> DeviceMemory | None:
                               f", shared by {len(devices)} CPU devices" if len(devices) > 1
                               else ""))
   return None
-
-
-def refused_bytes(message: str) -> tuple[int | None, int | None]:
-  """(temporaries, available HBM) in bytes, from the TPU compiler's RESOURCE_EXHAUSTED
-  message ("... HLO temporaries (1.23T) exceeds available HBM (15.75G)"); None where absent."""
-  def find(pattern):
-    m = pattern.search(message)
-    return int(float(m[1]) * _UNITS[m[2]]) if m else None
-  return find(_TEMPORARIES), find(_AVAILABLE)
 
 
 def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> str:

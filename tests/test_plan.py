@@ -18,7 +18,7 @@ import configs.tiny
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
 from trainer import config as config_lib, experiment, flops, mesh_rules, meshes
-from planner import hlo_collectives, plan, plan_report, plan_sweep
+from planner import compiler_output, hlo_collectives, plan, plan_report, plan_sweep
 from trainer.data.packing import PACKED_FIELDS
 
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
@@ -336,7 +336,7 @@ def test_the_compilers_log_becomes_a_note_and_the_rest_passes_through(capfd):
   """XLA logs from C++ to file descriptor 2: a recognised line becomes one plan note, any other
   line reaches stderr unchanged, and the descriptor is restored after the compile."""
   notes = []
-  with plan.compiler_log(notes):
+  with compiler_output.compiler_log(notes):
     os.write(2, b"W1205 spmd_partitioner.cc:652] [SPMD] Involuntary full rematerialization. "
                 b"The compiler was not able to go from sharding {devices=[8,1]} to {replicated}"
                 b" ... Contact Shardy or XLA team.\n")

@@ -10,7 +10,7 @@ import pytest
 import configs.llama
 from core.registry import ConfigError
 from launcher import main as main_lib
-from planner import plan, plan_sweep, step_memory
+from planner import compiler_output, plan, plan_sweep, step_memory
 from tests.test_run_dirs import QUICK, snapshot
 from trainer import config as config_lib, experiment, meshes, metrics
 
@@ -204,8 +204,8 @@ def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
 def test_the_tpu_compilers_refusal_is_read_in_any_unit():
   message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
              "temporaries (1.23T) exceeds available HBM (15.75G).")
-  assert step_memory.refused_bytes(message) == (int(1.23 * 1024 ** 4), int(15.75 * 1024 ** 3))
-  assert step_memory.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
+  assert compiler_output.refused_bytes(message) == (int(1.23 * 1024 ** 4), int(15.75 * 1024 ** 3))
+  assert compiler_output.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
 
 
 def test_a_tpu_step_the_compiler_refuses_is_one_line_with_what_would_fit():
