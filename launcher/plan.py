@@ -19,7 +19,7 @@ analytic memory model. A plan that does not fit is a report like any other (exit
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
 module (planner/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
 matmuls and their collectives apart, so that every op is counted once.
---sweep tries settings that keep the run's math (planner/plan_sweep.py): mesh axes, remat and
+--sweep tries settings that keep the run's math (planner/sweep_space.py, planner/plan_sweep.py): mesh axes, remat and
 gradient accumulation on an entry of several devices; on one device, or where no layout fits,
 also trainer.loss_chunk_size, the platform's native lean attention (splash on TPU) and
 model.scan_layers, and the eval.microbatch_rows the best one's eval step needs. It compiles the

@@ -11,7 +11,8 @@
              tokens/s and MFU from the entry's peak FLOP/s, HBM and link bandwidth and the
              collectives found in the compiled HLO (planner/hlo_collectives.py).
 
-The report is planner/plan_report.py; the layout sweep, planner/plan_sweep.py.
+The report is planner/plan_report.py; the layout sweep, planner/plan_sweep.py; what XLA logs
+meanwhile, planner/compiler_output.py.
 """
 
 from __future__ import annotations
@@ -331,11 +332,6 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
                   collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
                   hlo_matmul_flops=hlo_matmul_flops)
 
-
-
-# The analytic screen's compute (planner/plan_sweep.py:screen_estimate): forward + backward =
-# 3 forward passes; full remat recomputes the forward once more.
-RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
 # An attention kernel's ops in the compiled HLO (Pallas splash on TPU, cuDNN's fused attention
 # on GPU) and which of them run a backward pass (dq pairs with dkv: one pass).

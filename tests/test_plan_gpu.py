@@ -18,7 +18,7 @@ from launcher import main as main_lib
 from launcher.plan import GPU_PLUGIN_DIR
 from tests.conftest import ROOT, cli, gpu_compiler_missing
 from trainer import config as config_lib, experiment, meshes
-from planner import gpu_targets, hlo_collectives, plan, plan_sweep
+from planner import gpu_targets, hlo_collectives, plan, sweep_screen, sweep_space
 
 GPU_ENTRIES = [e for e in meshes.MESHES.values()
                if e.hardware.platform == "gpu" and e.num_devices is not None]
@@ -162,12 +162,12 @@ ENTRY %main (a: bf16[4,8]) -> bf16[32,8] {
 def test_sweep_candidates_keep_tensor_parallelism_inside_a_host_and_include_hsdp():
   run = config_lib.parse(configs.llm_70b.get_config())  # batch 1024
   entry = meshes.lookup("gpu-h100-8x16")
-  cands = plan_sweep.candidates(run, 128, entry)
+  cands = sweep_space.candidates(run, 128, entry)
   assert cands and all(8 % c.axes["model"] == 0 for c in cands)
   # HSDP: FSDP inside each host, data parallel across the 16.
   hsdp = [c for c in cands if c.axes == {"data": 16, "fsdp": 8, "expert": 1, "model": 1}]
-  assert hsdp and all(plan_sweep.hosts_spanned(c.axes, entry) == 1 for c in hsdp)
-  assert plan_sweep.hosts_spanned({"data": 1, "fsdp": 16, "model": 8}, entry) == 16
+  assert hsdp and all(sweep_space.hosts_spanned(c.axes, entry) == 1 for c in hsdp)
+  assert sweep_space.hosts_spanned({"data": 1, "fsdp": 16, "model": 8}, entry) == 16
   # From one microbatch down to one sequence per batch shard (1024 / 128 = 8 accumulation
   # steps at most with 128 shards, 64 with 16).
   assert {c.grad_accum_steps for c in hsdp} == {1, 2, 4, 8}
@@ -191,10 +191,10 @@ def test_the_sweeps_order_puts_network_traffic_where_the_layout_puts_it():
   devices, _ = plan.target_devices(meshes.lookup("tpu-v5e-16"))
 
   def estimate(data, fsdp, accum):
-    cand = plan_sweep.Candidate.layout({"data": data, "fsdp": fsdp, "model": 1}, remat="full",
+    cand = sweep_space.Candidate.layout({"data": data, "fsdp": fsdp, "model": 1}, remat="full",
                                        grad_accum_steps=accum)
     exp = experiment.build(cand.apply(run), entry, devices)
-    return plan_sweep.screen_estimate(exp, entry, compute_bytes=2)
+    return sweep_screen.screen_estimate(exp, entry, compute_bytes=2)
 
   hsdp, across = estimate(2, 8, 1), estimate(1, 16, 1)
   assert hsdp[1] < across[1]  # serial: the same compute, less network time
