@@ -76,7 +76,7 @@ def parse(train_args: list[str], parse_train: Callable[[list[str]], flags.FlagVa
 def resolve(train_args: list[str], fv: flags.FlagValues) -> Train:
   """The config under the mesh entry's rules, checked; the run directory the processes name."""
   from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
-  from trainer import config as config_lib, mesh_rules, meshes  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, mesh_rules  # pylint: disable=import-outside-toplevel
   cfg, items = fv["config"].value, config_loading.overrides(train_args)
   named = None if fv.mesh == "auto" else fv.mesh  # `auto` resolves where the processes run
   if named is not None:
