@@ -80,6 +80,74 @@ def test_auto_partial_host_keeps_the_hardware_facts():
   assert entry.hardware.hbm_bytes == meshes.lookup("gpu-h100-8").hardware.hbm_bytes
 
 
+# The device kind JAX reports for each family's chips (GPUs: their target's CUDA name).
+DEVICE_KINDS = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5 lite", "tpu-v5p": "TPU v5",
+                "tpu-v6e": "TPU v6 lite", "neuron-trn1": "NC_v2", "neuron-trn2": "NC_v3"}
+
+
+def _device_kind(entry) -> str:
+  if entry.hardware.platform == "gpu":
+    from planner import gpu_targets  # pylint: disable=import-outside-toplevel
+    return gpu_targets.for_entry(entry).name
+  return DEVICE_KINDS[entry.name.rsplit("-", 1)[0]]
+
+
+@pytest.mark.parametrize("entry", [e for e in meshes.MESHES.values() if e.num_devices],
+                         ids=lambda e: e.name)
+def test_auto_finds_each_entry_on_its_own_devices(entry):
+  """No two entries claim the same devices: --mesh=auto on an entry's devices (one process per
+  host) is that entry, and on twice as many GPU or Trainium hosts that entry x 2."""
+  kind = _device_kind(entry)
+  hw = entry.hardware
+  assert meshes.auto(hw.platform, kind, entry.num_devices, entry.num_hosts) == entry
+  if hw.platform in meshes.MULTI_HOST_PLATFORMS:
+    assert meshes.auto(hw.platform, kind, 2 * entry.num_devices, 2).name == f"{entry.name}x2"
+
+
+def _pcie(monkeypatch):
+  """A second H100 entry (PCIe cards) whose device kind the SXM entry's regex also matches."""
+  sxm = meshes.MESHES["gpu-h100-8"]
+  entry = meshes.Entry(name="gpu-h100-pcie-8", hardware=dataclasses.replace(
+      sxm.hardware, device_kind=r"H100 PCIe", hbm_bandwidth=2039 * meshes.GBps))
+  monkeypatch.setitem(meshes.MESHES, entry.name, entry)
+
+
+def test_auto_refuses_two_entries_that_match_the_devices(monkeypatch):
+  _pcie(monkeypatch)
+  for count, processes, names in ((8, 1, "gpu-h100-8 and gpu-h100-pcie-8"),
+                                  (16, 2, "gpu-h100-8x2 and gpu-h100-pcie-8x2")):
+    with pytest.raises(ConfigError, match=rf"--mesh=auto: {count} gpu device\(s\) of kind 'NVIDIA "
+                       rf"H100 PCIe' match 2 mesh entries, {names}; pick one with --mesh=NAME"):
+      meshes.auto("gpu", "NVIDIA H100 PCIe", count, processes)
+  # An SXM host still matches one entry.
+  assert meshes.auto("gpu", "NVIDIA H100 80GB HBM3", 8, 1).name == "gpu-h100-8"
+
+
+def test_auto_refuses_a_partial_host_of_two_kinds_of_hardware(monkeypatch):
+  _pcie(monkeypatch)
+  with pytest.raises(ConfigError, match=r"4 gpu device\(s\) of kind 'NVIDIA H100 PCIe' match "
+                     r"the hardware of gpu-h100-8 and gpu-h100-pcie-8, which differ.*--mesh=gpu "):
+    meshes.auto("gpu", "NVIDIA H100 PCIe", 4, 1)
+  # Entries of one chip in several host sizes are one kind of hardware (a v5e chip).
+  assert meshes.auto("tpu", "TPU v5 lite", 2, 1).hardware.hbm_bytes == 16 * meshes.GiB
+
+
+def test_an_ambiguous_auto_mesh_is_one_line_through_the_cli(monkeypatch, capsys):
+  """Two entries of this process's one CPU device: `axtrain` stops before anything is
+  written, naming both and --mesh=NAME."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  cpu = meshes.MESHES["cpu"].hardware
+  for name in ("cpu-box-1", "cpu-laptop-1"):
+    monkeypatch.setitem(meshes.MESHES, name, meshes.Entry(
+        name=name, hardware=dataclasses.replace(cpu, devices_per_host=1)))
+  code = main_lib.main(["axtrain", "--config=configs/tiny.py", "--print_config"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert err == ("axtrain: error: --mesh=auto: 1 cpu device(s) of kind 'cpu' match 2 mesh "
+                 "entries, cpu-box-1 and cpu-laptop-1; pick one with --mesh=NAME (e.g. "
+                 "--mesh=cpu-box-1)\n")
+
+
 def test_auto_unknown_platform():
   with pytest.raises(ConfigError, match="no mesh for platform 'metal'"):
     meshes.auto("metal", "Apple M3", 1, 1)

@@ -322,31 +322,44 @@ def check_devices(entry: Entry, device_count: int) -> None:
 
 
 def auto(platform: str, device_kind: str, device_count: int, process_count: int) -> Entry:
-  """The entry for the devices JAX sees: a named one when kind and count match, else generic.
+  """The entry for the devices JAX sees: the named one whose kind and count match, else generic.
 
-  Several full GPU/Trainium hosts give `NAMExHOSTS`. Devices of a known kind in
-  another count (a partial host) get the generic platform entry, carrying that
-  kind's hardware facts with the devices actually present.
+  Several full GPU/Trainium hosts give `NAMExHOSTS`. Devices of a known kind in another count
+  (a partial host) get the generic platform entry, carrying that kind's hardware facts with the
+  devices actually present. A match is never a guess: where two entries match (or, for a
+  partial host, two kinds of hardware), ConfigError names them and how to pick one.
   """
-  partial = None
-  for entry in MESHES.values():
-    hw = entry.hardware
-    if (hw.platform == platform and hw.devices_per_host > 0
-        and re.search(hw.device_kind, device_kind, re.IGNORECASE)):
-      if entry.num_devices == device_count:
-        return entry
-      if (platform in MULTI_HOST_PLATFORMS and process_count > 1
-          and device_count == hw.devices_per_host * process_count):
-        return with_hosts(entry, process_count)
-      partial = partial or hw
+  kinds = [e for e in MESHES.values()
+           if e.hardware.platform == platform and e.hardware.devices_per_host > 0
+           and re.search(e.hardware.device_kind, device_kind, re.IGNORECASE)]
+  hosts = platform in MULTI_HOST_PLATFORMS and process_count > 1
+  whole = [e if e.num_devices == device_count else with_hosts(e, process_count) for e in kinds
+           if e.num_devices == device_count
+           or (hosts and device_count == e.hardware.devices_per_host * process_count)]
+  what = f"{device_count} {platform} device(s) of kind '{device_kind}'"
+  if len(whole) > 1:
+    names = [e.name for e in whole]
+    raise ConfigError(f"--mesh=auto: {what} match {len(names)} mesh entries, "
+                      f"{', '.join(names[:-1])} and {names[-1]}; pick one with --mesh=NAME "
+                      f"(e.g. --mesh={names[0]})")
+  if whole:
+    return whole[0]
   if platform not in MESHES:
     raise ConfigError(f"--mesh=auto: no mesh for platform '{platform}' ({device_kind});"
                       f" pass --mesh=NAME")
   generic = MESHES[platform]
-  if partial is None:
+  facts = {}  # hardware facts, whatever the host size -> the first entry that has them
+  for e in kinds:
+    facts.setdefault(dataclasses.replace(e.hardware, devices_per_host=-1), e.name)
+  if len(facts) > 1:
+    names = list(facts.values())
+    raise ConfigError(f"--mesh=auto: {what} match the hardware of {', '.join(names[:-1])} and "
+                      f"{names[-1]}, which differ, and no entry of {device_count} devices; "
+                      f"pass --mesh={platform} (no hardware facts) or make their device "
+                      f"kinds tell them apart (trainer/meshes.py)")
+  if not facts:
     return generic
-  hw = dataclasses.replace(partial, devices_per_host=-1)  # not a fixed-size entry
-  return dataclasses.replace(generic, hardware=hw)
+  return dataclasses.replace(generic, hardware=next(iter(facts)))
 
 
 # -- choosing an entry for a run ------------------------------------------------------------
