@@ -80,15 +80,14 @@ def test_auto_partial_host_keeps_the_hardware_facts():
   assert entry.hardware.hbm_bytes == meshes.lookup("gpu-h100-8").hardware.hbm_bytes
 
 
-# The device kind JAX reports for each family's chips (GPUs: their target's CUDA name).
+# The device kind JAX reports for each family's chips (a GPU row's is its chip's CUDA name).
 DEVICE_KINDS = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5 lite", "tpu-v5p": "TPU v5",
                 "tpu-v6e": "TPU v6 lite", "neuron-trn1": "NC_v2", "neuron-trn2": "NC_v3"}
 
 
 def _device_kind(entry) -> str:
-  if entry.hardware.platform == "gpu":
-    from planner import gpu_targets  # pylint: disable=import-outside-toplevel
-    return gpu_targets.for_entry(entry).name
+  if entry.hardware.gpu is not None:
+    return entry.hardware.gpu.cuda_name
   return DEVICE_KINDS[entry.name.rsplit("-", 1)[0]]
 
 

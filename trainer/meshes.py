@@ -6,8 +6,8 @@ FLOP/s, HBM bytes and bandwidth, link bandwidths, devices per host; TPU slices
 also their libtpu topology for `axtrain plan`). Multi-host GPU and Trainium
 meshes take a host-count suffix: `gpu-h100-8x4` is four 8-GPU hosts.
 
-To add an entry, add a row to `_GPU`, `_TPU` or `_NEURON` below (or an `Entry`
-to `_GENERIC`), then regenerate the table in docs/meshes.md with
+To add an entry, add a row to `_GPU` (with its chip, `GpuChip`), `_TPU` or `_NEURON` below
+(or an `Entry` to `_GENERIC`), then regenerate the tables in docs/meshes.md with
 `python -m planner.meshes_doc --write` (tests/test_meshes.py fails while the
 table and this file disagree).
 """
@@ -57,6 +57,18 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuChip:
+  """One GPU as XLA's GPU compiler is told what it is (`axtrain plan` compiles for it without
+  one: planner/gpu_targets.py adds the limits of its compute capability and the row's memory)."""
+  cuda_name: str  # CUDA's device name, which jax reports as device_kind (the row's regex matches it)
+  compute_capability: tuple[int, int]  # (major, minor): CUDA C++ Programming Guide
+  sm_count: int  # streaming multiprocessors
+  l2_bytes: int  # L2 cache
+  boost_clock_ghz: float
+  source: str  # where these figures come from
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Hardware:
   platform: str  # jax platform: cpu / gpu / tpu / neuron
   device_kind: str  # regex matched against jax.devices()[0].device_kind
@@ -71,6 +83,7 @@ class Hardware:
   host_memory_bytes: int | None = None
   interconnect: str = "unknown"  # between devices (and hosts), in words
   source: str = ""  # where the figures come from
+  gpu: GpuChip | None = None  # a GPU row's chip, for the GPU compiler
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,38 +108,52 @@ class Entry:
 
 
 GiB = 1024 ** 3
+MiB = 1024 ** 2
 GB = 1000 ** 3
 GBps = 1e9  # bytes/s
 
 # Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity; SXM parts; the A100
 # row is the 80 GB part). NVLink figures are the datasheets' bidirectional totals, halved for
 # one direction; between hosts, one 400 Gb/s (A100: 200 Gb/s) InfiniBand NIC per GPU as in
-# DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200.
+# DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200. Chips: NVIDIA's
+# architecture whitepapers (SMs, L2, boost clock), CUDA's name of the part.
 _GPU = {
     "gpu-a100-8": Hardware(
         platform="gpu", device_kind=r"\bA100", devices_per_host=8, peak_bf16_flops=312e12,
         hbm_bytes=80 * GB, hbm_bandwidth=2039 * GBps, link_bandwidth=300 * GBps,
         host_bandwidth=25 * GBps, interconnect="NVLink3 600 GB/s per GPU",
         host_memory_bytes=1024 * GB // 8,
-        source="NVIDIA A100 datasheet; DGX A100 (1 TB system memory)"),
+        source="NVIDIA A100 datasheet; DGX A100 (1 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0), sm_count=108,
+                    l2_bytes=40 * MiB, boost_clock_ghz=1.41,
+                    source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100 SXM4)")),
     "gpu-h100-8": Hardware(
         platform="gpu", device_kind=r"\bH100", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=80 * GB, hbm_bandwidth=3350 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA H100 SXM datasheet; DGX H100 (2 TB system memory)"),
+        source="NVIDIA H100 SXM datasheet; DGX H100 (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
+                    l2_bytes=50 * MiB, boost_clock_ghz=1.98,
+                    source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)")),
     "gpu-h200-8": Hardware(
         platform="gpu", device_kind=r"\bH200", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=141 * GB, hbm_bandwidth=4800 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA H200 SXM datasheet; DGX H200 (2 TB system memory)"),
+        source="NVIDIA H200 SXM datasheet; DGX H200 (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA H200", compute_capability=(9, 0), sm_count=132,
+                    l2_bytes=50 * MiB, boost_clock_ghz=1.98,
+                    source="H100 whitepaper: the same GH100 chip as H100 SXM5, with HBM3e")),
     "gpu-b200-8": Hardware(
         platform="gpu", device_kind=r"\bB200", devices_per_host=8, peak_bf16_flops=2250e12,
         hbm_bytes=180 * GB, hbm_bandwidth=8000 * GBps, link_bandwidth=900 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink5 1.8 TB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA DGX B200 datasheet (2 TB system memory)"),
+        source="NVIDIA DGX B200 datasheet (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA B200", compute_capability=(10, 0), sm_count=148,
+                    l2_bytes=int(126.5 * MiB), boost_clock_ghz=1.965,
+                    source="NVIDIA Blackwell technical brief; XLA's b200 target spec")),
 }
 
 
