@@ -103,6 +103,15 @@ def test_auto_finds_each_entry_on_its_own_devices(entry):
     assert meshes.auto(hw.platform, kind, 2 * entry.num_devices, 2).name == f"{entry.name}x2"
 
 
+def test_auto_finds_the_lent_tpu_chip():
+  """The one TPU v5e chip this project borrows, by the device kind it reported
+  (tests/testdata/tpu_tolerances_v5e.json, written there): tpu-v5e-1."""
+  import json  # pylint: disable=import-outside-toplevel
+  seen = json.loads((ROOT / "tests" / "testdata" / "tpu_tolerances_v5e.json").read_text())
+  assert seen["device_kind"] == "TPU v5 lite"
+  assert meshes.auto(seen["platform"], seen["device_kind"], 1, 1).name == "tpu-v5e-1"
+
+
 def _pcie(monkeypatch):
   """A second H100 entry (PCIe cards) whose device kind the SXM entry's regex also matches."""
   sxm = meshes.MESHES["gpu-h100-8"]
