@@ -112,30 +112,32 @@ def test_auto_finds_the_lent_tpu_chip():
   assert meshes.auto(seen["platform"], seen["device_kind"], 1, 1).name == "tpu-v5e-1"
 
 
-def _pcie(monkeypatch):
-  """A second H100 entry (PCIe cards) whose device kind the SXM entry's regex also matches."""
-  sxm = meshes.MESHES["gpu-h100-8"]
-  entry = meshes.Entry(name="gpu-h100-pcie-8", hardware=dataclasses.replace(
-      sxm.hardware, device_kind=r"H100 PCIe", hbm_bandwidth=2039 * meshes.GBps))
-  monkeypatch.setitem(meshes.MESHES, entry.name, entry)
+def _twins(monkeypatch):
+  """Two GPU rows of one made-up GPU (SXM and NVL parts), the first one's regex matching the
+  second one's devices too."""
+  h100 = meshes.MESHES["gpu-h100-8"].hardware
+  for name, kind, bandwidth in (("gpu-x100-8", r"\bX100", 3350),
+                                ("gpu-x100-nvl-8", r"X100 NVL", 3900)):
+    monkeypatch.setitem(meshes.MESHES, name, meshes.Entry(name=name, hardware=dataclasses.replace(
+        h100, device_kind=kind, hbm_bandwidth=bandwidth * meshes.GBps)))
 
 
 def test_auto_refuses_two_entries_that_match_the_devices(monkeypatch):
-  _pcie(monkeypatch)
-  for count, processes, names in ((8, 1, "gpu-h100-8 and gpu-h100-pcie-8"),
-                                  (16, 2, "gpu-h100-8x2 and gpu-h100-pcie-8x2")):
+  _twins(monkeypatch)
+  for count, processes, names in ((8, 1, "gpu-x100-8 and gpu-x100-nvl-8"),
+                                  (16, 2, "gpu-x100-8x2 and gpu-x100-nvl-8x2")):
     with pytest.raises(ConfigError, match=rf"--mesh=auto: {count} gpu device\(s\) of kind 'NVIDIA "
-                       rf"H100 PCIe' match 2 mesh entries, {names}; pick one with --mesh=NAME"):
-      meshes.auto("gpu", "NVIDIA H100 PCIe", count, processes)
-  # An SXM host still matches one entry.
-  assert meshes.auto("gpu", "NVIDIA H100 80GB HBM3", 8, 1).name == "gpu-h100-8"
+                       rf"X100 NVL' match 2 mesh entries, {names}; pick one with --mesh=NAME"):
+      meshes.auto("gpu", "NVIDIA X100 NVL", count, processes)
+  # The other part still matches one entry.
+  assert meshes.auto("gpu", "NVIDIA X100 SXM", 8, 1).name == "gpu-x100-8"
 
 
 def test_auto_refuses_a_partial_host_of_two_kinds_of_hardware(monkeypatch):
-  _pcie(monkeypatch)
-  with pytest.raises(ConfigError, match=r"4 gpu device\(s\) of kind 'NVIDIA H100 PCIe' match "
-                     r"the hardware of gpu-h100-8 and gpu-h100-pcie-8, which differ.*--mesh=gpu "):
-    meshes.auto("gpu", "NVIDIA H100 PCIe", 4, 1)
+  _twins(monkeypatch)
+  with pytest.raises(ConfigError, match=r"4 gpu device\(s\) of kind 'NVIDIA X100 NVL' match "
+                     r"the hardware of gpu-x100-8 and gpu-x100-nvl-8, which differ.*--mesh=gpu "):
+    meshes.auto("gpu", "NVIDIA X100 NVL", 4, 1)
   # Entries of one chip in several host sizes are one kind of hardware (a v5e chip).
   assert meshes.auto("tpu", "TPU v5 lite", 2, 1).hardware.hbm_bytes == 16 * meshes.GiB
 

@@ -60,7 +60,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 class GpuChip:
   """One GPU as XLA's GPU compiler is told what it is (`axtrain plan` compiles for it without
   one: planner/gpu_targets.py adds the limits of its compute capability and the row's memory)."""
-  cuda_name: str  # CUDA's device name, which jax reports as device_kind (the row's regex matches it)
+  cuda_name: str  # CUDA's device name: jax's device_kind, which the row's regex matches
   compute_capability: tuple[int, int]  # (major, minor): CUDA C++ Programming Guide
   sm_count: int  # streaming multiprocessors
   l2_bytes: int  # L2 cache
