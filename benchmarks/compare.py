@@ -23,7 +23,7 @@ import jax
 
 from benchmarks import plain_jax
 from launcher import config_loading
-from trainer import config as config_lib, experiment, loop, meshes
+from trainer import config as config_lib, experiment, loop, mesh_rules, meshes
 from trainer.experiment import Experiment
 
 AXTRAIN = "axtrain"
@@ -259,7 +259,7 @@ def chip_experiment(config: str, overrides: tuple[str, ...], *, steps: int) -> E
           f"--config.trainer.log_every={steps}", "--config.eval.num_batches=1")
   cfg = config_loading.load(config, *argv)
   entry = meshes.select("auto")
-  meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(["axtrain", *argv])})
+  mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(["axtrain", *argv])})
   return experiment.build(config_lib.parse(cfg), entry)
 
 

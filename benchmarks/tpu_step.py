@@ -64,7 +64,7 @@ def measure(overrides: dict) -> dict:
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
-  from trainer import config as config_lib, experiment, meshes, flops
+  from trainer import config as config_lib, experiment, mesh_rules, meshes, flops
   from planner import plan
   from trainer.data import base
   spec = importlib.util.spec_from_file_location("cfg", CONFIG)
@@ -80,7 +80,7 @@ def measure(overrides: dict) -> dict:
   packed = setting["data.mean_doc_len"] > 0
   if not declared:
     del setting["data.mean_doc_len"]
-  meshes.apply_rules(cfg, entry, set(setting))
+  mesh_rules.apply_rules(cfg, entry, set(setting))
   for path, value in setting.items():
     node = cfg
     *parents, leaf = path.split(".")

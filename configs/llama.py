@@ -28,7 +28,7 @@ class Recipe:
   remat: str = "none"  # model.remat: what the backward pass recomputes
   state_dtype: str = "float32"  # optimizer.state_dtype
   # mesh.rules: per-mesh settings that fit the global batch (`axtrain plan`, docs/plan.md),
-  # matched by hardware facts (trainer/meshes.py:MATCH_FACTS), so a new entry of the same
+  # matched by hardware facts (trainer/mesh_match.py:MATCH_FACTS), so a new entry of the same
   # hardware takes them with no edit here
   mesh_rules: tuple = ()
 

@@ -35,161 +35,24 @@ run directory (where that run would hold files it did not write), is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
-import textwrap
 
 import numpy as np
 
-from launcher.errors import ConfigError, UserError, suggest
-from trainer.data.tokenizers import BytesTokenizer
+from launcher import hf_files
+from launcher.convert_config import choose_tokenizer, config_py
+from launcher.errors import UserError, suggest
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
          "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR")
 _FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers")
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
-
-CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
-
-    axtrain --config={run_dir}/config.py --output_dir={run_dir}
-
-trains the converted model on synthetic data: {max_steps} steps of {batch_size} x {seq_len}
-uniformly random tokens (data.kind=synthetic), which shows that it trains, not what it learns.
-{tokenizer_text}
-On your corpus (docs/data.md) the same command becomes:
-
-    axtrain --config={run_dir}/config.py --output_dir={run_dir} --config.data.kind=jsonl --config.data.path=corpus.jsonl{tokenizer_flags}
-
-Add --config.trainer.max_steps=20 for a short try. The config is held here, not read from
-config.json (which records the run's current config), so that training with other settings
-never changes it.
-"""
-
-import json
-
-import ml_collections
-
-from core.config_args import parse_arg
-
-CONFIG = {config}
-
-
-def get_config(arg=None):
-  parse_arg(arg)  # takes no arguments
-  return ml_collections.ConfigDict(json.loads(CONFIG))
-'''
-
-# What a text kind needs when the converted config names no tokenizer.
-_UNKNOWN_FLAGS = {"kind": "huggingface", "path": "PATH/TO/tokenizer.json"}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Tokenizer:
-  """The converted model's tokenizer: `node`, the data.tokenizer node that config.py holds
-  (None: none known), `what` it is for config.py's docstring, and `note`, one line for stderr
-  when none is known."""
-  node: dict | None
-  what: str
-  note: str | None = None
-
-  def text(self) -> str:
-    """config.py's paragraph on its tokenizer."""
-    if self.node is None:
-      text = (f"It names no tokenizer: {self.what}, so a text kind needs the model's own "
-              f"named on the command line (or convert again with --tokenizer=PATH).")
-    else:
-      text = (f"Its tokenizer (data.tokenizer) is {self.what}: a switch to a text kind (jsonl, "
-              f"text, parquet, ...) keeps it, and `axtrain generate` encodes prompts with it.")
-    return textwrap.fill(text, width=94, break_long_words=False, break_on_hyphens=False)
-
-  def flags(self) -> str:
-    """The corpus command's tokenizer flags: none when config.py names the tokenizer."""
-    if self.node is not None:
-      return ""
-    return "".join(f" --config.data.tokenizer.{k}={v}" for k, v in _UNKNOWN_FLAGS.items())
-
-
-def _tokenizer(source: pathlib.Path, vocab_size: int, named: str | None) -> _Tokenizer:
-  """The converted run's tokenizer: --tokenizer, else the folder's own tokenizer.json (if it
-  loads and its ids fit the model's), else bytes for a model of the bytes tokenizer's
-  vocabulary (what `convert --to_hf` of a bytes-tokenizer run writes), else none: the note asks
-  for it, as the bytes tokenizer cannot serve any other vocabulary (ids past the model's, or
-  ids it never learned)."""
-  if named is not None:
-    node = _named(named, vocab_size)
-    what = "UTF-8 bytes" if node["kind"] == BytesTokenizer.name else node["path"]
-    return _Tokenizer(node, f"{what} (convert --tokenizer={named})")
-  own = source / "tokenizer.json"
-  if own.is_file():
-    node = {"kind": "huggingface", "path": str(own.absolute())}
-    try:
-      problem = _unfit(node, vocab_size)
-    except ConfigError as e:
-      problem = f"does not load ({' '.join(str(e).split())})"
-    if problem is None:
-      return _Tokenizer(node, f"the model's own, {node['path']}")
-    why = f"{own} {problem}"
-  elif vocab_size == BytesTokenizer.vocab_size:
-    return _Tokenizer({"kind": BytesTokenizer.name},
-                      f"UTF-8 bytes, whose {vocab_size} ids are the model's vocabulary ({source} "
-                      f"has no tokenizer.json)")
-  else:
-    why = (f"{source} has no tokenizer.json and the model's {vocab_size} ids are not the "
-           f"{BytesTokenizer.name} tokenizer's {BytesTokenizer.vocab_size}")
-  return _Tokenizer(None, why, note=f"axtrain: note: {why}: no tokenizer chosen; to train on "
-                                    f"text or generate, convert again with "
-                                    f"--tokenizer=PATH/TO/tokenizer.json (the model's own)")
-
-
-def _unfit(node: dict, vocab_size: int) -> str | None:
-  """Why tokenizer `node` cannot serve a model of `vocab_size` ids (it has more ids), else
-  None; ConfigError when it does not load. Loaded without BOS/EOS: one whose EOS is not found
-  is still the model's (training says to set data.tokenizer.add_eos=False)."""
-  from trainer.data import tokenizers  # pylint: disable=import-outside-toplevel
-  tok = tokenizers.build(**node, add_eos=False)
-  if tok.vocab_size > vocab_size:
-    return f"has {tok.vocab_size} ids but the model's vocabulary has {vocab_size}"
-  return None
-
-
-def _named(value: str, vocab_size: int) -> dict:
-  """The tokenizer node of --tokenizer=VALUE (a tokenizer.json, a SentencePiece .model or
-  `bytes`; a file by its absolute path, so that the run finds it from any directory), loaded
-  to check that it is one and that its ids fit the model's vocabulary."""
-  if value == BytesTokenizer.name:
-    node = {"kind": BytesTokenizer.name}
-  elif not pathlib.Path(value).is_file():
-    raise UserError(f"convert: --tokenizer={value}: no such file; give the model's "
-                    f"tokenizer.json (or SentencePiece .model), or {BytesTokenizer.name}")
-  else:
-    node = {"kind": "huggingface" if value.endswith(".json") else "sentencepiece",
-            "path": str(pathlib.Path(value).absolute())}
-  try:
-    problem = _unfit(node, vocab_size)
-  except ConfigError as e:
-    raise UserError(f"convert: --tokenizer={value}: {' '.join(str(e).split())}") from None
-  if problem is not None:
-    raise UserError(f"convert: --tokenizer={value} {problem}; name the tokenizer the model was "
-                    f"trained with")
-  return node
-
-
-def _config_py(resolved: dict, *, source: pathlib.Path, run_dir: pathlib.Path,
-               tokenizer: _Tokenizer) -> str:
-  text = json.dumps(resolved, indent=2, sort_keys=True)
-  quote = "'" * 3
-  literal = f"r{quote}\n{text}\n{quote}" if quote not in text else repr(text)
-  return CONFIG_PY.format(source=source, run_dir=run_dir, config=literal,
-                          tokenizer_text=tokenizer.text(), tokenizer_flags=tokenizer.flags(),
-                          max_steps=resolved["trainer"]["max_steps"],
-                          batch_size=resolved["data"]["batch_size"],
-                          seq_len=resolved["data"]["seq_len"])
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -285,93 +148,6 @@ def _apply_umask(root: pathlib.Path) -> None:
       path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-# -- reading Hugging Face -------------------------------------------------------------------
-
-def _read_json(path: pathlib.Path, what: str) -> dict:
-  try:
-    return json.loads(path.read_text())
-  except FileNotFoundError:
-    raise UserError(f"{path.parent} has no {path.name}; {what}") from None
-  except ValueError as e:
-    raise UserError(f"{path} is not valid JSON: {e}") from None
-
-
-def _family(hf_cfg: dict, hf_dir: pathlib.Path):
-  from modules.hf_maps import FAMILIES  # pylint: disable=import-outside-toplevel
-  by_type = {f.name: arch for arch, f in FAMILIES.items()}
-  archs = hf_cfg.get("architectures") or [by_type.get(hf_cfg.get("model_type"), "")]
-  arch = archs[0]
-  if not arch and "model_type" not in hf_cfg:
-    what = (" (it is an axtrain run directory: export it with --to_hf)"
-            if (hf_dir / "run.json").is_file() else "")
-    raise UserError(f"--from_hf {hf_dir} is not a Hugging Face model folder: its config.json "
-                    f"names no architectures or model_type{what}")
-  if arch not in FAMILIES:
-    raise UserError(f"{hf_dir}: model '{arch or hf_cfg.get('model_type')}' is not supported; "
-                    f"supported: {', '.join(FAMILIES)}")
-  return FAMILIES[arch]
-
-
-class _SafetensorsDir:
-  """Lazy access to the tensors of a directory's safetensors file(s), by name."""
-
-  def __init__(self, hf_dir: pathlib.Path, family):
-    from safetensors import safe_open  # pylint: disable=import-outside-toplevel
-    index = hf_dir / "model.safetensors.index.json"
-    if index.exists():
-      files = sorted(set(_read_json(index, "").get("weight_map", {}).values()))
-      missing = [f for f in files if not (hf_dir / f).exists()]
-      if missing:
-        raise UserError(f"{index} names {missing[0]}, which is not in {hf_dir}")
-    else:
-      files = sorted(p.name for p in hf_dir.glob("*.safetensors"))
-    if not files:
-      raise UserError(f"{hf_dir} holds no *.safetensors weights (pytorch .bin files are not read;"
-                      f" re-save with safe_serialization=True)")
-    self.handles = []
-    self.where: dict[str, tuple] = {}
-    for name in files:
-      try:
-        handle = safe_open(str(hf_dir / name), framework="numpy")
-      except Exception as e:  # pylint: disable=broad-except  (safetensors raises its own types)
-        raise UserError(f"{hf_dir / name}: not a readable safetensors file ({e})") from None
-      self.handles.append(handle)
-      for key in handle.keys():
-        ours = key
-        if family.name == "gpt2" and not key.startswith(("transformer.", "lm_head.")):
-          ours = "transformer." + key  # the original openai-community files have no prefix
-        self.where[ours] = (handle, key)
-
-  def shape(self, name: str) -> tuple:
-    handle, key = self.where[name]
-    return tuple(handle.get_slice(key).get_shape())
-
-  def dtype(self, name: str) -> str:
-    handle, key = self.where[name]
-    return handle.get_slice(key).get_dtype()
-
-  def get(self, name: str) -> np.ndarray:
-    handle, key = self.where[name]
-    return handle.get_tensor(key).astype(np.float32)
-
-
-def _check_tensors(st: _SafetensorsDir, family, hf_cfg: dict, hf_dir: pathlib.Path) -> None:
-  expected = family.hf_shapes(hf_cfg)
-  for name, shape in expected.items():
-    if name not in st.where:
-      raise UserError(f"{hf_dir}: missing tensor '{name}' (expected shape {shape} from "
-                      f"config.json)")
-    if st.shape(name) != tuple(shape):
-      raise UserError(f"{hf_dir}: tensor '{name}' has shape {st.shape(name)} but config.json "
-                      f"implies {tuple(shape)}")
-  tied_head = "lm_head.weight" not in expected  # some files keep a copy of the tied head
-  for name in st.where:
-    if name not in expected and not name.endswith(family.ignored) and not (
-        tied_head and name == "lm_head.weight"):
-      raise UserError(f"{hf_dir}: unexpected tensor '{name}' {st.shape(name)} for a "
-                      f"{family.architecture} with this config.json")
-
-
 # -- parameter trees -----------------------------------------------------------------------
 
 def stack_layers(params: dict, *, scan: bool) -> dict:
@@ -458,15 +234,15 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
             tokenizer: str | None, argv: list[str]) -> None:
   if not hf_dir.is_dir():
     raise UserError(f"--from_hf {hf_dir} is not a directory")
-  hf_cfg = _read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
-  family = _family(hf_cfg, hf_dir)
+  hf_cfg = hf_files.read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
+  family = hf_files.family(hf_cfg, hf_dir)
   try:
     node = family.model_node(hf_cfg)
   except KeyError as e:
     raise UserError(f"{hf_dir / 'config.json'}: missing field {e}") from None
   node.scan_layers = scan_layers
-  st = _SafetensorsDir(hf_dir, family)
-  _check_tensors(st, family, hf_cfg, hf_dir)
+  st = hf_files.SafetensorsDir(hf_dir, family)
+  hf_files.check_tensors(st, family, hf_cfg, hf_dir)
 
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -478,7 +254,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   max_length = hf_cfg.get("max_position_embeddings", hf_cfg.get("n_positions", 2048))
   cfg = lm_config(node, max_steps=1000, learning_rate=1e-5, batch_size=8,
                   seq_len=min(1024, max_length), warmup_steps=100, data_kind="synthetic")
-  chosen = _tokenizer(hf_dir, node.vocab_size, tokenizer)
+  chosen = choose_tokenizer(hf_dir, node.vocab_size, tokenizer)
   if chosen.node is not None:  # kept by a switch to any text kind; read by `axtrain generate`
     cfg.data.tokenizer = registry("tokenizer").node(**chosen.node)
   resolved = json.loads(cfg.to_json_best_effort())
@@ -497,8 +273,8 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   with _Staging(output) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
-    (tmp / "config.py").write_text(_config_py(resolved, source=hf_dir, run_dir=output,
-                                              tokenizer=chosen))
+    (tmp / "config.py").write_text(config_py(resolved, source=hf_dir, run_dir=output,
+                                             tokenizer=chosen))
     Manifest(tmp).add(*(tmp / n for n in ("config.json", "hf_config.json", "config.py",
                                           "run.json")))
     run_dir_lib.write_json(tmp / "run.json", {
@@ -532,7 +308,7 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
       drop_vocab_padding, family_of_model)
   if not run_dir.is_dir():
     raise UserError(f"--to_hf {run_dir} is not a directory")
-  cfg = _read_json(run_dir / "config.json", "expected an axtrain run directory")
+  cfg = hf_files.read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
   exp = experiment_of(on_one_device(cfg))
@@ -540,8 +316,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   family = family_of_model(run.model)
   hf_cfg = family.hf_config(run.model)
   source = run_dir / "hf_config.json"
-  hf_cfg = {**(_read_json(source, "") if source.exists() else {}), **hf_cfg}
-  info = _read_json(run_dir / "run.json", "") if (run_dir / "run.json").exists() else {}
+  hf_cfg = {**(hf_files.read_json(source, "") if source.exists() else {}), **hf_cfg}
+  info = hf_files.read_json(run_dir / "run.json", "") if (run_dir / "run.json").exists() else {}
   dtype_name = _NUMPY_DTYPES.get(info.get("hf_dtype"), "float32")
   dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.dtype(dtype_name)
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name

@@ -19,7 +19,7 @@ analytic memory model. A plan that does not fit is a report like any other (exit
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
 module (planner/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP
 matmuls and their collectives apart, so that every op is counted once.
---sweep tries settings that keep the run's math (planner/plan_sweep.py): mesh axes, remat and
+--sweep tries settings that keep the run's math (planner/sweep_space.py, planner/plan_sweep.py): mesh axes, remat and
 gradient accumulation on an entry of several devices; on one device, or where no layout fits,
 also trainer.loss_chunk_size, the platform's native lean attention (splash on TPU) and
 model.scan_layers, and the eval.microbatch_rows the best one's eval step needs. It compiles the
@@ -43,7 +43,7 @@ from absl import flags
 
 from launcher import config_loading
 from launcher.errors import UserError
-from trainer import meshes
+from trainer import mesh_rules, meshes
 
 
 def _define_flags(argv: list[str]) -> flags.FlagValues:
@@ -189,7 +189,7 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   from trainer import config as config_lib
   from planner import plan as plan_lib, plan_report
   cfg = fv["config"].value
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
   run = config_lib.parse(cfg)
   name = config_loading.config_file_arg(argv)
   if fv.sweep:

@@ -156,8 +156,8 @@ def directory(config_value: str, items: list[tuple[str, str]], *, resolved,
   resolved to `resolved` under the mesh entry named `mesh` (its rule applied; None: no rule).
   Training (launcher/session.py) and `axtrain launch` name the same directory through this."""
   from launcher import config_loading  # pylint: disable=import-outside-toplevel
-  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  from trainer import mesh_rules  # pylint: disable=import-outside-toplevel
   base = config_loading.load(config_value)  # the file's own values, under the same mesh rule
   if mesh is not None:
-    meshes.apply_rules(base, mesh, set())
+    mesh_rules.apply_rules(base, mesh, set())
   return choose(config_value, items, effective_overrides(items, resolved=resolved, base=base))

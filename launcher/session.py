@@ -25,8 +25,8 @@ from launcher import (config_loading, distributed, flat, folders, platforms, pre
 from launcher.errors import EXIT_NO_SPACE, UserError
 from trainer import checkpoint, checkpoint_files, config as config_lib, disk
 from trainer import experiment as experiment_lib
-from trainer import flops, loop, meshes, schedules, sharding
-from planner import plan as plan_lib, step_memory
+from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
+from planner import compiler_output, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
@@ -63,7 +63,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   if fv.print_config:
     return _print_config(fv.mesh, cfg, items)
   entry = meshes.select(fv.mesh)
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
@@ -115,7 +115,7 @@ def _print_config(mesh: str, cfg: ml_collections.ConfigDict, items) -> int:
   """--print_config: the config resolved for `mesh` (on any machine: a named entry's rule and
   axes need none of its devices), its parameter count and the rule that applied."""
   entry = meshes.select(mesh) if mesh == "auto" else meshes.lookup(mesh)
-  rule = meshes.apply_rules(cfg, entry, {k for k, _ in items})
+  rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   _schedule_note(run_cfg)
   here = entry.num_devices in (None, jax.device_count()) and (
@@ -187,7 +187,7 @@ def _train(this: Run) -> int:
   extension = _Extension(rd, exp) if state == "extend" else None
   compiler_lines: list[str] = []  # XLA's own log of the compile, for the run's compiler.log
   compiler_notes: list[str] = []
-  with plan_lib.compiler_log(compiler_notes, rest=compiler_lines):
+  with compiler_output.compiler_log(compiler_notes, rest=compiler_lines):
     compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
     if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
         rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
@@ -269,7 +269,7 @@ def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: 
 def _keep_compiler_log(rd: run_dir_lib.RunDir, lines: list[str], notes: list[str]) -> None:
   """XLA's own lines of the steps' compile (its C++ logging, raw on the console otherwise) go
   to the run's compiler.log, appended start after start; one note says so, and what they say
-  in words where it is known (planner/plan.py:compiler_log)."""
+  in words where it is known (planner/compiler_output.py:compiler_log)."""
   if not lines:
     return
   path = rd.path / run_dir_lib.COMPILER_LOG

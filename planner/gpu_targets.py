@@ -2,21 +2,17 @@
 
 The jax-cuda12 plugin makes compile-only GPU devices from a topology ("1xHxD": H hosts of D
 GPUs) and a GpuTargetConfig text proto describing one GPU (openxla/xla PR 16913; jax issue
-28376). `target_config` writes that text for a GPU mesh entry from two tables: the entry's
-hardware row in trainer/meshes.py (memory bytes and bandwidth, from NVIDIA's datasheets) and
-the row of `TARGETS` below whose CUDA device name the entry's `device_kind` regex matches.
+28376). `target_config` writes that text for a GPU mesh entry from its row in trainer/meshes.py
+(memory bytes and bandwidth from NVIDIA's datasheets; its chip, `Hardware.gpu`: CUDA name,
+compute capability, SMs, L2, clock) and the limits of the chip's compute capability below, so a
+GPU row with its chip is all a new GPU needs.
 
 Sources, by the letters used in the table:
-  [W-A100]  NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): SMs, FP32 cores
-            per SM, L2, boost clock (A100 SXM4).
-  [W-H100]  NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): SMs of H100 SXM5,
-            FP32 cores per SM, L2, boost clock. H200 is the same GH100 chip with HBM3e
-            (NVIDIA H200 datasheet): the same SM, L2 and clock figures.
-  [B-BW]    NVIDIA Blackwell architecture technical brief (2024) and the B200 rows of
-            XLA's own target configs (xla/backends/gpu/target_config/specs/b200.txtpb,
-            CUDA's device query of a B200): 148 SMs, 126.5 MiB L2, 1.965 GHz.
-  [CUDA]    CUDA C++ Programming Guide, "Compute Capabilities" (compute capability of each
-            GPU; per compute capability: threads, registers and shared memory limits).
+  [CUDA]    CUDA C++ Programming Guide, "Compute Capabilities": per compute capability, threads,
+            registers and shared memory limits, and FP32 operations per clock per SM.
+  [XLA]     XLA's own target configs, CUDA's device query of one GPU of each capability
+            (xla/backends/gpu/target_config/specs: v100, a100_sxm_80, a6000, h100_sxm, b200,
+            b300, rtx6000pro): the same figures, in the units of the proto.
   [PLUGIN]  what the jax-cuda12 0.10.2 plugin was built with
             (jax_cuda12_plugin._versions: CUDA runtime 12.9, cuDNN 9.8).
 """
@@ -24,10 +20,9 @@ Sources, by the letters used in the table:
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from core.registry import ConfigError
-from trainer.meshes import Entry
+from trainer.meshes import Entry, GpuChip
 
 PLUGIN_VERSION = "0.10.2"  # jax-cuda12-plugin and jax-cuda12-pjrt: jaxlib's version
 PLUGIN_INSTALL = (f"pip install 'jax-cuda12-plugin=={PLUGIN_VERSION}' "
@@ -38,63 +33,53 @@ CUDNN = (9, 8, 0)  # [PLUGIN] cudnn_build_version 90800
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
-  """Per compute capability [CUDA]: the same for 8.0, 9.0 and 10.0 except shared memory."""
+  """Per compute capability [CUDA]: what every capability since 7.0 shares has defaults."""
   threads_per_block: int = 1024
   threads_per_warp: int = 32
-  threads_per_sm: int = 2048
+  threads_per_sm: int
   registers_per_sm: int = 65536  # 32-bit registers
   registers_per_block: int = 65536
   shared_memory_per_block: int = 48 * 1024  # bytes without opting in
   shared_memory_per_sm: int  # bytes
   shared_memory_per_block_optin: int  # bytes a kernel may opt in to
+  fp32_cores_per_sm: int  # 32-bit floating-point multiply-adds per clock per SM
 
 
-_AMPERE = Limits(shared_memory_per_sm=164 * 1024, shared_memory_per_block_optin=163 * 1024)
-_HOPPER_AND_LATER = Limits(shared_memory_per_sm=228 * 1024,
-                           shared_memory_per_block_optin=227 * 1024)
+KiB = 1024
+_HOPPER_AND_LATER = Limits(threads_per_sm=2048, shared_memory_per_sm=228 * KiB,
+                           shared_memory_per_block_optin=227 * KiB, fp32_cores_per_sm=128)
+# [CUDA], and [XLA] where it has a GPU of that capability (all but 8.9).
+CAPABILITIES = {
+    (7, 0): Limits(threads_per_sm=2048, shared_memory_per_sm=96 * KiB,  # V100
+                   shared_memory_per_block_optin=96 * KiB, fp32_cores_per_sm=64),
+    (8, 0): Limits(threads_per_sm=2048, shared_memory_per_sm=164 * KiB,  # A100
+                   shared_memory_per_block_optin=163 * KiB, fp32_cores_per_sm=64),
+    (8, 6): Limits(threads_per_sm=1536, shared_memory_per_sm=100 * KiB,  # A10, A40, RTX A6000
+                   shared_memory_per_block_optin=99 * KiB, fp32_cores_per_sm=128),
+    (8, 9): Limits(threads_per_sm=1536, shared_memory_per_sm=100 * KiB,  # L4, L40S
+                   shared_memory_per_block_optin=99 * KiB, fp32_cores_per_sm=128),
+    (9, 0): _HOPPER_AND_LATER,  # H100, H200
+    (10, 0): _HOPPER_AND_LATER,  # B200
+    (10, 3): _HOPPER_AND_LATER,  # B300
+    (12, 0): Limits(threads_per_sm=1536, shared_memory_per_sm=128 * KiB,  # RTX PRO 6000
+                    shared_memory_per_block_optin=99 * KiB, fp32_cores_per_sm=128),
+}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GpuTarget:
-  name: str  # the CUDA device name, as jax reports device_kind
-  compute_capability: tuple[int, int]  # [CUDA]
-  sm_count: int  # streaming multiprocessors
-  fp32_cores_per_sm: int
-  l2_bytes: int
-  boost_clock_ghz: float
-  limits: Limits
-
-
-MiB = 1024 ** 2
-TARGETS = (
-    # [W-A100] 108 SMs, 64 FP32 cores per SM, 40 MB L2, 1410 MHz boost; [CUDA] 8.0.
-    GpuTarget(name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0), sm_count=108,
-              fp32_cores_per_sm=64, l2_bytes=40 * MiB, boost_clock_ghz=1.41, limits=_AMPERE),
-    # [W-H100] H100 SXM5: 132 SMs, 128 FP32 cores per SM, 50 MB L2, 1980 MHz; [CUDA] 9.0.
-    GpuTarget(name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
-              fp32_cores_per_sm=128, l2_bytes=50 * MiB, boost_clock_ghz=1.98,
-              limits=_HOPPER_AND_LATER),
-    # [W-H100] the GH100 chip of H100 SXM5; [CUDA] 9.0.
-    GpuTarget(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132,
-              fp32_cores_per_sm=128, l2_bytes=50 * MiB, boost_clock_ghz=1.98,
-              limits=_HOPPER_AND_LATER),
-    # [B-BW] 148 SMs, 128 FP32 cores per SM, 126.5 MiB L2, 1965 MHz; [CUDA] 10.0.
-    GpuTarget(name="NVIDIA B200", compute_capability=(10, 0), sm_count=148,
-              fp32_cores_per_sm=128, l2_bytes=int(126.5 * MiB), boost_clock_ghz=1.965,
-              limits=_HOPPER_AND_LATER),
-)
-
-
-def for_entry(entry: Entry) -> GpuTarget:
-  """The target whose CUDA name the entry's device_kind regex matches."""
+def for_entry(entry: Entry) -> tuple[GpuChip, Limits]:
+  """The entry's chip and the limits of its compute capability (one-line errors if unknown)."""
   hw = entry.hardware
-  found = [t for t in TARGETS if re.search(hw.device_kind, t.name, re.IGNORECASE)]
-  if hw.platform != "gpu" or len(found) != 1 or not (hw.hbm_bytes and hw.hbm_bandwidth):
-    known = ", ".join(t.name for t in TARGETS)
-    raise ConfigError(f"--mesh={entry.name}: no GPU target description for device kind "
-                      f"'{hw.device_kind}' (known: {known}); add its row to "
-                      f"planner/gpu_targets.py:TARGETS")
-  return found[0]
+  if hw.platform != "gpu" or hw.gpu is None or not (hw.hbm_bytes and hw.hbm_bandwidth):
+    raise ConfigError(f"--mesh={entry.name}: no GPU chip description in its mesh row (its "
+                      f"`gpu=GpuChip(...)`, memory and bandwidth); add them to its row of "
+                      f"trainer/meshes.py:_GPU")
+  limits = CAPABILITIES.get(tuple(hw.gpu.compute_capability))
+  if limits is None:
+    known = ", ".join(f"{a}.{b}" for a, b in CAPABILITIES)
+    raise ConfigError(f"--mesh={entry.name}: no limits for compute capability "
+                      f"{'.'.join(map(str, hw.gpu.compute_capability))} (known: {known}); add "
+                      f"them to planner/gpu_targets.py:CAPABILITIES")
+  return hw.gpu, limits
 
 
 def topology(entry: Entry) -> str:
@@ -104,8 +89,8 @@ def topology(entry: Entry) -> str:
 
 def target_config(entry: Entry) -> str:
   """The GpuTargetConfig text proto of one GPU of `entry`."""
-  t, hw = for_entry(entry), entry.hardware
-  lim = t.limits
+  t, lim = for_entry(entry)
+  hw = entry.hardware
   major, minor = t.compute_capability
   fields = {
       "threads_per_block_limit": lim.threads_per_block,
@@ -114,7 +99,7 @@ def target_config(entry: Entry) -> str:
       "shared_memory_per_core": lim.shared_memory_per_sm,
       "threads_per_core_limit": lim.threads_per_sm,
       "core_count": t.sm_count,
-      "fpus_per_core": t.fp32_cores_per_sm,
+      "fpus_per_core": lim.fp32_cores_per_sm,
       "block_dim_limit_x": 2 ** 31 - 1,
       "block_dim_limit_y": 65535,
       "block_dim_limit_z": 65535,
@@ -133,4 +118,4 @@ def target_config(entry: Entry) -> str:
           f'platform_name: "CUDA"\n'
           f"dnn_version_info {version(CUDNN)}\n"
           f"runtime_version {version(CUDA_RUNTIME)}\n"
-          f'device_description_str: "{t.name}"\n')
+          f'device_description_str: "{t.cuda_name}"\n')

@@ -11,7 +11,8 @@
              tokens/s and MFU from the entry's peak FLOP/s, HBM and link bandwidth and the
              collectives found in the compiled HLO (planner/hlo_collectives.py).
 
-The report is planner/plan_report.py; the layout sweep, planner/plan_sweep.py.
+The report is planner/plan_report.py; the layout sweep, planner/plan_sweep.py; what XLA logs
+meanwhile, planner/compiler_output.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib, metrics as metrics_lib
 from planner import calibration as calibration_lib
 from planner import gpu_targets, hlo_collectives, hlo_ops, memory_model
+from planner.compiler_output import compiler_log, refused_bytes
 from trainer.config import RunConfig
 from trainer.meshes import Entry
 
@@ -137,55 +139,6 @@ def _gpu_devices(entry: Entry) -> list:
                       f"'{gpu_targets.topology(entry)}': {' '.join(str(e).split())[:200]}"
                       ) from None
   return list(devices)
-
-
-# --- the compiler's own log --------------------------------------------------------------
-
-# What XLA logs while it compiles, in its own words ("[SPMD] Involuntary full rematerialization
-# ... Contact Shardy or XLA team"; XLA:GPU's "Can't reduce memory use below 56.71GiB (...) by
-# rematerialization; only reduced to 303.54GiB"), said as a plan note: the finding, what it
-# costs, what to do.
-_SPMD_REMAT = re.compile(r"Involuntary full rematerialization")
-_REMAT_LIMIT = re.compile(r"Can't reduce memory use below ([\d.]+\w+) .*only reduced to "
-                          r"([\d.]+\w+)")
-
-
-@contextlib.contextmanager
-def compiler_log(notes: list[str], rest: list[str] | None = None):
-  """Captures file descriptor 2 (where XLA's C++ logging goes) for one compile: lines it
-  recognises become `notes`; the others are written back to stderr unchanged, or, with `rest`,
-  every line is kept there instead (a run writes them to its compiler.log)."""
-  import sys  # pylint: disable=import-outside-toplevel
-  import tempfile  # pylint: disable=import-outside-toplevel
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile(mode="w+b") as log:
-    os.dup2(log.fileno(), 2)
-    try:
-      yield
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      log.seek(0)
-      other = []
-      remats = 0
-      for line in log.read().decode(errors="replace").splitlines():
-        if rest is not None and line.strip():
-          rest.append(line)
-        if _SPMD_REMAT.search(line):
-          remats += 1
-        elif m := _REMAT_LIMIT.search(line):
-          notes.append(f"the compiler could not rematerialise the step within its memory limit "
-                       f"({m[1]}): it got it down to {m[2]}")
-        elif line.strip():
-          other.append(line)
-      if remats:
-        notes.append(f"the SPMD partitioner resharded {remats} value(s) by gathering them whole "
-                     f"(XLA's 'involuntary full rematerialization'): a layout the shardings do "
-                     f"not keep; `axtrain plan --ops` shows the collectives it adds")
-      if other and rest is None:
-        sys.stderr.write("\n".join(other) + "\n")
 
 
 # --- the plan -----------------------------------------------------------------------------
@@ -345,8 +298,7 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
       compiled = lowered.compile(compiler_options=compiler_options or None)
     except jax.errors.JaxRuntimeError as e:
       # The TPU compiler refuses a program whose temporaries exceed HBM; that is a verdict.
-      from planner import step_memory  # pylint: disable=import-outside-toplevel  (imports us)
-      temp = step_memory.refused_bytes(str(e))[0]
+      temp = refused_bytes(str(e))[0]
       if "RESOURCE_EXHAUSTED" not in str(e) or temp is None:
         raise
       return Compiled(argument=0, output=0, alias=0, temp=temp, code=0,
@@ -380,11 +332,6 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
                   collectives=hlo_collectives.collectives(text, num_devices, per_host=per_host),
                   hlo_matmul_flops=hlo_matmul_flops)
 
-
-
-# The analytic screen's compute (planner/plan_sweep.py:screen_estimate): forward + backward =
-# 3 forward passes; full remat recomputes the forward once more.
-RECOMPUTE = {"none": 1.0, "dots_saveable": 1.0, "dots_with_no_batch_dims_saveable": 1.05}
 
 # An attention kernel's ops in the compiled HLO (Pallas splash on TPU, cuDNN's fused attention
 # on GPU) and which of them run a backward pass (dq pairs with dkv: one pass).

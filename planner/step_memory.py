@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import jax
 
 from core.registry import ConfigError
-from planner import plan as plan_lib, plan_report, plan_sweep
+from planner import plan as plan_lib, plan_report, sweep_screen, sweep_space
+from planner.compiler_output import refused_bytes
 from trainer import experiment, metrics as metrics_lib
 
 GiB = 1024 ** 3
-# The TPU compiler's words when it refuses a program: its temporaries and the HBM it had.
-_UNITS = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4, "P": 1024 ** 5}
-_TEMPORARIES = re.compile(r"HLO temporaries \(([\d.]+)([KMGTP])\)")
-_AVAILABLE = re.compile(r"available HBM \(([\d.]+)([KMGTP])\)")
 # What the refusal's advice may change, in words; and the last resort, which changes the recipe.
 KNOBS = {"train step": "gradient accumulation, remat, loss chunks or attention",
          "eval step": "eval rows per pass, loss chunks or attention"}
@@ -76,27 +72,18 @@ def device_memory(devices) -> DeviceMemory | None:
   return None
 
 
-def refused_bytes(message: str) -> tuple[int | None, int | None]:
-  """(temporaries, available HBM) in bytes, from the TPU compiler's RESOURCE_EXHAUSTED
-  message ("... HLO temporaries (1.23T) exceeds available HBM (15.75G)"); None where absent."""
-  def find(pattern):
-    m = pattern.search(message)
-    return int(float(m[1]) * _UNITS[m[2]]) if m else None
-  return find(_TEMPORARIES), find(_AVAILABLE)
-
-
 def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> str:
   """What to change for a step of `exp` that needs `need` bytes where a device has `memory`:
   the changes that keep the run's math and mesh, not already made, which the compiler finds
   within the device (each compiled: `verified`), at most three with its figure; where none
   compiles within it, those the analytic model puts there, labelled unverified (its figures
-  scaled by need / its figure for the step: planner/plan_sweep.py:fixes); else the last
+  scaled by need / its figure for the step: planner/sweep_screen.py:fixes); else the last
   resort, which changes the recipe. `entry`: the mesh entry, to name the sweep."""
   eval_step = what == "eval step"
-  now = plan_sweep.model_bytes(exp, eval_step=eval_step)
+  now = sweep_screen.model_bytes(exp, eval_step=eval_step)
   # The model's figures are compared at its own scale: the device's memory times now / need.
   within = memory * now / (need or now) if memory else 0
-  options = plan_sweep.fixes(exp, eval_step=eval_step, within=within, entry=entry,
+  options = sweep_screen.fixes(exp, eval_step=eval_step, within=within, entry=entry,
                              limit=VERIFY_LIMIT)
   sweep = (f"; `axtrain plan --sweep --mesh={entry.name}` compiles and ranks them"
            if entry is not None and entry.num_devices else "")
@@ -111,8 +98,8 @@ def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> 
             f"{plan_report.gib(now)}, the device at {plan_report.gib(within)} on that scale; "
             f"none of these compiled within the device): {listed}{sweep}")
   recipe = "" if eval_step else "".join(
-      f", or optimizer.{path.split('.')[-1]}={value}" for path, value in plan_sweep.RECIPE.items()
-      if plan_sweep.get_path(exp.run, path) not in (None, value))
+      f", or optimizer.{path.split('.')[-1]}={value}" for path, value in sweep_space.RECIPE.items()
+      if sweep_space.get_path(exp.run, path) not in (None, value))
   sweep = (f"; `axtrain plan --sweep --sweep_recipe --mesh={entry.name}` compiles them"
            if sweep and not eval_step else "")
   return (f"no change of {KNOBS[what]} fits by the analytic model (it puts this step at "
@@ -130,7 +117,7 @@ def verified(exp, cands, *, what: str, memory: int | None, entry=None) -> list:
   FIXES_LISTED. None without an entry or a memory figure."""
   if not memory or entry is None:
     return []
-  eval_step, out, run = what == "eval step", [], plan_sweep.normalized(exp.run)
+  eval_step, out, run = what == "eval step", [], sweep_space.normalized(exp.run)
   for cand in cands:
     try:
       changed = experiment.build(cand.apply(run), entry, list(exp.mesh.devices.flat))
@@ -170,7 +157,7 @@ def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None
   need = f"needs {plan_report.gib(temporaries)} of temporaries" if temporaries else (
       "does not fit")
   where = f" ({plan_report.gib(has)} available)" if has else ""
-  state = plan_sweep.state_bytes(exp, eval_step=what == "eval step")
+  state = sweep_screen.state_bytes(exp, eval_step=what == "eval step")
   advice = fix(exp, what=what, need=temporaries and temporaries + state, memory=has,
                entry=entry)
   raise ConfigError(f"the {what} {need}: the compiler ran out of device memory{where}; "

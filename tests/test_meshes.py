@@ -12,7 +12,7 @@ import pytest
 from configs import tiny
 from core.registry import ConfigError
 from tests.conftest import ROOT, cli_batch
-from trainer import meshes, sharding
+from trainer import mesh_rules, meshes, sharding
 from planner import meshes_doc
 from trainer.config import MeshConfig
 
@@ -78,6 +78,84 @@ def test_auto_partial_host_keeps_the_hardware_facts():
   entry = meshes.auto("gpu", "NVIDIA H100 80GB HBM3", 4, 1)
   assert entry.name == "gpu" and entry.num_devices is None
   assert entry.hardware.hbm_bytes == meshes.lookup("gpu-h100-8").hardware.hbm_bytes
+
+
+# The device kind JAX reports for each family's chips (a GPU row's is its chip's CUDA name).
+DEVICE_KINDS = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5 lite", "tpu-v5p": "TPU v5",
+                "tpu-v6e": "TPU v6 lite", "neuron-trn1": "NC_v2", "neuron-trn2": "NC_v3"}
+
+
+def _device_kind(entry) -> str:
+  if entry.hardware.gpu is not None:
+    return entry.hardware.gpu.cuda_name
+  return DEVICE_KINDS[entry.name.rsplit("-", 1)[0]]
+
+
+@pytest.mark.parametrize("entry", [e for e in meshes.MESHES.values() if e.num_devices],
+                         ids=lambda e: e.name)
+def test_auto_finds_each_entry_on_its_own_devices(entry):
+  """No two entries claim the same devices: --mesh=auto on an entry's devices (one process per
+  host) is that entry, and on twice as many GPU or Trainium hosts that entry x 2."""
+  kind = _device_kind(entry)
+  hw = entry.hardware
+  assert meshes.auto(hw.platform, kind, entry.num_devices, entry.num_hosts) == entry
+  if hw.platform in meshes.MULTI_HOST_PLATFORMS:
+    assert meshes.auto(hw.platform, kind, 2 * entry.num_devices, 2).name == f"{entry.name}x2"
+
+
+def test_auto_finds_the_lent_tpu_chip():
+  """The one TPU v5e chip this project borrows, by the device kind it reported
+  (tests/testdata/tpu_tolerances_v5e.json, written there): tpu-v5e-1."""
+  import json  # pylint: disable=import-outside-toplevel
+  seen = json.loads((ROOT / "tests" / "testdata" / "tpu_tolerances_v5e.json").read_text())
+  assert seen["device_kind"] == "TPU v5 lite"
+  assert meshes.auto(seen["platform"], seen["device_kind"], 1, 1).name == "tpu-v5e-1"
+
+
+def _twins(monkeypatch):
+  """Two GPU rows of one made-up GPU (SXM and NVL parts), the first one's regex matching the
+  second one's devices too."""
+  h100 = meshes.MESHES["gpu-h100-8"].hardware
+  for name, kind, bandwidth in (("gpu-x100-8", r"\bX100", 3350),
+                                ("gpu-x100-nvl-8", r"X100 NVL", 3900)):
+    monkeypatch.setitem(meshes.MESHES, name, meshes.Entry(name=name, hardware=dataclasses.replace(
+        h100, device_kind=kind, hbm_bandwidth=bandwidth * meshes.GBps)))
+
+
+def test_auto_refuses_two_entries_that_match_the_devices(monkeypatch):
+  _twins(monkeypatch)
+  for count, processes, names in ((8, 1, "gpu-x100-8 and gpu-x100-nvl-8"),
+                                  (16, 2, "gpu-x100-8x2 and gpu-x100-nvl-8x2")):
+    with pytest.raises(ConfigError, match=rf"--mesh=auto: {count} gpu device\(s\) of kind 'NVIDIA "
+                       rf"X100 NVL' match 2 mesh entries, {names}; pick one with --mesh=NAME"):
+      meshes.auto("gpu", "NVIDIA X100 NVL", count, processes)
+  # The other part still matches one entry.
+  assert meshes.auto("gpu", "NVIDIA X100 SXM", 8, 1).name == "gpu-x100-8"
+
+
+def test_auto_refuses_a_partial_host_of_two_kinds_of_hardware(monkeypatch):
+  _twins(monkeypatch)
+  with pytest.raises(ConfigError, match=r"4 gpu device\(s\) of kind 'NVIDIA X100 NVL' match "
+                     r"the hardware of gpu-x100-8 and gpu-x100-nvl-8, which differ.*--mesh=gpu "):
+    meshes.auto("gpu", "NVIDIA X100 NVL", 4, 1)
+  # Entries of one chip in several host sizes are one kind of hardware (a v5e chip).
+  assert meshes.auto("tpu", "TPU v5 lite", 2, 1).hardware.hbm_bytes == 16 * meshes.GiB
+
+
+def test_an_ambiguous_auto_mesh_is_one_line_through_the_cli(monkeypatch, capsys):
+  """Two entries of this process's one CPU device: `axtrain` stops before anything is
+  written, naming both and --mesh=NAME."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  cpu = meshes.MESHES["cpu"].hardware
+  for name in ("cpu-box-1", "cpu-laptop-1"):
+    monkeypatch.setitem(meshes.MESHES, name, meshes.Entry(
+        name=name, hardware=dataclasses.replace(cpu, devices_per_host=1)))
+  code = main_lib.main(["axtrain", "--config=configs/tiny.py", "--print_config"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert err == ("axtrain: error: --mesh=auto: 1 cpu device(s) of kind 'cpu' match 2 mesh "
+                 "entries, cpu-box-1 and cpu-laptop-1; pick one with --mesh=NAME (e.g. "
+                 "--mesh=cpu-box-1)\n")
 
 
 def test_auto_unknown_platform():
@@ -189,20 +267,20 @@ def rules_config():
 
 def test_first_matching_rule_wins():
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8x2", set()) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model) == (2, -1, None)
   assert cfg.trainer.grad_accum_steps == 2 and cfg.model.remat == "none"
 
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-a100-8", set()) == "gpu-.*"
   assert (cfg.mesh.data, cfg.mesh.model, cfg.model.remat) == (None, 2, "full")
 
 
 def test_rule_regex_must_match_the_whole_name_and_explicit_overrides_win():
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
+  assert mesh_rules.apply_rules(cfg, "tpu-v4-8", set()) is None  # "cpu" is not a substring
   cfg = rules_config()
-  assert meshes.apply_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8", {"mesh.data"}) == "gpu-h100-.*"
   assert (cfg.mesh.data, cfg.mesh.fsdp) == (None, -1)
 
 
@@ -221,18 +299,18 @@ def test_a_new_gpu_entry_takes_the_rule_of_its_hardware(monkeypatch):
   from configs import llm_1b, llm_7b
   entry = _b300(monkeypatch)
   cfg = llm_1b.get_config()
-  assert meshes.apply_rules(cfg, entry, set()) == (
+  assert mesh_rules.apply_rules(cfg, entry, set()) == (
       "platform=gpu, devices_per_host=8, num_hosts=1, min_hbm_gb=80")
   assert (cfg.model.remat, cfg.trainer.grad_accum_steps, cfg.trainer.loss_chunk_size) == (
       "full", 8, 256)
   cfg = llm_7b.get_config()
-  assert meshes.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
+  assert mesh_rules.apply_rules(cfg, "gpu-b300-8x2", set()) is not None
   assert cfg.trainer.grad_accum_steps == 8
   small = dataclasses.replace(entry, name="gpu-l4-8", hardware=dataclasses.replace(
       entry.hardware, hbm_bytes=24 * meshes.GB))
-  assert meshes.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
+  assert mesh_rules.apply_rules(llm_1b.get_config(), small, set()) is None  # 24 GB: not this recipe
   generic = meshes.auto("gpu", "NVIDIA B300", 4, 1)  # half a host: the generic entry
-  assert meshes.apply_rules(llm_1b.get_config(), generic, set()) is None
+  assert mesh_rules.apply_rules(llm_1b.get_config(), generic, set()) is None
 
 
 def test_rules_by_facts_bounds_and_names():
@@ -240,30 +318,30 @@ def test_rules_by_facts_bounds_and_names():
   cfg.mesh.rules = (({"platform": "tpu", "max_hbm_gb": 20}, {"mesh.model": 2}),
                     ({"name": "gpu-h.*", "min_num_devices": 16}, {"mesh.data": 2}),
                     ({"platform": "gpu"}, {"mesh.fsdp": 4}))
-  assert meshes.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
+  assert mesh_rules.apply_rules(cfg, "tpu-v5e-16", set()) == "platform=tpu, max_hbm_gb=20"
   cfg.mesh.model = None
-  assert meshes.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
-  assert meshes.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
-  assert meshes.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
+  assert mesh_rules.apply_rules(cfg, "tpu-v5p-8", set()) is None  # 95 GiB
+  assert mesh_rules.apply_rules(cfg, "gpu-h100-8", set()) == "platform=gpu"
+  assert mesh_rules.apply_rules(cfg, "gpu-h200-8x2", set()) == "name=gpu-h.*, min_num_devices=16"
 
 
 def test_bad_rule():
   cfg = tiny.get_config()
   cfg.mesh.rules = (("gpu-(", {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="bad regex 'gpu-\\('"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (("cpu", {"mesh.dta": 2}),)
   with pytest.raises(ConfigError, match="did you mean 'mesh.data'|did you mean 'data'"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({"platfrom": "gpu"}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="unknown fact 'platfrom' \\(did you mean 'platform'"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({"min_hbm_gb": "80"}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="min_hbm_gb='80' must be a number"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
   cfg.mesh.rules = (({}, {"mesh.data": 2}),)
   with pytest.raises(ConfigError, match="must be \\(regex or"):
-    meshes.apply_rules(cfg, "cpu", set())
+    mesh_rules.apply_rules(cfg, "cpu", set())
 
 
 def test_select_mesh_in_process():

@@ -11,7 +11,7 @@ import pytest
 
 from core.registry import ConfigError
 from launcher import main as main_lib
-from trainer import config as config_lib, experiment, meshes
+from trainer import config as config_lib, experiment, mesh_rules, meshes
 
 
 def _build(**trainer):
@@ -36,9 +36,9 @@ def test_microbatch_rows_sets_the_accumulation_for_the_devices_in_use():
 def test_a_rule_leaves_microbatch_rows_alone_when_the_command_line_sets_the_accumulation():
   cfg = configs.llama.get_config("size=test")
   cfg.mesh.rules = (({"platform": "cpu"}, {"trainer.microbatch_rows": 2}),)
-  meshes.apply_rules(cfg, meshes.lookup("cpu"), {"trainer.grad_accum_steps"})
+  mesh_rules.apply_rules(cfg, meshes.lookup("cpu"), {"trainer.grad_accum_steps"})
   assert cfg.trainer.microbatch_rows == 0
-  meshes.apply_rules(cfg, meshes.lookup("cpu"), set())
+  mesh_rules.apply_rules(cfg, meshes.lookup("cpu"), set())
   assert cfg.trainer.microbatch_rows == 2
 
 
@@ -68,11 +68,11 @@ def test_a_rule_switches_a_kind_unless_the_command_line_configured_that_componen
   cfg = configs.llama.get_config("size=test")
   cfg.optimizer.learning_rate = 1e-3
   cfg.mesh.rules = rule
-  meshes.apply_rules(cfg, meshes.lookup("cpu"), set())
+  mesh_rules.apply_rules(cfg, meshes.lookup("cpu"), set())
   assert cfg.optimizer.kind == "adafactor" and cfg.optimizer.learning_rate == 1e-3
   assert "b2" not in cfg.optimizer  # adafactor's node, not adamw's with its kind renamed
   config_lib.parse(cfg)
   kept = configs.llama.get_config("size=test")
   kept.mesh.rules = rule
-  meshes.apply_rules(kept, meshes.lookup("cpu"), {"optimizer.b2"})
+  mesh_rules.apply_rules(kept, meshes.lookup("cpu"), {"optimizer.b2"})
   assert kept.optimizer.kind == "adamw" and kept.trainer.microbatch_rows == 2

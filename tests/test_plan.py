@@ -17,8 +17,8 @@ import configs.llm_1b
 import configs.tiny
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
-from trainer import config as config_lib, experiment, flops, meshes
-from planner import hlo_collectives, plan, plan_report, plan_sweep
+from trainer import config as config_lib, experiment, flops, mesh_rules, meshes
+from planner import compiler_output, hlo_collectives, plan, plan_report, plan_sweep, sweep_screen, sweep_space
 from trainer.data.packing import PACKED_FIELDS
 
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
@@ -261,7 +261,7 @@ def test_libtpu_missing_says_how_to_install(monkeypatch, capsys):
 def _llm_1b(entry_name, *, rules: bool):
   cfg = configs.llm_1b.get_config()
   if rules:
-    meshes.apply_rules(cfg, entry_name, set())
+    mesh_rules.apply_rules(cfg, entry_name, set())
   return _run(cfg)
 
 
@@ -291,12 +291,12 @@ def test_llm_70b_does_not_fit_one_gpu_host():
 
 def test_sweep_candidates_put_experts_on_the_expert_axis():
   import configs.moe_tiny  # pylint: disable=import-outside-toplevel
-  moe = plan_sweep.candidates(_run(configs.moe_tiny.get_config()), 8)  # 8 experts, batch 16
+  moe = sweep_space.candidates(_run(configs.moe_tiny.get_config()), 8)  # 8 experts, batch 16
   assert {c.axes["expert"] for c in moe} == {1, 2, 4, 8}
   assert all(math.prod(c.axes.values()) == 8 for c in moe)
   assert all(16 // c.grad_accum_steps % (c.axes["data"] * c.axes["fsdp"] * c.axes["expert"]) == 0
              for c in moe)
-  assert {c.axes["expert"] for c in plan_sweep.candidates(_run(configs.tiny.get_config()), 8)
+  assert {c.axes["expert"] for c in sweep_space.candidates(_run(configs.tiny.get_config()), 8)
           } == {1}
 
 
@@ -336,7 +336,7 @@ def test_the_compilers_log_becomes_a_note_and_the_rest_passes_through(capfd):
   """XLA logs from C++ to file descriptor 2: a recognised line becomes one plan note, any other
   line reaches stderr unchanged, and the descriptor is restored after the compile."""
   notes = []
-  with plan.compiler_log(notes):
+  with compiler_output.compiler_log(notes):
     os.write(2, b"W1205 spmd_partitioner.cc:652] [SPMD] Involuntary full rematerialization. "
                 b"The compiler was not able to go from sharding {devices=[8,1]} to {replicated}"
                 b" ... Contact Shardy or XLA team.\n")
@@ -403,9 +403,9 @@ def test_a_compile_that_does_not_fit_leaves_out_what_holds_no_less():
   """What the compiled results imply: a setting no leaner on any knob than one that did not fit
   need not compile; nor one no less lean (with the same attention) than one that fit."""
   run = _run(configs.llama.get_config("size=test"))
-  cand = lambda **k: plan_sweep.Candidate(knobs=tuple(
-      (plan_sweep.ACCUM if n == "accum" else plan_sweep.REMAT if n == "remat" else
-       plan_sweep.CHUNK, v) for n, v in k.items()))
+  cand = lambda **k: sweep_space.Candidate(knobs=tuple(
+      (sweep_space.ACCUM if n == "accum" else sweep_space.REMAT if n == "remat" else
+       sweep_space.CHUNK, v) for n, v in k.items()))
   missed = [cand(accum=2, remat="save_attn_out")]
   assert plan_sweep.implied(cand(accum=2), missed=missed, fitted=[], run=run)
   assert plan_sweep.implied(cand(accum=1, remat="save_attn_out"), missed=missed, fitted=[],
@@ -418,12 +418,12 @@ def test_a_compile_that_does_not_fit_leaves_out_what_holds_no_less():
   splash = cand(accum=4, remat="full").with_knob("model.block.attention.implementation", "splash")
   assert not plan_sweep.implied(splash, missed=[], fitted=fitted, run=run)  # may be faster
   # The other scan_layers is neither: the compiler's memory and estimate may differ.
-  scanned = fitted[0].with_knob(plan_sweep.SCAN, True)
+  scanned = fitted[0].with_knob(sweep_space.SCAN, True)
   assert not plan_sweep.implied(scanned, missed=[], fitted=fitted, run=run)
   assert not plan_sweep.implied(scanned, missed=missed, fitted=[], run=run)
   # It compiles next after its twin fits (else last, where the budget lasts).
-  order = plan_sweep.with_scan_twins(run, [fitted[0], cand(accum=4)])
-  assert order[2:] == [scanned, cand(accum=4).with_knob(plan_sweep.SCAN, True)]
+  order = sweep_screen.with_scan_twins(run, [fitted[0], cand(accum=4)])
+  assert order[2:] == [scanned, cand(accum=4).with_knob(sweep_space.SCAN, True)]
   assert plan_sweep.twin_next(order[1:], fitted[0], run)[:2] == [scanned, cand(accum=4)]
   assert plan_sweep.twin_next(order[1:], cand(accum=8), run) == order[1:]
 
@@ -434,7 +434,7 @@ def test_where_no_layout_fits_the_sweep_turns_to_the_memory_knobs():
   run = _logits_heavy()
   entry = _chip(name="tpu-v5e-4")
   devices, _ = plan.target_devices(entry)
-  layouts, _ = plan_sweep.screen(run, entry, devices, plan_sweep.candidates(run, 4, entry),
+  layouts, _ = sweep_screen.screen(run, entry, devices, sweep_space.candidates(run, 4, entry),
                                  usable=float("inf"))
   least = min(total for _, total in layouts)
   mode, order, _ = plan_sweep.search(run, entry, devices, usable=least * 0.99)
@@ -448,12 +448,12 @@ def test_sweep_recipe_labels_what_changes_the_training_recipe():
   """Only with --sweep_recipe: bfloat16 optimizer state and Adafactor (the learning rate and its
   schedule carried over), each setting that uses them labelled."""
   run = _run(configs.llama.get_config("size=test"))
-  plain = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu")
-  widened = plan_sweep.memory_candidates(run, 1, _chip(), platform="tpu", recipe=True)
+  plain = sweep_space.memory_candidates(run, 1, _chip(), platform="tpu")
+  widened = sweep_space.memory_candidates(run, 1, _chip(), platform="tpu", recipe=True)
   assert not any(c.recipe_changes() for c in plain) and len(widened) == 4 * len(plain)
   both = [c for c in widened if len(c.recipe_changes()) == 2]
-  assert both and all(c.get(plan_sweep.STATE_DTYPE) == "bfloat16"
-                      and c.get(plan_sweep.KIND) == "adafactor" for c in both)
+  assert both and all(c.get(sweep_space.STATE_DTYPE) == "bfloat16"
+                      and c.get(sweep_space.KIND) == "adafactor" for c in both)
   assert plan_sweep.label(both[0]).endswith(
       "[changes the training recipe: optimizer.state_dtype, optimizer.kind]")
   switched = both[0].apply(run).optimizer

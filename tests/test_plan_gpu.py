@@ -18,7 +18,7 @@ from launcher import main as main_lib
 from launcher.plan import GPU_PLUGIN_DIR
 from tests.conftest import ROOT, cli, gpu_compiler_missing
 from trainer import config as config_lib, experiment, meshes
-from planner import gpu_targets, hlo_collectives, plan, plan_sweep
+from planner import gpu_targets, hlo_collectives, plan, sweep_screen, sweep_space
 
 GPU_ENTRIES = [e for e in meshes.MESHES.values()
                if e.hardware.platform == "gpu" and e.num_devices is not None]
@@ -29,29 +29,35 @@ needs_plugin = pytest.mark.skipif(gpu_compiler_missing() is not None,
 # --- target descriptions --------------------------------------------------------------------
 
 @pytest.mark.parametrize("entry", GPU_ENTRIES, ids=lambda e: e.name)
-def test_each_gpu_row_has_one_target_whose_name_its_device_kind_matches(entry):
-  target = gpu_targets.for_entry(entry)
-  assert re.search(entry.hardware.device_kind, target.name, re.IGNORECASE)
+def test_each_gpu_row_describes_its_chip_whose_name_its_device_kind_matches(entry):
+  chip, limits = gpu_targets.for_entry(entry)
+  assert re.search(entry.hardware.device_kind, chip.cuda_name, re.IGNORECASE)
   text = gpu_targets.target_config(entry)
   field = lambda name: re.search(rf"\b{name}: ([\d.]+)", text)[1]
-  # Memory comes from the mesh row (the datasheet figures the estimate uses), the rest from
-  # the target row.
+  # Memory comes from the mesh row (the datasheet figures the estimate uses), the chip from
+  # its GpuChip, the limits from its compute capability.
   assert int(field("device_memory_size")) == entry.hardware.hbm_bytes
   assert int(field("memory_bandwidth")) == entry.hardware.hbm_bandwidth
-  assert int(field("core_count")) == target.sm_count
-  major, minor = target.compute_capability
+  assert int(field("core_count")) == chip.sm_count
+  assert int(field("fpus_per_core")) == limits.fp32_cores_per_sm
+  major, minor = chip.compute_capability
   assert f"cuda_compute_capability {{ major: {major} minor: {minor} }}" in text
-  assert f'device_description_str: "{target.name}"' in text
+  assert f'device_description_str: "{chip.cuda_name}"' in text
   assert gpu_targets.topology(meshes.lookup(f"{entry.name}x4")) == (
       f"1x4x{entry.hardware.devices_per_host}")
 
 
-def test_a_gpu_row_without_a_target_is_one_line_naming_the_table():
-  entry = dataclasses.replace(meshes.lookup("gpu-h100-8"), hardware=dataclasses.replace(
-      meshes.lookup("gpu-h100-8").hardware, device_kind=r"\bV100"))
-  with pytest.raises(plan.ConfigError, match=r"no GPU target description for device kind "
-                     r"'\\bV100' .*planner/gpu_targets.py:TARGETS"):
-    plan.target_devices(entry)
+def test_a_gpu_row_without_its_chip_or_of_an_unknown_capability_is_one_line():
+  row = meshes.lookup("gpu-h100-8")
+  bare = dataclasses.replace(row, hardware=dataclasses.replace(row.hardware, gpu=None))
+  with pytest.raises(plan.ConfigError, match=r"--mesh=gpu-h100-8: no GPU chip description in "
+                     r"its mesh row .*trainer/meshes.py:_GPU$"):
+    plan.target_devices(bare)
+  chip = dataclasses.replace(row.hardware.gpu, compute_capability=(6, 0))
+  old = dataclasses.replace(row, hardware=dataclasses.replace(row.hardware, gpu=chip))
+  with pytest.raises(plan.ConfigError, match=r"no limits for compute capability 6.0 \(known: "
+                     r"7.0, 8.0, .*planner/gpu_targets.py:CAPABILITIES$"):
+    plan.target_devices(old)
 
 
 @needs_plugin
@@ -94,6 +100,21 @@ def test_tiny_compiles_with_the_gpu_compiler():
   assert ops["matmul"]["flops"] > 0 and ops["collective"]["ops"] > 0
   # The matmuls the GPU compiler kept (its gemm fusions) hold the model's FLOPs.
   assert ops["matmul"]["flops"] == pytest.approx(report["model_flops"] / 8, rel=0.15)
+
+
+@pytest.mark.slow  # 20-60 s a row on 2 cores (make test-slow)
+@needs_plugin
+@pytest.mark.parametrize("entry", GPU_ENTRIES, ids=lambda e: e.name)
+def test_every_gpu_row_plans_a_small_config_with_the_gpu_compiler(entry):
+  """A row (and its chip) that the GPU compiler accepts: LLaMA's `test` size compiles for one
+  host of it, with the compiler's own figures and verdict."""
+  result = cli("plan", "--config=configs/llama.py:size=test", f"--mesh={entry.name}", "--noeval",
+               "--json", timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout)
+  assert report["compiler"] == plan.GPU_COMPILER and report["fit_source"] == "compiler"
+  assert report["fits"] is True and report["train_peak"] > 0
+  assert report["devices"] == entry.num_devices
 
 
 @needs_plugin
@@ -162,12 +183,12 @@ ENTRY %main (a: bf16[4,8]) -> bf16[32,8] {
 def test_sweep_candidates_keep_tensor_parallelism_inside_a_host_and_include_hsdp():
   run = config_lib.parse(configs.llm_70b.get_config())  # batch 1024
   entry = meshes.lookup("gpu-h100-8x16")
-  cands = plan_sweep.candidates(run, 128, entry)
+  cands = sweep_space.candidates(run, 128, entry)
   assert cands and all(8 % c.axes["model"] == 0 for c in cands)
   # HSDP: FSDP inside each host, data parallel across the 16.
   hsdp = [c for c in cands if c.axes == {"data": 16, "fsdp": 8, "expert": 1, "model": 1}]
-  assert hsdp and all(plan_sweep.hosts_spanned(c.axes, entry) == 1 for c in hsdp)
-  assert plan_sweep.hosts_spanned({"data": 1, "fsdp": 16, "model": 8}, entry) == 16
+  assert hsdp and all(sweep_space.hosts_spanned(c.axes, entry) == 1 for c in hsdp)
+  assert sweep_space.hosts_spanned({"data": 1, "fsdp": 16, "model": 8}, entry) == 16
   # From one microbatch down to one sequence per batch shard (1024 / 128 = 8 accumulation
   # steps at most with 128 shards, 64 with 16).
   assert {c.grad_accum_steps for c in hsdp} == {1, 2, 4, 8}
@@ -191,10 +212,10 @@ def test_the_sweeps_order_puts_network_traffic_where_the_layout_puts_it():
   devices, _ = plan.target_devices(meshes.lookup("tpu-v5e-16"))
 
   def estimate(data, fsdp, accum):
-    cand = plan_sweep.Candidate.layout({"data": data, "fsdp": fsdp, "model": 1}, remat="full",
+    cand = sweep_space.Candidate.layout({"data": data, "fsdp": fsdp, "model": 1}, remat="full",
                                        grad_accum_steps=accum)
     exp = experiment.build(cand.apply(run), entry, devices)
-    return plan_sweep.screen_estimate(exp, entry, compute_bytes=2)
+    return sweep_screen.screen_estimate(exp, entry, compute_bytes=2)
 
   hsdp, across = estimate(2, 8, 1), estimate(1, 16, 1)
   assert hsdp[1] < across[1]  # serial: the same compute, less network time

@@ -10,7 +10,7 @@ import pytest
 import configs.llama
 from core.registry import ConfigError
 from launcher import main as main_lib
-from planner import plan, plan_sweep, step_memory
+from planner import compiler_output, plan, step_memory, sweep_space
 from tests.test_run_dirs import QUICK, snapshot
 from trainer import config as config_lib, experiment, meshes, metrics
 
@@ -127,7 +127,7 @@ def _listed(text: str) -> list[dict]:
 def _unchanged(exp, options: list[dict]) -> list[str]:
   """Listed changes that the run already has (none should be)."""
   return [f"{path}={value}" for option in options for path, value in option.items()
-          if str(plan_sweep.get_path(exp.run, path)).lower() == value.lower()]
+          if str(sweep_space.get_path(exp.run, path)).lower() == value.lower()]
 
 
 def test_refusal_lists_accumulation_first_for_a_plain_step_and_never_a_change_made():
@@ -191,21 +191,21 @@ def test_nothing_to_change_says_the_recipe_changes_that_remain():
 def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
   """splash is offered on TPU only, and never where it is set; chunked where it chunks."""
   run = _test_exp(**{"data.seq_len": 256}).run
-  path = plan_sweep.attention_path(run)
+  path = sweep_space.attention_path(run)
   assert path == "model.block.attention.implementation"
-  assert plan_sweep.knob_values(run, platform="tpu", shards=1)[path] == ["xla", "splash"]
-  assert plan_sweep.knob_values(run, platform="cpu", shards=1)[path] == ["xla"]  # 256 <= 512
+  assert sweep_space.knob_values(run, platform="tpu", shards=1)[path] == ["xla", "splash"]
+  assert sweep_space.knob_values(run, platform="cpu", shards=1)[path] == ["xla"]  # 256 <= 512
   short = _test_exp(**{"data.seq_len": 256, "model.block.attention.query_chunk_size": 64}).run
-  assert plan_sweep.knob_values(short, platform="cpu", shards=1)[path] == ["xla", "chunked"]
+  assert sweep_space.knob_values(short, platform="cpu", shards=1)[path] == ["xla", "chunked"]
   splash = _test_exp(**{"model.block.attention.implementation": "splash"}).run
-  assert plan_sweep.knob_values(splash, platform="tpu", shards=1)[path] == ["splash"]
+  assert sweep_space.knob_values(splash, platform="tpu", shards=1)[path] == ["splash"]
 
 
 def test_the_tpu_compilers_refusal_is_read_in_any_unit():
   message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
              "temporaries (1.23T) exceeds available HBM (15.75G).")
-  assert step_memory.refused_bytes(message) == (int(1.23 * 1024 ** 4), int(15.75 * 1024 ** 3))
-  assert step_memory.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
+  assert compiler_output.refused_bytes(message) == (int(1.23 * 1024 ** 4), int(15.75 * 1024 ** 3))
+  assert compiler_output.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
 
 
 def test_a_tpu_step_the_compiler_refuses_is_one_line_with_what_would_fit():

@@ -22,6 +22,7 @@ import ml_collections
 
 from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
+from trainer.mesh_match import check_rule
 from trainer.ranges import NON_NEGATIVE, Interval, check_ranges
 
 
@@ -116,11 +117,10 @@ class MeshConfig:
   # ((match, {config.path: value, ...}), ...): the first rule that matches the selected mesh
   # entry applies its overrides (AXLearn's mesh_rules). match: a regex of the entry's whole
   # name, or hardware facts {"platform": "gpu", "devices_per_host": 8, "min_hbm_gb": 80, ...}
-  # (trainer/meshes.py:MATCH_KEYS), so that a new entry of that hardware takes the rule.
+  # (trainer/mesh_match.py:MATCH_KEYS), so that a new entry of that hardware takes the rule.
   rules: tuple = ()
 
   def check(self):
-    from trainer.meshes import check_rule  # pylint: disable=import-outside-toplevel
     for i, rule in enumerate(self.rules):
       check_rule(i, rule)
 

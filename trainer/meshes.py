@@ -6,8 +6,8 @@ FLOP/s, HBM bytes and bandwidth, link bandwidths, devices per host; TPU slices
 also their libtpu topology for `axtrain plan`). Multi-host GPU and Trainium
 meshes take a host-count suffix: `gpu-h100-8x4` is four 8-GPU hosts.
 
-To add an entry, add a row to `_GPU`, `_TPU` or `_NEURON` below (or an `Entry`
-to `_GENERIC`), then regenerate the table in docs/meshes.md with
+To add an entry, add a row to `_GPU` (with its chip, `GpuChip`), `_TPU` or `_NEURON` below
+(or an `Entry` to `_GENERIC`), then regenerate the tables in docs/meshes.md with
 `python -m planner.meshes_doc --write` (tests/test_meshes.py fails while the
 table and this file disagree).
 """
@@ -57,6 +57,18 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuChip:
+  """One GPU as XLA's GPU compiler is told what it is (`axtrain plan` compiles for it without
+  one: planner/gpu_targets.py adds the limits of its compute capability and the row's memory)."""
+  cuda_name: str  # CUDA's device name: jax's device_kind, which the row's regex matches
+  compute_capability: tuple[int, int]  # (major, minor): CUDA C++ Programming Guide
+  sm_count: int  # streaming multiprocessors
+  l2_bytes: int  # L2 cache
+  boost_clock_ghz: float
+  source: str  # where these figures come from
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Hardware:
   platform: str  # jax platform: cpu / gpu / tpu / neuron
   device_kind: str  # regex matched against jax.devices()[0].device_kind
@@ -71,6 +83,7 @@ class Hardware:
   host_memory_bytes: int | None = None
   interconnect: str = "unknown"  # between devices (and hosts), in words
   source: str = ""  # where the figures come from
+  gpu: GpuChip | None = None  # a GPU row's chip, for the GPU compiler
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,38 +108,52 @@ class Entry:
 
 
 GiB = 1024 ** 3
+MiB = 1024 ** 2
 GB = 1000 ** 3
 GBps = 1e9  # bytes/s
 
 # Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity; SXM parts; the A100
 # row is the 80 GB part). NVLink figures are the datasheets' bidirectional totals, halved for
 # one direction; between hosts, one 400 Gb/s (A100: 200 Gb/s) InfiniBand NIC per GPU as in
-# DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200.
+# DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200. Chips: NVIDIA's
+# architecture whitepapers (SMs, L2, boost clock), CUDA's name of the part.
 _GPU = {
     "gpu-a100-8": Hardware(
         platform="gpu", device_kind=r"\bA100", devices_per_host=8, peak_bf16_flops=312e12,
         hbm_bytes=80 * GB, hbm_bandwidth=2039 * GBps, link_bandwidth=300 * GBps,
         host_bandwidth=25 * GBps, interconnect="NVLink3 600 GB/s per GPU",
         host_memory_bytes=1024 * GB // 8,
-        source="NVIDIA A100 datasheet; DGX A100 (1 TB system memory)"),
+        source="NVIDIA A100 datasheet; DGX A100 (1 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0), sm_count=108,
+                    l2_bytes=40 * MiB, boost_clock_ghz=1.41,
+                    source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100 SXM4)")),
     "gpu-h100-8": Hardware(
         platform="gpu", device_kind=r"\bH100", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=80 * GB, hbm_bandwidth=3350 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA H100 SXM datasheet; DGX H100 (2 TB system memory)"),
+        source="NVIDIA H100 SXM datasheet; DGX H100 (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
+                    l2_bytes=50 * MiB, boost_clock_ghz=1.98,
+                    source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)")),
     "gpu-h200-8": Hardware(
         platform="gpu", device_kind=r"\bH200", devices_per_host=8, peak_bf16_flops=989e12,
         hbm_bytes=141 * GB, hbm_bandwidth=4800 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA H200 SXM datasheet; DGX H200 (2 TB system memory)"),
+        source="NVIDIA H200 SXM datasheet; DGX H200 (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA H200", compute_capability=(9, 0), sm_count=132,
+                    l2_bytes=50 * MiB, boost_clock_ghz=1.98,
+                    source="H100 whitepaper: the same GH100 chip as H100 SXM5, with HBM3e")),
     "gpu-b200-8": Hardware(
         platform="gpu", device_kind=r"\bB200", devices_per_host=8, peak_bf16_flops=2250e12,
         hbm_bytes=180 * GB, hbm_bandwidth=8000 * GBps, link_bandwidth=900 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink5 1.8 TB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
-        source="NVIDIA DGX B200 datasheet (2 TB system memory)"),
+        source="NVIDIA DGX B200 datasheet (2 TB system memory)",
+        gpu=GpuChip(cuda_name="NVIDIA B200", compute_capability=(10, 0), sm_count=148,
+                    l2_bytes=int(126.5 * MiB), boost_clock_ghz=1.965,
+                    source="NVIDIA Blackwell technical brief; XLA's b200 target spec")),
 }
 
 
@@ -322,34 +349,47 @@ def check_devices(entry: Entry, device_count: int) -> None:
 
 
 def auto(platform: str, device_kind: str, device_count: int, process_count: int) -> Entry:
-  """The entry for the devices JAX sees: a named one when kind and count match, else generic.
+  """The entry for the devices JAX sees: the named one whose kind and count match, else generic.
 
-  Several full GPU/Trainium hosts give `NAMExHOSTS`. Devices of a known kind in
-  another count (a partial host) get the generic platform entry, carrying that
-  kind's hardware facts with the devices actually present.
+  Several full GPU/Trainium hosts give `NAMExHOSTS`. Devices of a known kind in another count
+  (a partial host) get the generic platform entry, carrying that kind's hardware facts with the
+  devices actually present. A match is never a guess: where two entries match (or, for a
+  partial host, two kinds of hardware), ConfigError names them and how to pick one.
   """
-  partial = None
-  for entry in MESHES.values():
-    hw = entry.hardware
-    if (hw.platform == platform and hw.devices_per_host > 0
-        and re.search(hw.device_kind, device_kind, re.IGNORECASE)):
-      if entry.num_devices == device_count:
-        return entry
-      if (platform in MULTI_HOST_PLATFORMS and process_count > 1
-          and device_count == hw.devices_per_host * process_count):
-        return with_hosts(entry, process_count)
-      partial = partial or hw
+  kinds = [e for e in MESHES.values()
+           if e.hardware.platform == platform and e.hardware.devices_per_host > 0
+           and re.search(e.hardware.device_kind, device_kind, re.IGNORECASE)]
+  hosts = platform in MULTI_HOST_PLATFORMS and process_count > 1
+  whole = [e if e.num_devices == device_count else with_hosts(e, process_count) for e in kinds
+           if e.num_devices == device_count
+           or (hosts and device_count == e.hardware.devices_per_host * process_count)]
+  what = f"{device_count} {platform} device(s) of kind '{device_kind}'"
+  if len(whole) > 1:
+    names = [e.name for e in whole]
+    raise ConfigError(f"--mesh=auto: {what} match {len(names)} mesh entries, "
+                      f"{', '.join(names[:-1])} and {names[-1]}; pick one with --mesh=NAME "
+                      f"(e.g. --mesh={names[0]})")
+  if whole:
+    return whole[0]
   if platform not in MESHES:
     raise ConfigError(f"--mesh=auto: no mesh for platform '{platform}' ({device_kind});"
                       f" pass --mesh=NAME")
   generic = MESHES[platform]
-  if partial is None:
+  facts = {}  # hardware facts, whatever the host size -> the first entry that has them
+  for e in kinds:
+    facts.setdefault(dataclasses.replace(e.hardware, devices_per_host=-1), e.name)
+  if len(facts) > 1:
+    names = list(facts.values())
+    raise ConfigError(f"--mesh=auto: {what} match the hardware of {', '.join(names[:-1])} and "
+                      f"{names[-1]}, which differ, and no entry of {device_count} devices; "
+                      f"pass --mesh={platform} (no hardware facts) or make their device "
+                      f"kinds tell them apart (trainer/meshes.py)")
+  if not facts:
     return generic
-  hw = dataclasses.replace(partial, devices_per_host=-1)  # not a fixed-size entry
-  return dataclasses.replace(generic, hardware=hw)
+  return dataclasses.replace(generic, hardware=next(iter(facts)))
 
 
-# -- choosing an entry for a run, and the config's per-mesh rules ----------------------------
+# -- choosing an entry for a run ------------------------------------------------------------
 
 def select(name: str) -> Entry:
   """`--mesh=NAME` from the registry (it must fit the devices JAX sees), or `auto`-detected."""
@@ -372,134 +412,3 @@ def check_present(entry: Entry) -> None:
                       f"{jax.device_count()} {platform} device(s) here; train here with "
                       f"--mesh={platform} (or --mesh=auto), or plan for that hardware with "
                       f"`axtrain plan --mesh={entry.name}`")
-
-
-# What a mesh rule may match besides the entry's name: facts of the hardware, so that a new
-# entry of the same kind (another 8-GPU host with as much memory) takes the same recipe.
-# Each number matches exactly, or as a bound with a `min_`/`max_` prefix.
-MATCH_FACTS = {
-    "platform": lambda e: e.hardware.platform,
-    "devices_per_host": lambda e: e.hardware.devices_per_host,
-    "num_hosts": lambda e: e.num_hosts,
-    "num_devices": lambda e: e.num_devices,
-    "hbm_gb": lambda e: None if e.hardware.hbm_bytes is None else e.hardware.hbm_bytes / GB,
-    # Host RAM per device (Hardware.host_memory_bytes): room for host offload.
-    "host_memory_gb": lambda e: (None if e.hardware.host_memory_bytes is None
-                                 else e.hardware.host_memory_bytes / GB),
-}
-MATCH_KEYS = ("name", "platform", *(f"{p}{k}" for k in MATCH_FACTS if k != "platform"
-                                    for p in ("", "min_", "max_")))
-
-
-def check_rule(i: int, rule) -> None:
-  """A mesh rule is (match, {config.path: value}); match is a name regex or {fact: value}."""
-  shape = "(regex or {fact: value, ...}, {path: value, ...})"
-  if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not hasattr(rule[1], "items"):
-    raise ConfigError(f"mesh.rules[{i}] must be {shape}, got {rule!r:.80}")
-  match = rule[0]
-  if isinstance(match, str):
-    return
-  if not hasattr(match, "items") or not match:
-    raise ConfigError(f"mesh.rules[{i}] must be {shape}, got {rule!r:.80}")
-  for key, value in match.items():
-    if key not in MATCH_KEYS:
-      raise ConfigError(f"mesh.rules[{i}]: unknown fact '{key}'{suggest(key, MATCH_KEYS)}; "
-                        f"facts: {', '.join(MATCH_KEYS)}")
-    text = key in ("name", "platform")
-    if text != isinstance(value, str) or isinstance(value, bool):
-      raise ConfigError(f"mesh.rules[{i}]: {key}={value!r} must be "
-                        f"{'a string' if text else 'a number'}")
-
-
-def _matches(match, entry: Entry) -> bool:
-  if isinstance(match, str):
-    match = {"name": match}
-  for key, want in match.items():
-    if key == "name":
-      try:
-        if not re.fullmatch(want, entry.name):
-          return False
-      except re.error as e:
-        raise ConfigError(f"mesh.rules: bad regex '{want}': {e}") from None
-      continue
-    bound, _, fact = key.partition("_") if key.startswith(("min_", "max_")) else ("", "", key)
-    have = MATCH_FACTS[fact](entry)
-    if fact == "platform":
-      if have != want:
-        return False
-    elif have is None or have < 0:  # not known, or any size (a generic entry)
-      return False
-    elif not (have >= want if bound == "min" else have <= want if bound == "max"
-              else have == want):
-      return False
-  return True
-
-
-def describe_match(match) -> str:
-  """A rule's match in words, as --print_config and the plan show which rule applied."""
-  if isinstance(match, str):
-    return match
-  return ", ".join(f"{k}={v}" for k, v in match.items())
-
-
-# Fields that set the same thing another way: a rule leaves one alone when the command line set
-# the other (a user's grad_accum_steps wins over a recipe's microbatch_rows).
-ALTERNATIVES = {"trainer.microbatch_rows": "trainer.grad_accum_steps",
-                "trainer.grad_accum_steps": "trainer.microbatch_rows"}
-
-
-def _switch(cfg, node: str, kind, what: str) -> None:
-  """A rule's `node.kind`: the node becomes `kind`'s, keeping the fields both kinds share."""
-  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
-  try:
-    config_lib.switch_kind(cfg, node, kind)
-  except (KeyError, AttributeError, ValueError, ConfigError) as e:
-    raise ConfigError(f"mesh rule '{what}': {node}.kind={kind!r}: "
-                      f"{' '.join(str(e).split())}") from None
-
-
-def apply_rules(cfg, entry: Entry | str, explicit: set[str]) -> str | None:
-  """Applies the first of `cfg.mesh.rules` that matches `entry` (an Entry, or a name that
-  `lookup` knows); returns that rule's match in words (describe_match), else None.
-
-  A rule matches by the entry's name (a regex, which must match all of it) or by what the
-  hardware is (MATCH_FACTS: platform, devices per host, hosts, devices, HBM per device).
-  `cfg` is the run's ConfigDict; paths in `explicit` (command-line overrides) are left as set.
-  """
-  from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
-  if isinstance(entry, str):
-    entry = lookup(entry)
-  rules = cfg.mesh.rules
-  if not isinstance(rules, (tuple, list)):
-    raise ConfigError(f"mesh.rules must be a tuple of (match, {{path: value}}) pairs, got "
-                      f"{rules!r:.80}")
-  for i, rule in enumerate(rules):
-    check_rule(i, rule)
-  for match, changes in rules:
-    if not _matches(match, entry):
-      continue
-    what = describe_match(match)
-    # Kind switches first, parents before children, as on the command line; a switch of a
-    # component the command line configured (its kind or any field under it) is left out.
-    for path in sorted((p for p in changes if p.endswith(".kind")), key=lambda p: p.count(".")):
-      node = path[:-len(".kind")]
-      if not any(e == node or e.startswith(f"{node}.") for e in explicit):
-        _switch(cfg, node, changes[path], what)
-    for path, value in changes.items():
-      if path.endswith(".kind") or path in explicit or ALTERNATIVES.get(path) in explicit:
-        continue
-      try:
-        config_path.set_value(path, cfg, value)
-      except (KeyError, AttributeError, IndexError):
-        parent, _, leaf = path.rpartition(".")
-        try:
-          keys = list(config_path.get_value(parent, cfg).keys()) if parent else list(cfg.keys())
-        except (KeyError, AttributeError, IndexError):
-          keys = []
-        raise ConfigError(f"mesh rule '{what}': unknown key '{path}'{suggest(leaf, keys)}"
-                          ) from None
-      except (TypeError, ValueError) as e:
-        raise ConfigError(f"mesh rule '{what}': {path}={value!r}: {' '.join(str(e).split())}"
-                          ) from None
-    return what
-  return None

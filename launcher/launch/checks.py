@@ -76,11 +76,11 @@ def parse(train_args: list[str], parse_train: Callable[[list[str]], flags.FlagVa
 def resolve(train_args: list[str], fv: flags.FlagValues) -> Train:
   """The config under the mesh entry's rules, checked; the run directory the processes name."""
   from launcher import session  # pylint: disable=import-outside-toplevel  (imports jax)
-  from trainer import config as config_lib, meshes  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, mesh_rules  # pylint: disable=import-outside-toplevel
   cfg, items = fv["config"].value, config_loading.overrides(train_args)
   named = None if fv.mesh == "auto" else fv.mesh  # `auto` resolves where the processes run
   if named is not None:
-    meshes.apply_rules(cfg, named, {path for path, _ in items})
+    mesh_rules.apply_rules(cfg, named, {path for path, _ in items})
   config_lib.parse(cfg)
   run_dir = session._output_dir(  # pylint: disable=protected-access  (the processes' own rule)
       fv, config_loading.config_file_arg(train_args), items, cfg=cfg, mesh=named)
