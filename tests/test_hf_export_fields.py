@@ -1,7 +1,8 @@
 """HF export covers every model config field, not only parameters (modules/hf_maps.py:FieldMap).
 
 The model config tree is enumerated from the registries, not from a list: every slot, every kind
-of its registry, every field of each kind. Each family's map must decide every field its HF class
+of its registry, every field of each kind; the families from the registered maps, each with its
+`example` config. Each family's map must decide every field its HF class
 can reach, and changing any field of a converted model away from its value must either reach the
 HF config (a round trip through the family's import gives the value back), refuse the export by
 the field's path, or, for a field declared not to be math (layout, initialisation), leave the
@@ -24,23 +25,9 @@ from modules.hf_maps import FAMILIES, NotWritten
 
 MODEL = registry("model")
 
-# Tiny HF configs, one per family; the base models are what `convert --from_hf` makes of them.
-HF_CONFIGS = {
-    "LlamaForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
-                         "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-                         "max_position_embeddings": 64},
-    "Qwen3ForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
-                         "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "head_dim": 24, "rms_norm_eps": 1e-6,
-                         "max_position_embeddings": 64},
-    "GPT2LMHeadModel": {"vocab_size": 121, "n_embd": 64, "n_layer": 2, "n_head": 4,
-                        "n_positions": 32},
-}
-
-
 def _base(arch: str) -> dict:
-  return FAMILIES[arch].model_node(HF_CONFIGS[arch]).to_dict()
+  """What `convert --from_hf` makes of the family's example config."""
+  return FAMILIES[arch].model_node(FAMILIES[arch].example).to_dict()
 
 
 def _join(slot: str, name: str) -> str:
@@ -288,4 +275,4 @@ def test_a_setting_no_map_knows_refuses_export_and_fails_the_map_check(monkeypat
   assert base["block"]["attention"]["logit_soft_cap"] == 0.0
   assert _refusal(_with(base, "block.attention.logit_soft_cap", 30.0)) == (
       "the model cannot be written as LlamaForCausalLM: model.block.attention.logit_soft_cap has "
-      "no entry in the LlamaForCausalLM map (modules/hf_maps.py)")
+      "no entry in the LlamaForCausalLM map (modules/llama_hf.py)")
