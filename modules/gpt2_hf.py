@@ -130,7 +130,6 @@ SETTINGS = FieldMap(
                 lambda v, m: (v or m.dim // m.block.attention.num_heads)
                 * m.block.attention.num_heads == m.dim, "None or dim / num_heads"),
             "block.attention.qkv_bias": only(True), "block.attention.out_bias": only(True),
-            "block.attention.logit_softcap": only(None),
             "block.ffn.hidden_dim": Key("n_inner"),
             "block.ffn.activation": Key("activation_function", values={
                 ours: theirs for theirs, ours in reversed(_ACTIVATIONS.items())}),

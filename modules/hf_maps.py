@@ -16,14 +16,16 @@ HF config implies must be read by the map from it; otherwise the conversion refu
 names what is unmapped. So a layer that adds a parameter cannot be dropped silently by a
 conversion written before it existed.
 
-Settings are checked the same way (`FieldMap`, `Family.hf_config`): each family's map says, for
-every field of the model config tree, which HF config key it becomes (`Key`), that HF cannot
-hold it except at some values (`Fixed`), that it shares another field's key (`Same`), or that
-it is not part of the model's math (`LAYOUT`, `INIT`); and, for every component slot, which
-kinds HF has. Export walks the model's config: a field or kind the map does not mention, or
-one HF cannot hold, refuses the export by its path (`model.block.attention.norm.eps`), so a
-setting added later (a soft-cap with no parameters) cannot export silently as plain LLaMA.
-tests/test_hf_export_fields.py enumerates every field from the registries against each map.
+Settings are checked the same way (`FieldMap`, `Family.hf_config`): a family's map names what
+its HF class holds: for a field of the model config tree, the HF config key it becomes (`Key`),
+the only values HF can hold (`Fixed`), another field's key that it shares (`Same`), or that it
+is not part of the model's math (`LAYOUT`, `INIT`); for a component slot, the kinds HF has.
+Whatever a map does not name is held at its default in the config classes: export refuses any
+other value by its path (`model.block.attention.logit_softcap is 50.0 (LlamaForCausalLM takes
+only None)`). A field keeps the earlier math at its default (as golden files and old run
+directories assume), so a field that one family's HF class holds needs a rule in that family's
+map only, and every other family refuses it, away from its default, with no edit; a field or
+slot without a default must be named by every map that reaches it.
 
 Our vocabulary is padded (model.vocab_multiple): `pad_vocab` adds zero rows on import,
 `drop_vocab_padding` removes them on export.
@@ -38,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from core.registry import ConfigError, child_registry
+from core.registry import (REQUIRED, ConfigError, child_default_kind, child_registry,
+                           optional_child)
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -90,13 +93,35 @@ Rule = Key | Fixed | Same | NotWritten
 
 @dataclasses.dataclass(frozen=True)
 class FieldMap:
-  """A family's settings. `kinds`: for each component slot ('' the model, 'block.ffn', ...),
-  the kinds HF has there (None: the optional slot off), each with the HF keys it implies
-  (a value, or a function of the parsed model). `fields`: a rule for every field of those
-  kinds, by path ('block.attention.num_heads'); a rule NotWritten on a slot covers its whole
-  subtree."""
+  """A family's settings. `kinds`: for component slots ('' the model, 'block.ffn', ...), the
+  kinds HF has there (None: the optional slot off), each with the HF keys it implies (a value,
+  or a function of the parsed model). `fields`: rules for fields of those kinds, by path
+  ('block.attention.num_heads'); a rule NotWritten on a slot covers its whole subtree. A slot or
+  field the map does not name is held at its default (`kinds_at`, `rule_at`)."""
   kinds: Mapping[str, Mapping[str | None, Mapping[str, Any]]]
   fields: Mapping[str, Rule]
+
+  def kinds_at(self, slot: str, f: dataclasses.Field | None) -> Mapping | None:
+    """The kinds HF has at `slot`, whose field is `f` (None for the model): the map's, else
+    the field's default (off for an optional child, else its default kind), which implies no
+    HF key; None where the map names none and the field has no default."""
+    if slot in self.kinds:
+      return self.kinds[slot]
+    if f is not None and optional_child(f):
+      return {None: {}}
+    kind = None if f is None else child_default_kind(f)
+    return None if kind is None else {kind: {}}
+
+  def rule_at(self, path: str, f: dataclasses.Field) -> Rule | None:
+    """The rule of the field at `path` (`f`): the map's, else only its default; None where
+    the map names none and the field has no default."""
+    if path in self.fields:
+      return self.fields[path]
+    if f.default is not REQUIRED:
+      return only(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+      return only(f.default_factory())
+    return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,12 +194,13 @@ class _Writer:
       target = target.setdefault(part, {})
     target[last] = value(self.m) if callable(value) else copy.deepcopy(value)
 
-  def _slot(self, node, slot: str) -> None:
+  def _slot(self, node, slot: str, f: dataclasses.Field | None = None) -> None:
     where, arch = f"model.{slot}" if slot else "model", self.family.architecture
-    kinds = self.map.kinds.get(slot)
+    kinds = self.map.kinds_at(slot, f)
     kind = None if node is None else node.kind
     if kinds is None:
-      self.problems.append(f"{where} has no entry in the {arch} map ({self.family.source})")
+      self.problems.append(f"{where} has no default and no entry in the {arch} map "
+                           f"({self.family.source})")
       return
     if kind not in kinds:
       what = where if node is None else f"{where}.kind"
@@ -195,14 +221,15 @@ class _Writer:
         continue
       if child_registry(f) is not None:
         if not known_only or path in self.map.kinds:
-          self._slot(getattr(node, f.name), path)
+          self._slot(getattr(node, f.name), path, f)
       elif not known_only or path in self.map.fields:
-        self._field(path, getattr(node, f.name))
+        self._field(path, getattr(node, f.name), f)
 
-  def _field(self, path: str, value: Any) -> None:
-    rule, arch = self.map.fields.get(path), self.family.architecture
+  def _field(self, path: str, value: Any, f: dataclasses.Field) -> None:
+    rule, arch = self.map.rule_at(path, f), self.family.architecture
     if rule is None:
-      self.problems.append(f"model.{path} has no entry in the {arch} map ({self.family.source})")
+      self.problems.append(f"model.{path} has no default and no entry in the {arch} map "
+                           f"({self.family.source})")
     elif isinstance(rule, Key) and rule.values is not None and value not in rule.values:
       self.problems.append(f"model.{path} is {value!r} ({arch} takes only "
                            f"{_alternatives(rule.values)})")

@@ -150,7 +150,6 @@ SETTINGS = FieldMap(
             "block.attention.head_dim": Key("head_dim", to=lambda _, m: _heads(m)[2]),
             "block.attention.qkv_bias": Key("attention_bias"),
             "block.attention.out_bias": Same("block.attention.qkv_bias"),
-            "block.attention.logit_softcap": only(None),  # Gemma-2's; LLaMA has none
             "block.attention.position.theta": Key("rope_theta"),
             "block.attention.position.factor": Key("rope_scaling.factor"),
             "block.attention.position.low_freq_factor": Key("rope_scaling.low_freq_factor"),
