@@ -21,7 +21,7 @@ TOKENS = np.array([[5, 17, 99, 3, 64, 120, 7, 42, 11, 2, 90, 33],
                    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
 
 
-def _transformers_model(family):
+def transformers_model(family):
   """The family's example config built by transformers, with random one-dimensional parameters
   (norm scales, biases: initialised to ones and zeros, they would hide a swapped or dropped
   one)."""
@@ -49,7 +49,7 @@ def converted(request, tmp_path_factory):
   """A random model of each registered family (its `example`), converted to a run directory
   and back, and its logits on TOKENS."""
   torch.manual_seed(0)
-  hf = _transformers_model(FAMILIES[request.param]).eval()
+  hf = transformers_model(FAMILIES[request.param]).eval()
   root = tmp_path_factory.mktemp(FAMILIES[request.param].name)
   hf.save_pretrained(root / "hf")
   with torch.no_grad():
