@@ -83,3 +83,20 @@ def test_round_trip_reproduces_every_tensor(converted):
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(root / "back").eval()
   with torch.no_grad():
     np.testing.assert_array_equal(reloaded(torch.tensor(TOKENS)).logits.numpy(), expected)
+
+
+def test_what_the_map_writes_alone_makes_the_same_model(converted):
+  """The HF config the map writes, without the source's config.json that `--to_hf` merges it
+  into, is enough for transformers to compute the same logits: a setting that a map leaves to
+  its default although the example sets it otherwise (rms_norm_eps, rope_theta, ...) shows."""
+  from core.registry import registry
+  from modules.hf_maps import family_of_model
+  root, expected = converted
+  m = registry("model").parse(json.loads((root / "run" / "config.json").read_text())["model"],
+                              "model")
+  family = family_of_model(m)
+  written = {k: v for k, v in family.hf_config(m).items() if k != "model_type"}
+  cfg = transformers.AutoConfig.for_model(family.name, **written)
+  model = transformers.AutoModelForCausalLM.from_pretrained(root / "back", config=cfg).eval()
+  with torch.no_grad():
+    np.testing.assert_array_equal(model(torch.tensor(TOKENS)).logits.numpy(), expected)
