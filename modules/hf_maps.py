@@ -134,7 +134,8 @@ class Family:
   from_hf: Callable[[Callable[[str], np.ndarray], dict], dict]  # (get tensor, HF config) -> params
   to_hf: Callable[[dict, Any], dict]  # (params, parsed model config) -> {name: tensor}
   settings: FieldMap  # model config fields -> HF config.json keys
-  # A small HF config.json of the class (tests convert it both ways and compare with transformers)
+  # A small HF config.json of the class (tests convert it both ways and compare with transformers;
+  # their token ids go up to 120, so its vocab_size is at least 121)
   example: Mapping[str, Any]
   extends: str | None = None  # the architecture whose map this one builds on (ties: this one)
 
