@@ -8,10 +8,13 @@ from configs.base import lm_config
 from core.config_args import choice, parse_arg
 from modules import gpt2
 
+# The values of each argument (tests/test_golden_configs.py keeps a golden file for each).
+CHOICES = {"size": gpt2.SIZES}
+
 
 def get_config(arg=None):
   args = parse_arg(arg, size="small")
-  size = choice("size", args["size"], gpt2.SIZES)
+  size = choice("size", args["size"], CHOICES["size"])
   cfg = lm_config(gpt2.model_node(size), max_steps=20_000, learning_rate=6e-4,
                   batch_size=512, seq_len=1024, warmup_steps=700, data_kind="synthetic")
   cfg.trainer.log_every = 10

@@ -129,11 +129,13 @@ RECIPES: dict[str, Recipe] = {
     )),
 }
 DEMO_SIZES = ("test", "tiny")  # byte vocabulary: configs/tiny.py's recipe
+# The values of each argument (tests/test_golden_configs.py keeps a golden file for each).
+CHOICES = {"size": llama.SIZES}
 
 
 def get_config(arg=None):
   args = parse_arg(arg, size="tiny")
-  size = choice("size", args["size"], llama.SIZES)
+  size = choice("size", args["size"], CHOICES["size"])
   if size in DEMO_SIZES:
     cfg = tiny.get_config()
     cfg.model = llama.model_node(size)

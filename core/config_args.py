@@ -1,4 +1,8 @@
-"""Strict parsing of a config file's `:arg` (e.g. `configs/gpt2.py:size=medium`)."""
+"""Strict parsing of a config file's `:arg` (e.g. `configs/gpt2.py:size=medium`).
+
+A config whose argument picks a row of a table names the table in a module-level
+`CHOICES = {"size": gpt2.SIZES}` and checks the value with `choice("size", ..., CHOICES["size"])`;
+tests/test_golden_configs.py keeps a golden file for every value it declares."""
 
 from __future__ import annotations
 

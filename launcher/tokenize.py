@@ -53,17 +53,18 @@ def reader_fields() -> dict[str, dict[str, dataclasses.Field]]:
 def _flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus file, glob or directory.", flag_values=fv)
+  endings = ", ".join(e for k in corpus_lib.document_kinds() for e in DATA.entry(k).target.SUFFIXES)
   flags.DEFINE_enum("kind", None, corpus_lib.document_kinds(), "Format of the input files "
-                    "(default: the one their names end with: .jsonl, .csv, .parquet, "
-                    ".array_record, .txt; refused where they end otherwise or differ).",
-                    flag_values=fv)
+                    f"(default: the one their names end with: {endings}; refused where they "
+                    f"end otherwise or differ).", flag_values=fv)
   for name, by_kind in reader_fields().items():
     kind, f = next(iter(by_kind.items()))
     hint = typing.get_type_hints(DATA.entry(kind).config_cls)[name]
     define = _FLAG_TYPES.get(hint, flags.DEFINE_string)
     define(name, None, f"data.{name} of --kind={', '.join(by_kind)} (default "
            f"{', '.join(sorted({repr(g.default) for g in by_kind.values()}))}).", flag_values=fv)
-  flags.DEFINE_string("tokenizer", "bytes", "bytes | sentencepiece | huggingface.", flag_values=fv)
+  flags.DEFINE_string("tokenizer", "bytes", f"{' | '.join(tokenizers.TOKENIZERS.kinds())}.",
+                      flag_values=fv)
   flags.DEFINE_string("tokenizer_path", None, "SentencePiece .model or tokenizer.json.",
                       flag_values=fv)
   flags.DEFINE_boolean("add_bos", False, "Prepend BOS to every document.", flag_values=fv)
@@ -210,8 +211,10 @@ def _tokenizer(fv: flags.FlagValues) -> tokenizers.Tokenizer:
   fields = {"add_bos": fv.add_bos, "add_eos": fv.add_eos}
   if fv.tokenizer == "bytes":
     if fv.tokenizer_path is not None:
-      raise UserError("--tokenizer_path is not used by the bytes tokenizer; set --tokenizer="
-                      "sentencepiece or huggingface, or drop the path")
+      with_path = [k for k in tokenizers.TOKENIZERS.kinds() if "path" in {
+          f.name for f in dataclasses.fields(tokenizers.TOKENIZERS.entry(k).config_cls)}]
+      raise UserError(f"--tokenizer_path is not used by the bytes tokenizer; set --tokenizer="
+                      f"{' or '.join(with_path)}, or drop the path")
   elif fv.tokenizer_path is None:
     raise UserError(f"--tokenizer={fv.tokenizer} needs --tokenizer_path (the model file)")
   else:

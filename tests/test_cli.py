@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from launcher import main as main_lib
-from tests.conftest import cli
+from tests.conftest import ROOT, cli
+
+# The config files of configs/, as a directory's message lists them.
+_CONFIG_FILES = sorted(f"configs/{p.name}" for p in (ROOT / "configs").glob("*.py")
+                       if "def get_config(" in p.read_text())
 
 
 def run_main(capsys, *args):
@@ -120,7 +124,7 @@ BAD_INPUTS = [
       "--print_config"], "--config.data.path is given no value (the next argument, "
                          "--print_config, is a flag)"),
     (["--config=configs"], "--config=configs: 'configs' is a directory; give a config file; its "
-                           "config files: configs/bench_lm.py, configs/gpt2.py"),
+                           f"config files: {', '.join(_CONFIG_FILES[:2])}, "),
     # Ranges name the field and the value, one field at a time.
     (["--config=configs/tiny.py", "--config.eval.batch_size=0"],
      "eval.batch_size: 0 is outside the allowed range [1, inf)"),

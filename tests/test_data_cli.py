@@ -3,12 +3,14 @@ input reported as one `axtrain: error:` line naming the file (and line), exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from launcher import main as cli_main
 from tests.conftest import cli
+from trainer.data import DATA, corpus as corpus_lib
 
 SMALL = ["--config=configs/tiny.py", "--config.trainer.max_steps=2", "--config.data.seq_len=32",
          "--config.optimizer.schedule.warmup_steps=0",
@@ -103,6 +105,12 @@ def test_an_empty_file_and_a_mixture_without_sources(capsys, tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def _kinds_with(field: str) -> list[str]:
+  """The document kinds whose config has `field`, from the registry."""
+  return [k for k in corpus_lib.document_kinds()
+          if field in {f.name for f in dataclasses.fields(DATA.entry(k).config_cls)}]
+
+
 def test_bad_input_via_tokenize(capsys, tmp_path):
   good = write_jsonl(tmp_path / "good.jsonl")
   binary = tmp_path / "data.bin"
@@ -131,7 +139,7 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
                         f"--tokenizer_path={tmp_path / 'none.model'}") == \
       f"tokenizer file '{tmp_path / 'none.model'}' not found"
   assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=text", "--field=body") == \
-      "--field is not read by --kind=text (only by jsonl and parquet)"
+      f"--field is not read by --kind=text (only by {' and '.join(_kinds_with('field'))})"
   # policy skip: the bad lines are skipped and counted, the rest is tokenized
   code, _ = run(capsys, "tokenize", f"--input={broken}", "--kind=jsonl", "--on_error=skip",
                 f"--output_dir={tmp_path / 'ok'}")
@@ -158,14 +166,14 @@ def test_tokenize_infers_the_kind_from_the_file_names_or_refuses_to_guess(capsys
   (mixed / "b.txt").write_text("text")
   assert tokenize_error(capsys, tmp_path, f"--input={mixed}") == (
       "tokenize: --kind is not given and the input's file names do not say one kind: "
-      "*.jsonl (jsonl), *.txt (text); give --kind=arrayrecord|csv|jsonl|parquet|text")
+      f"*.jsonl (jsonl), *.txt (text); give --kind={'|'.join(corpus_lib.document_kinds())}")
   (tmp_path / "c.dat").write_text("x")
   assert "*.dat (no kind)" in tokenize_error(capsys, tmp_path, f"--input={tmp_path / 'c.dat'}")
 
 
 def test_every_document_kind_names_the_endings_of_its_own_files(tmp_path):
   """The kind inferred from the file names of each kind's example corpus is that kind."""
-  from trainer.data import DATA, corpus as corpus_lib, documents  # pylint: disable=import-outside-toplevel
+  from trainer.data import documents  # pylint: disable=import-outside-toplevel
   for kind in corpus_lib.document_kinds():
     folder = tmp_path / kind
     folder.mkdir()

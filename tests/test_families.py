@@ -1,7 +1,15 @@
-"""Every size row of every family builds abstract shapes with the published parameter count.
+"""Every size row of every family builds abstract shapes with the parameter count of its Hugging
+Face export; LLaMA's and GPT-2's rows (and Mixtral's config) with the published counts.
 
-Counts are taken without vocabulary padding (model.vocab_multiple=1); the padded rows are
-checked on their own (test_vocab_padding_adds_only_the_pad_rows)."""
+The families are found in modules/ (a module with a size table `SIZES` and `model_node`), so
+a new family's rows are checked here with no line to add; its published counts are its own
+test's. Counts are taken without vocabulary padding (model.vocab_multiple=1); the padded rows
+are checked on their own (test_vocab_padding_adds_only_the_pad_rows)."""
+
+import functools
+import importlib
+import math
+import pkgutil
 
 import flax.linen as nn
 import jax
@@ -9,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from modules import gpt2, llama
+from modules import gpt2, hf_maps, llama
 from modules.decoder import MODELS
 
 # Dimensions as published in each model's Hugging Face config.json (hidden_size,
@@ -57,10 +65,53 @@ def count(node, *, vocab_multiple: int | None = 1) -> int:
   return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
 
 
+def _families() -> dict:
+  """{name: module} of the model families of modules/: a size table and the node of a row."""
+  found = {info.name: importlib.import_module(f"modules.{info.name}")
+           for info in pkgutil.iter_modules(modules.__path__)}
+  return {name: module for name, module in found.items()
+          if isinstance(getattr(module, "SIZES", None), dict) and hasattr(module, "model_node")}
+
+
+FAMILIES = _families()
+ROWS = [(family, size) for family, module in FAMILIES.items() for size in module.SIZES]
+
+
+@functools.cache
+def row_count(family: str, size: str) -> int:
+  """Parameters of a size row, without vocabulary padding (each row is built once here)."""
+  return count(FAMILIES[family].model_node(size))
+
+
+def test_the_families_are_found():
+  assert {"llama", "gpt2"} <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("family,size", ROWS, ids=[f"{f}:{s}" for f, s in ROWS])
+def test_every_row_has_the_parameters_of_its_hugging_face_tensors(family, size):
+  """The flax modules' parameters and the tensors that the row's Hugging Face config implies
+  (the map's shapes, written from the HF model's code) are counted apart and agree, for every
+  row that a family's map can write."""
+  m = MODELS.parse(FAMILIES[family].model_node(size), "model")
+  hf = hf_maps.family_of_model(m)
+  if not hf.problems(m):
+    shapes = hf.hf_shapes(hf.hf_config(m))
+    assert row_count(family, size) == sum(math.prod(s) for s in shapes.values())
+  else:
+    assert row_count(family, size) > 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_unknown_size_suggests_the_nearest(family):
+  first = next(iter(FAMILIES[family].SIZES))
+  with pytest.raises(modules.ConfigError, match=f"did you mean '{first}'"):
+    FAMILIES[family].model_node(first + "z")
+
+
 @pytest.mark.parametrize("name", list(llama.SIZES))
 def test_llama_rows(name):
   assert set(llama.SIZES) == set(LLAMA_PUBLISHED)
-  got = count(llama.model_node(name))
+  got = row_count("llama", name)
   assert got == llama_count(*LLAMA_PUBLISHED[name])
   if name in LLAMA_STATED_B:
     assert round(got / 1e9, 2) == LLAMA_STATED_B[name]
@@ -70,7 +121,7 @@ def test_llama_rows(name):
 
 @pytest.mark.parametrize("name", list(gpt2.SIZES))
 def test_gpt2_rows(name):
-  got = count(gpt2.model_node(name))
+  got = row_count("gpt2", name)
   assert got == gpt2_count(*GPT2_PUBLISHED[name]) == GPT2_EXACT[name]
 
 
@@ -99,11 +150,6 @@ def test_vocab_padding_adds_only_the_pad_rows():
       *LLAMA_PUBLISHED["7b"])
   assert count(llama.model_node("7b"), vocab_multiple=1024) == llama_count(
       *LLAMA_PUBLISHED["7b"]) + 2 * 768 * 4096
-
-
-def test_unknown_size_suggests():
-  with pytest.raises(modules.ConfigError, match="did you mean 'medium'"):
-    gpt2.model_node("meduim")
 
 
 def test_config_files_build_and_count():

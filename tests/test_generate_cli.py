@@ -10,19 +10,21 @@ import pytest
 
 from launcher import convert, generate as generate_cli
 from launcher import main as main_lib
+from modules.hf_maps import FAMILIES
 
 PROMPTS = [[5, 17, 99, 3, 64, 120, 7], [1, 2, 3, 4]]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_greedy_equals_transformers_generate(tmp_path, family):
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_greedy_equals_transformers_generate(tmp_path, arch):
+  """Every registered family's example, as tests/test_hf_parity.py builds it."""
   torch = pytest.importorskip("torch")
   pytest.importorskip("transformers")
   from tests import test_hf_parity
   from trainer.generate import SamplingOptions, generate
 
   torch.manual_seed(0)
-  hf = {"llama": test_hf_parity._llama, "gpt2": test_hf_parity._gpt2}[family]().eval()
+  hf = test_hf_parity.transformers_model(FAMILIES[arch]).eval()
   hf.save_pretrained(tmp_path / "hf")
   assert convert.main(["axtrain", f"--from_hf={tmp_path / 'hf'}",
                        f"--output_dir={tmp_path / 'run'}"]) == 0

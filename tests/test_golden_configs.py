@@ -16,6 +16,7 @@ and review the diff.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import pathlib
 import re
@@ -27,9 +28,6 @@ from tests.conftest import ROOT
 from trainer import config as config_lib
 
 GOLDEN = ROOT / "tests" / "testdata" / "golden"
-# Extra variants of configs that take an argument, beyond the default.
-VARIANTS = {"gpt2.py": ["size=small", "size=medium", "size=large", "size=xl"],
-            "llama.py": [f"size={s}" for s in ("test", "tiny", "125m", "1b", "3b", "7b", "8b", "70b")]}
 # registry -> (path of the switched node, overrides on configs/tiny.py). tests/test_kind_switch.py
 # trains each of them.
 SWITCHES = {
@@ -52,12 +50,19 @@ SWITCHES = {
 }
 
 
+def _variants(path: pathlib.Path) -> list[str]:
+  """`key=value` for every value of each argument that the config declares in `CHOICES`."""
+  choices = getattr(importlib.import_module(f"configs.{path.stem}"), "CHOICES", {})
+  return [f"{key}={value}" for key, values in choices.items() for value in values]
+
+
 def _cases():
+  """Every config file of configs/, with no argument and with each declared variant."""
   for path in sorted((ROOT / "configs").glob("*.py")):
     if "def get_config" not in path.read_text():
       continue
     yield path.name, None
-    for arg in VARIANTS.get(path.name, []):
+    for arg in _variants(path):
       yield path.name, arg
 
 

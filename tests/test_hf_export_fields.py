@@ -1,11 +1,13 @@
 """HF export covers every model config field, not only parameters (modules/hf_maps.py:FieldMap).
 
 The model config tree is enumerated from the registries, not from a list: every slot, every kind
-of its registry, every field of each kind. Each family's map must decide every field its HF class
-can reach, and changing any field of a converted model away from its value must either reach the
-HF config (a round trip through the family's import gives the value back), refuse the export by
-the field's path, or, for a field declared not to be math (layout, initialisation), leave the
-HF config as it was.
+of its registry, every field of each kind; the families from the registered maps, each with its
+`example` config. A map names what its HF class holds; a field or slot it does not name is held
+at its default, so only one without a default needs a rule in every map that reaches it, and a
+rule must name a field of some kind. Changing any field of a converted model away from its value
+must either reach the HF config (a round trip through the family's import gives the value back),
+refuse the export by the field's path, or, for a field declared not to be math (layout,
+initialisation), leave the HF config as it was.
 """
 
 from __future__ import annotations
@@ -18,29 +20,17 @@ import typing
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from core.registry import ConfigError, child_registry, optional_child, registry
+from core.registry import (REQUIRED, Component, ConfigError, child_registry, optional_child,
+                           registry)
 from modules import hf_maps
-from modules.hf_maps import FAMILIES, NotWritten
+from modules.hf_maps import FAMILIES, Key, NotWritten
 
 MODEL = registry("model")
 
-# Tiny HF configs, one per family; the base models are what `convert --from_hf` makes of them.
-HF_CONFIGS = {
-    "LlamaForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
-                         "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-                         "max_position_embeddings": 64},
-    "Qwen3ForCausalLM": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
-                         "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "head_dim": 24, "rms_norm_eps": 1e-6,
-                         "max_position_embeddings": 64},
-    "GPT2LMHeadModel": {"vocab_size": 121, "n_embd": 64, "n_layer": 2, "n_head": 4,
-                        "n_positions": 32},
-}
-
 
 def _base(arch: str) -> dict:
-  return FAMILIES[arch].model_node(HF_CONFIGS[arch]).to_dict()
+  """What `convert --from_hf` makes of the family's example config."""
+  return FAMILIES[arch].model_node(FAMILIES[arch].example).to_dict()
 
 
 def _join(slot: str, name: str) -> str:
@@ -53,40 +43,48 @@ def _config_cls(reg, kind: str) -> type:
 
 # -- every family decides every field it can reach -------------------------------------------
 
-def _reachable(fmap) -> tuple[dict, set, set]:
-  """From the registries, through the kinds the map allows: {slot: its field (None for the
-  model)}, the leaf field paths, and the subtrees the map declares NotWritten."""
-  slots, leaves, covered = {}, set(), set()
+def _tree(kinds_at, skip=lambda path: False) -> tuple[dict, dict]:
+  """The model config tree from the config classes of the registries, through the kinds that
+  `kinds_at(registry, slot, field)` gives at each slot, not below a slot that `skip`s:
+  ({slot: (its registry, its field; None for the model)}, {leaf field path: its field})."""
+  slots, leaves = {}, {}
 
   def walk(reg, slot: str, field) -> None:
     slots[slot] = (reg, field)
-    for kind in fmap.kinds.get(slot, {}):
+    for kind in kinds_at(reg, slot, field) or ():
       if kind is None or kind not in reg.kinds():
         continue
       for f in dataclasses.fields(_config_cls(reg, kind)):
         path = _join(slot, f.name)
-        if f.name == "kind":
+        if f.name == "kind" or skip(path):
           continue
-        if child_registry(f) is not None and isinstance(fmap.fields.get(path), NotWritten):
-          covered.add(path)
-        elif child_registry(f) is not None:
+        if child_registry(f) is not None:
           walk(child_registry(f), path, f)
         else:
-          leaves.add(path)
+          leaves.setdefault(path, f)
 
   walk(MODEL, "", None)
-  return slots, leaves, covered
+  return slots, leaves
 
 
 def undecided(fmap) -> list[str]:
-  """What the map leaves undecided or names wrongly, one line each."""
-  slots, leaves, covered = _reachable(fmap)
-  out = [f"field {p}: no rule" for p in sorted(leaves - set(fmap.fields))]
-  out += [f"slot {s}: no kinds" for s in sorted(set(slots) - set(fmap.kinds))]
-  out += [f"rule {p}: names no field" for p in sorted(set(fmap.fields) - leaves - covered)]
-  out += [f"kinds {s}: names no slot" for s in sorted(set(fmap.kinds) - set(slots))]
+  """What the map leaves undecided or names wrongly, one line each: a field or slot that its
+  family reaches (through the kinds it takes, or the defaults where it names none) with neither
+  a default nor a rule; a rule or kinds entry that names no field or slot of any registered
+  kind (a map may name one that only a kind it does not take has, as a map built on another's
+  does); a kind that is not its slot's."""
+  every_slot, every_leaf = _tree(lambda reg, slot, field: reg.kinds())
+  slots, leaves = _tree(lambda reg, slot, field: fmap.kinds_at(slot, field),
+                        skip=lambda path: isinstance(fmap.fields.get(path), NotWritten))
+  out = [f"field {p}: no default and no rule" for p, f in sorted(leaves.items())
+         if fmap.rule_at(p, f) is None]
+  out += [f"slot {s}: no default and no kinds" for s, (_, f) in sorted(slots.items())
+          if fmap.kinds_at(s, f) is None]
+  out += [f"rule {p}: names no field" for p in sorted(fmap.fields) if p not in every_leaf
+          and not (p in every_slot and isinstance(fmap.fields[p], NotWritten))]
+  out += [f"kinds {s}: names no slot" for s in sorted(set(fmap.kinds) - set(every_slot))]
   for slot, kinds in fmap.kinds.items():
-    reg, field = slots.get(slot, (None, None))
+    reg, field = every_slot.get(slot, (None, None))
     for kind in kinds if reg is not None else ():
       if kind is None and not (field is not None and optional_child(field)):
         out.append(f"kinds {slot}: None, but the slot is not optional")
@@ -269,23 +267,71 @@ def test_a_refusal_names_each_field_also_under_a_kind_the_family_lacks():
       "(LlamaForCausalLM takes only 'rmsnorm')")
 
 
-def test_a_setting_no_map_knows_refuses_export_and_fails_the_map_check(monkeypatch):
-  """A field added later with no parameters (a soft-cap of the attention logits) exports as
-  nothing until the maps decide it: every family's check lists it, and export refuses it."""
-  from core.registry import Component  # pylint: disable=import-outside-toplevel
+def _add_to_attention(monkeypatch, cls) -> None:
+  """`cls`, the attention config with a field more, as kind 'attention' for this test only."""
   attention = registry("attention")
-  entry = attention.entry("attention")
+  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
+                      Component("attention", cls, attention.entry("attention").target))
+
+
+def test_a_field_added_later_needs_a_rule_only_in_the_map_of_a_family_that_holds_it(monkeypatch):
+  """A field added later with no parameters (a soft-cap of the attention logits, 0 = off) needs
+  no rule in any map: at its default every family's export is what it was, and any other value
+  is refused by its path. A family whose HF class holds it names it in its own map, and carries
+  it; the other maps stay as they are."""
+  before = {arch: FAMILIES[arch].hf_config(MODEL.parse(_base(arch), "model")) for arch in FAMILIES}
 
   @dataclasses.dataclass(frozen=True, kw_only=True)
-  class WithSoftCap(entry.config_cls):
+  class WithSoftCap(registry("attention").entry("attention").config_cls):
     logit_soft_cap: float = 0.0  # 0 = off
 
-  monkeypatch.setitem(attention._entries, "attention",  # pylint: disable=protected-access
-                      Component("attention", WithSoftCap, entry.target))
-  for family in FAMILIES.values():
-    assert undecided(family.settings) == ["field block.attention.logit_soft_cap: no rule"]
+  _add_to_attention(monkeypatch, WithSoftCap)
+  for arch, family in FAMILIES.items():
+    assert undecided(family.settings) == []
+    base = _base(arch)
+    assert base["block"]["attention"]["logit_soft_cap"] == 0.0
+    assert family.hf_config(MODEL.parse(base, "model")) == before[arch]
+    assert _refusal(_with(base, "block.attention.logit_soft_cap", 30.0)) == (
+        f"the model cannot be written as {arch}: model.block.attention.logit_soft_cap is 30.0 "
+        f"({arch} takes only 0.0)")
+  llama = FAMILIES["LlamaForCausalLM"]
+  holds = dataclasses.replace(llama, settings=dataclasses.replace(llama.settings, fields={
+      **llama.settings.fields, "block.attention.logit_soft_cap": Key("attn_logit_softcapping")}))
+  monkeypatch.setitem(FAMILIES, "LlamaForCausalLM", holds)
+  assert undecided(holds.settings) == []
+  m = MODEL.parse(_with(_base("LlamaForCausalLM"), "block.attention.logit_soft_cap", 30.0),
+                  "model")
+  assert hf_maps.family_of_model(m) is holds
+  assert holds.hf_config(m)["attn_logit_softcapping"] == 30.0
+
+
+def test_a_field_without_a_default_needs_a_rule_in_every_map_that_reaches_it(monkeypatch):
+  """Held at no default, a field added without one is undecided in every family that reaches
+  its kind, and export refuses it by its path, naming the map's file."""
   base = _base("LlamaForCausalLM")
-  assert base["block"]["attention"]["logit_soft_cap"] == 0.0
-  assert _refusal(_with(base, "block.attention.logit_soft_cap", 30.0)) == (
-      "the model cannot be written as LlamaForCausalLM: model.block.attention.logit_soft_cap has "
-      "no entry in the LlamaForCausalLM map (modules/hf_maps.py)")
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class WithWindow(registry("attention").entry("attention").config_cls):
+    window: int = REQUIRED  # tokens each query attends to
+
+  _add_to_attention(monkeypatch, WithWindow)
+  for family in FAMILIES.values():
+    assert undecided(family.settings) == ["field block.attention.window: no default and no rule"]
+  assert _refusal(_with(base, "block.attention.window", 4096)) == (
+      "the model cannot be written as LlamaForCausalLM: model.block.attention.window has no "
+      "default and no entry in the LlamaForCausalLM map (modules/llama_hf.py)")
+
+
+def test_the_map_check_names_a_rule_or_slot_that_no_kind_has():
+  """A rule may name a field of a kind its family does not take (a map built on another's
+  keeps its rules: here LLaMA's without `rope_llama3`), but not a path that no kind has."""
+  llama = FAMILIES["LlamaForCausalLM"].settings
+  rope_only = dataclasses.replace(llama, kinds={**llama.kinds, "block.attention.position": {
+      "rope": {"rope_scaling": None}}})
+  assert "block.attention.position.factor" in rope_only.fields and undecided(rope_only) == []
+  wrong = dataclasses.replace(llama, fields={**llama.fields, "block.attention.num_head": Key("n")},
+                              kinds={**llama.kinds, "block.mlp": {"mlp": {}},
+                                     "block.ffn": {"mlp": {}, "dense": {}}})
+  assert undecided(wrong) == ["rule block.attention.num_head: names no field",
+                              "kinds block.mlp: names no slot",
+                              "kinds block.ffn: 'dense' is no ffn kind"]

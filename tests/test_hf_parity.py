@@ -1,4 +1,5 @@
-"""Parity with Hugging Face: tiny random models built by transformers, converted both ways.
+"""Parity with Hugging Face: a tiny random model of every registered family (its `example`
+config), built by transformers, converted both ways.
 
 transformers and torch are test extras (`pip install -e '.[hf]'`); they are
 imported only here.
@@ -14,41 +15,24 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from launcher import convert  # noqa: E402
+from modules.hf_maps import FAMILIES  # noqa: E402
 
 TOKENS = np.array([[5, 17, 99, 3, 64, 120, 7, 42, 11, 2, 90, 33],
                    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
 
 
-def _llama():
-  cfg = transformers.LlamaConfig(
-      vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64,
-      rope_theta=500_000.0, tie_word_embeddings=False,
-      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-  return transformers.LlamaForCausalLM(cfg)
-
-
-def _qwen3():
-  """LLaMA's shape with QK-norm (attention.norm) and a head_dim other than dim / heads."""
-  cfg = transformers.Qwen3Config(
-      vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6,
-      max_position_embeddings=64, tie_word_embeddings=False)
-  model = transformers.Qwen3ForCausalLM(cfg)
-  with torch.no_grad():  # random norm scales, so that a swapped q_norm/k_norm shows
-    for name, p in model.named_parameters():
-      if name.endswith(("q_norm.weight", "k_norm.weight")):
+def transformers_model(family):
+  """The family's example config built by transformers, with random one-dimensional parameters
+  (norm scales, biases: initialised to ones and zeros, they would hide a swapped or dropped
+  one)."""
+  cfg = transformers.AutoConfig.for_model(family.name, **family.example)
+  model = transformers.AutoModelForCausalLM.from_config(cfg)
+  assert type(model).__name__ == family.architecture
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim == 1:
         p.uniform_(0.5, 1.5)
   return model
-
-
-def _gpt2():
-  # 121 ids: our embedding and head hold 128 rows (model.vocab_multiple), the pad rows added
-  # on import and dropped on export.
-  cfg = transformers.GPT2Config(vocab_size=121, n_embd=64, n_layer=2, n_head=4, n_positions=32,
-                                bos_token_id=0, eos_token_id=0)
-  return transformers.GPT2LMHeadModel(cfg)
 
 
 def _logits_ours(run_dir: pathlib.Path):
@@ -60,11 +44,13 @@ def _logits_ours(run_dir: pathlib.Path):
   return np.asarray(jax.jit(exp.model.apply)({"params": params}, TOKENS))
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gpt2"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def converted(request, tmp_path_factory):
+  """A random model of each registered family (its `example`), converted to a run directory
+  and back, and its logits on TOKENS."""
   torch.manual_seed(0)
-  hf = {"llama": _llama, "qwen3": _qwen3, "gpt2": _gpt2}[request.param]().eval()
-  root = tmp_path_factory.mktemp(request.param)
+  hf = transformers_model(FAMILIES[request.param]).eval()
+  root = tmp_path_factory.mktemp(FAMILIES[request.param].name)
   hf.save_pretrained(root / "hf")
   with torch.no_grad():
     expected = hf(torch.tensor(TOKENS)).logits.numpy()
@@ -97,3 +83,20 @@ def test_round_trip_reproduces_every_tensor(converted):
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(root / "back").eval()
   with torch.no_grad():
     np.testing.assert_array_equal(reloaded(torch.tensor(TOKENS)).logits.numpy(), expected)
+
+
+def test_what_the_map_writes_alone_makes_the_same_model(converted):
+  """The HF config the map writes, without the source's config.json that `--to_hf` merges it
+  into, is enough for transformers to compute the same logits: a setting that a map leaves to
+  its default although the example sets it otherwise (rms_norm_eps, rope_theta, ...) shows."""
+  from core.registry import registry
+  from modules.hf_maps import family_of_model
+  root, expected = converted
+  m = registry("model").parse(json.loads((root / "run" / "config.json").read_text())["model"],
+                              "model")
+  family = family_of_model(m)
+  written = {k: v for k, v in family.hf_config(m).items() if k != "model_type"}
+  cfg = transformers.AutoConfig.for_model(family.name, **written)
+  model = transformers.AutoModelForCausalLM.from_pretrained(root / "back", config=cfg).eval()
+  with torch.no_grad():
+    np.testing.assert_array_equal(model(torch.tensor(TOKENS)).logits.numpy(), expected)

@@ -226,7 +226,12 @@ def document_kinds() -> list[str]:
 
 def kinds_of(files: list[str]) -> dict[str, str | None]:
   """Each file's name ending (lowercase; '' for none) -> the document kind whose SUFFIXES hold
-  it, None where no kind's do."""
+  it, None where no kind's do. An ending may have several parts (`.jsonl.gz`): a file's is the
+  longest that a kind names, else its last suffix."""
   by_suffix = {s: k for k in document_kinds() for s in DATA.entry(k).target.SUFFIXES}
-  endings = {pathlib.PurePath(f).suffix.lower() for f in files}
+  endings = set()
+  for f in files:
+    name = pathlib.PurePath(f).name.lower()
+    endings.add(max((s for s in by_suffix if name.endswith(s)), key=len,
+                    default=pathlib.PurePath(name).suffix))
   return {e: by_suffix.get(e) for e in sorted(endings)}

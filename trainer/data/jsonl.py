@@ -1,4 +1,8 @@
-"""JSON Lines: one document per line, its text under the key `field` (`data.kind=jsonl`)."""
+"""JSON Lines: one document per line, its text under the key `field` (`data.kind=jsonl`).
+
+The reader takes each file's lines from `open_lines`, so a kind whose files hold JSON Lines in
+another container (compressed, say) subclasses `JsonlSource` with its own `open_lines` and
+`write`."""
 
 from __future__ import annotations
 
@@ -31,10 +35,15 @@ class JsonlSource(DocumentSource):
     return str(path)
 
   @staticmethod
-  def documents(cfg, files, *, errors):
+  def open_lines(path: str):
+    """The file's lines, as bytes (a context manager)."""
+    return open(path, "rb")  # pylint: disable=consider-using-with
+
+  @classmethod
+  def documents(cls, cfg, files, *, errors):
     field = cfg.field
     for path in files:
-      with open(path, "rb") as f:
+      with cls.open_lines(path) as f:
         parsed_any = False
         for number, raw in enumerate(f, 1):
           where = f"{path}:{number}"
@@ -48,7 +57,7 @@ class JsonlSource(DocumentSource):
           except json.JSONDecodeError as e:
             if not parsed_any and number == 1:
               raise ConfigError(f"{where}: not a JSON Lines file (first line is not JSON: "
-                                f"{e.msg}); data.kind=jsonl wants one JSON object per line"
+                                f"{e.msg}); data.kind={cfg.kind} wants one JSON object per line"
                                 ) from None
             errors.bad(where, f"not valid JSON ({e.msg})")
             continue
