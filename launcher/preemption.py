@@ -40,6 +40,20 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP = 0  # written by installed() on exit to end the reader thread; no signal has number 0
 
 
+def _wakeups(fd: int):
+  """The signal numbers that Python's wakeup fd (`signal.set_wakeup_fd`) writes to pipe `fd`,
+  as they come, until _STOP."""
+  while True:
+    try:
+      data = os.read(fd, 64)
+    except InterruptedError:
+      continue
+    for signum in data:
+      if signum == _STOP:
+        return
+      yield signum
+
+
 class Preemption:
   """`signals`: the signals this handles (a multi-process run leaves SIGTERM to JAX's preemption
   service, launcher/distributed.py); `on_first(signum)` runs after the first one's message."""
@@ -72,16 +86,9 @@ class Preemption:
       os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
   def _read(self, fd: int) -> None:
-    while True:
-      try:
-        data = os.read(fd, 64)
-      except InterruptedError:
-        continue
-      for signum in data:
-        if signum == _STOP:
-          return
-        if signum in self._signals:
-          self.received(signum)
+    for signum in _wakeups(fd):
+      if signum in self._signals:
+        self.received(signum)
 
   @contextlib.contextmanager
   def installed(self):
@@ -156,14 +163,9 @@ class Interruptions:
         self._exit(signum)
 
   def _read(self, fd: int) -> None:
-    while True:
-      try:
-        data = os.read(fd, 64)
-      except InterruptedError:
-        continue
-      for signum in data:
-        if signum in _SIGNALS:
-          self.received(signum)
+    for signum in _wakeups(fd):
+      if signum in _SIGNALS:
+        self.received(signum)
 
   @staticmethod
   def _keep_default_away(signum, frame) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from launcher import config_loading
-from planner import plan as plan_lib
+from planner import plan as plan_lib, plan_docs
 from tests import ckpt_util as cu
 from trainer import config as config_lib, experiment as experiment_lib, meshes, offload
 from trainer.optimizer import OPTIMIZERS
@@ -57,8 +57,8 @@ def fixture_small_pieces(monkeypatch):
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS.kinds())
 def test_offloaded_losses_equal_the_device_run_for_every_optimizer(optimizer, small_pieces):
-  """20 steps of AdamW (the recipes' optimizer), 6 of each other kind."""
-  steps = STEPS if optimizer == "adamw" else 6
+  """20 steps of AdamW (the recipes' optimizer), 3 of each other kind."""
+  steps = STEPS if optimizer == "adamw" else 3
   want, want_metrics, _ = _run("device", optimizer, steps=steps)
   got, got_metrics, state = _run("host", optimizer, steps=steps)
   assert np.max(np.abs(got - want) / np.abs(want)) <= 1e-6, (got, want)
@@ -104,6 +104,7 @@ def test_pieces_cover_a_parameter_in_order():
   assert max(size for _, size in pieces) * 300 * 4 <= offload.PIECE_BYTES
 
 
+@pytest.mark.slow
 def test_checkpoints_cross_between_offloaded_and_device_runs(tmp_path, cache):
   """A run that saved with its state on the device (10 steps) extends to 20 offloaded, and one
   that saved offloaded extends on the device: the losses of extending it on the device."""
@@ -167,7 +168,7 @@ def test_the_tpu_program_fetches_pieces_along_outer_axes_only():
 @pytest.mark.tpu
 def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   """The checkpoint model's 30 steps on the chip (bfloat16 compute), state in pinned host
-  memory against state in HBM: the same losses within the chip's measured tolerance."""
+  memory against state in HBM: the same losses within TPU_LOSS_RTOL."""
   runs = {}
   for memory in offload.STATE_MEMORY:
     run_dir = tmp_path / memory
@@ -180,6 +181,18 @@ def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   assert worst <= TPU_LOSS_RTOL
 
 
-# Twice the largest relative loss difference seen on the chip (v5e, 2026-12-06); see the note
-# printed by the test above.
+# Issue 37's bound for an offloaded run against the same run on the device (item 5); the lane
+# has not run on a chip since this test was written (the session's chip time ran out), so no
+# measured difference stands behind it yet: the test prints the largest it sees.
 TPU_LOSS_RTOL = 1e-6
+
+
+@pytest.mark.parametrize("name", [r.name for r in plan_docs.OFFLOADED])
+def test_the_recipes_that_need_host_memory_fit_their_chips_by_the_stored_plans(name):
+  """llm_1b on one v5e chip and llm_7b on one v5e host of 8 (their mesh rules put the state in
+  host memory): the TPU compiler's stored plans (tests/testdata/plans, `python -m
+  planner.plan_docs NAME` compiles them again) fit the chips' HBM and the hosts' RAM."""
+  plan, rule = plan_docs.load(plan_docs.BY_NAME[name])
+  assert plan.train.host > 0 and plan.fit_source == "compiler", name
+  assert plan.needed <= plan.usable and plan.host_needed <= plan.host_ram, name
+  assert plan.fits and rule and "max_hbm_gb=20" in rule, (name, rule)

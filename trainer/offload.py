@@ -9,20 +9,21 @@ the step (trainer/step.py:train_step, the same pure function) moves them through
     update        the gradients are clipped by their global norm, then one parameter at a time,
                   smallest first, its master weight and optimizer state come to the device, the
                   optimizer updates them there (the same optimizer, built for that parameter's
-                  axes: Optimizer.for_axes) and they go back to host memory, into the buffers
-                  they came from (the state is donated)
+                  axes: Optimizer.for_axes) and they go back to host memory (the step donates
+                  the state: the new state takes the old one's host buffers)
 
-so the device holds the compute-dtype weights, the float32 gradient sum and one parameter's
-state at a time, instead of all the state (MaxText's optimizer and parameter host offload,
-DeepSpeed's ZeRO-Offload). Each parameter's transfers are chained to the one before it
-(`lax.optimization_barrier`), so that the compiler does not bring them all in at once. The math
-is the train step's without offload: the same gradients, clipping and update, so losses agree
-and checkpoints move between offloaded and not-offloaded runs (offload is placement, like the
-mesh). The update itself runs on the device: XLA's host compute (`compute_on("device_host")`)
-brought every operand back to the device (the llm_1b step's temporaries grew to 23 GiB on v5e).
+so the device holds the compute-dtype weights, the float32 gradient sum and a piece of the state
+at a time, instead of all the state (MaxText's optimizer and parameter host offload, DeepSpeed's
+ZeRO-Offload). A parameter over SMALL_BYTES moves in pieces, each fetched only after the piece
+before it is done (_Chain); smaller ones, and the parameters of an optimizer that is not
+elementwise (Adafactor, Muon: whole), move when the compiler schedules them. The math is the
+train step's without offload: the same gradients, clipping and update, so losses agree and
+checkpoints move between offloaded and not-offloaded runs (offload is placement, like the mesh).
+The update itself runs on the device: XLA's host compute (`compute_on("device_host")`) brought
+every operand back to the device (the llm_1b step's temporaries grew to 23 GiB on v5e).
 
 Saved activations can go to host memory too: model.remat's `offload_*` policies
-(modules/decoder.py).
+(modules/decoder.py). docs/offload.md has the figures.
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ SMALL_BYTES = 2 ** 20
 
 class _Chain:
   """Orders host-to-device transfers: each piece is sliced out of host memory at an index that
-  depends on the piece before it (`start`, or 0 if that piece held a number above inf), so
-  the compiler cannot fetch it earlier. Without such a dependency XLA's scheduler starts every host transfer while
-  the microbatches run (the llm_1b step then held all the optimizer state on the device)."""
+  depends on the piece before it (`start`, or 0 if that piece held a number above inf), so the
+  compiler cannot fetch it earlier. Without such a dependency XLA's scheduler starts every host
+  transfer while the microbatches run (the llm_1b step then held all of AdamW's state in HBM)."""
 
   def __init__(self):
     self.after = jnp.bool_(False)
