@@ -206,7 +206,7 @@ def test_the_state_shardings_pair_with_the_state_leaf_for_leaf(kind):
 
 
 def test_every_optimizer_is_tested():
-  assert set(FIELDS) == set(OPTIMIZERS.kinds())
+  assert set(FIELDS) == set(LEARNING_RATES) == set(OPTIMIZERS.kinds())
 
 
 def test_muon_weight_decay_is_the_shared_one(llama_test):
