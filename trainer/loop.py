@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import pathlib
 import sys
 from typing import Any, Callable, Sequence
@@ -27,6 +26,7 @@ from trainer.checkpoint import Checkpointer, load_params
 from trainer.experiment import Experiment
 from trainer.progress import Progress, Timer, header
 from trainer.run_files import Manifest, no_record
+from trainer.step import eval_record
 from trainer.watchdog import Watchdog
 
 
@@ -55,14 +55,14 @@ class NonFiniteError(Exception):
 
 
 def evaluate(exp: Experiment, params, batches) -> dict:
-  loss_sum = weight_sum = 0.0
+  """The evaluation record of `params` on `batches` (trainer/step.py:eval_record)."""
   with exp.context():
     sums = [exp.eval_fn(params, exp.global_batch(b)) for b in batches]
-  for loss, weight in jax.device_get(sums):
-    loss_sum, weight_sum = loss_sum + float(loss), weight_sum + float(weight)
-  mean = loss_sum / max(weight_sum, 1.0)
-  return {"eval_loss": mean, "eval_perplexity": math.exp(min(mean, 700.0)),
-          "eval_tokens": int(weight_sum)}
+  totals: dict[str, float] = {}
+  for one in jax.device_get(sums):
+    for name, value in one.items():
+      totals[name] = totals.get(name, 0.0) + float(value)
+  return eval_record(totals)
 
 
 def _warn(text: str) -> None:

@@ -1,19 +1,23 @@
 """Optimizers (registry `optimizer`), built from config and the parameters' logical axes.
 
-Every optimizer is the same chain around its own update direction:
+Every optimizer is the same frame around its own chain of optax transforms:
 
-    clip the global gradient norm (clip_norm) -> the kind's direction (Adam, Lion, ...)
-    -> + weight_decay * param on weights (trainer/param_axes.py) -> * -schedule(step)
+    clip the global gradient norm (clip_norm) -> the kind's chain (Adam, Lion, ...), holding
+    WEIGHT_DECAY where its + weight_decay * param on weights goes (trainer/param_axes.py)
+    -> * -schedule(step)
 
 so clipping, weight decay and the schedule are written once (`_assemble`), and the fields
 for them live in `OptimizerConfig`, which each kind's config extends. Weight decay is
-decoupled (AdamW): it is multiplied by the learning rate, not by the gradient statistics.
+decoupled (AdamW): it is multiplied by the learning rate, not by the gradient statistics; a
+kind says where it goes in its chain (after its direction for every kind here; a trust ratio,
+as LAMB's, goes after it). A transform that reads a statistic over a whole parameter (a norm,
+an RMS) goes through `per_layer`, so that it is each layer's over a scanned stack.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import flax.linen as nn
 import jax
@@ -21,12 +25,13 @@ import jax.numpy as jnp
 import optax
 
 from core.registry import REQUIRED, Registry, child
-from trainer.param_axes import decay_mask
+from trainer.param_axes import ParamAxes, decay_mask
 from trainer.ranges import NON_NEGATIVE, POSITIVE, UNIT, Interval, check_ranges
 from trainer.schedules import SCHEDULES
 
 OPTIMIZERS = Registry("optimizer")
-__all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "OptimizerConfig", "clip_by_global_norm"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "WEIGHT_DECAY", "Optimizer", "OptimizerConfig",
+           "clip_by_global_norm", "per_layer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,18 +94,83 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def _assemble(cfg: OptimizerConfig, direction: optax.GradientTransformation, *,
-              total_steps: int, axes: Any) -> Optimizer:
-  """The chain shared by every optimizer around its `direction` (see the module docstring)."""
+class _Slot:
+  """A place in a kind's chain that `_assemble` fills."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __repr__(self) -> str:
+    return self.name
+
+
+# Where a kind's chain takes the decoupled weight decay (+ weight_decay * param on weights).
+WEIGHT_DECAY = _Slot("WEIGHT_DECAY")
+
+
+def _assemble(cfg: OptimizerConfig, chain: Sequence, *, total_steps: int,
+              axes: Any) -> Optimizer:
+  """The optimizer whose update is `chain` (optax transforms, in order, holding WEIGHT_DECAY
+  once: where the weight decay goes), after the global clip and before -schedule(step) (see
+  the module docstring)."""
+  if sum(part is WEIGHT_DECAY for part in chain) != 1:
+    raise ValueError(f"optimizer {cfg.kind!r}: its chain must hold WEIGHT_DECAY once, where "
+                     f"its weight decay goes")
   schedule = SCHEDULES.build(cfg.schedule, peak=cfg.learning_rate, total_steps=total_steps)
   clip = [] if cfg.clip_norm is None else [clip_by_global_norm(cfg.clip_norm)]
-  parts = [direction,
-           optax.add_decayed_weights(cfg.weight_decay, decay_mask(
-               axes, decay_embeddings=cfg.decay_embeddings)),
-           optax.scale_by_learning_rate(schedule)]
+  decay = optax.add_decayed_weights(cfg.weight_decay, decay_mask(
+      axes, decay_embeddings=cfg.decay_embeddings))
+  parts = [decay if part is WEIGHT_DECAY else part for part in chain]
+  parts.append(optax.scale_by_learning_rate(schedule))
   return Optimizer(optax.chain(*clip, *parts), schedule, after_clip=optax.chain(*parts),
                    clip_norm=cfg.clip_norm, elementwise=cfg.ELEMENTWISE,
                    for_axes=lambda sub: OPTIMIZERS.build(cfg, total_steps=total_steps, axes=sub))
+
+
+def per_layer(tx: optax.GradientTransformation, axes: Any) -> optax.GradientTransformation:
+  """`tx` on each parameter alone and, over a stack, on each layer alone.
+
+  A transform whose update of a parameter reads a statistic over the whole parameter (a norm,
+  an RMS, Adafactor's row and column means, a trust ratio) must take it per layer over a
+  scanned stack, or a scanned model trains otherwise than the same model unrolled: `tx` is
+  vmapped over the parameter's leading stack axes (`layers`, `experts`:
+  trainer/param_axes.py:STACK_AXES), each copy on its own as a separate parameter would be.
+  Every such transform goes through here; tests/test_optimizer_stacks.py trains every
+  optimizer kind scanned and unrolled and compares.
+
+  `axes`: the parameters' logical axes (trainer/param_axes.py:logical_axes). The state is a
+  tree shaped like the parameters holding, at each parameter, `tx`'s state of it with a
+  leading axis per stack axis (step counts too); a state array shaped like its parameter
+  carries the parameter's logical axis names, the others are replicated.
+  """
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+
+  def lifted(fn, a: ParamAxes):
+    for _ in range(a.stack_depth()):
+      fn = jax.vmap(fn)
+    return fn
+
+  def init(params):
+    boxes, treedef = jax.tree.flatten(params, is_leaf=is_box)
+    states = []
+    for box, a in zip(boxes, treedef.flatten_up_to(axes)):
+      value = box.value if is_box(box) else box  # boxed with its axis names at init
+      state = lifted(tx.init, a)(value)
+      if is_box(box):
+        state = jax.tree.map(lambda x, b=box, v=value: b.replace_boxed(x)
+                             if x.shape == v.shape else x, state)
+      states.append(state)
+    return jax.tree.unflatten(treedef, states)
+
+  def update(updates, state, params=None):
+    leaves, treedef = jax.tree.flatten(updates)
+    params = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)
+    out = [lifted(tx.update, a)(u, s, p) for u, s, p, a in zip(
+        leaves, treedef.flatten_up_to(state), params, treedef.flatten_up_to(axes))]
+    return (jax.tree.unflatten(treedef, [u for u, _ in out]),
+            jax.tree.unflatten(treedef, [s for _, s in out]))
+
+  return optax.GradientTransformation(init, update)
 
 
 _BETAS = {"b1": UNIT, "b2": UNIT, "eps": POSITIVE}
@@ -118,9 +188,9 @@ class AdamWConfig(OptimizerConfig):
 
 @OPTIMIZERS.register("adamw", AdamWConfig)
 def adamw(*, cfg: AdamWConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                                            mu_dtype=jnp.dtype(cfg.state_dtype)),
-                   total_steps=total_steps, axes=axes)
+  return _assemble(cfg, [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                             mu_dtype=jnp.dtype(cfg.state_dtype)),
+                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,9 +205,9 @@ class LionConfig(OptimizerConfig):
 
 @OPTIMIZERS.register("lion", LionConfig)
 def lion(*, cfg: LionConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, optax.scale_by_lion(b1=cfg.b1, b2=cfg.b2,
-                                            mu_dtype=jnp.dtype(cfg.state_dtype)),
-                   total_steps=total_steps, axes=axes)
+  return _assemble(cfg, [optax.scale_by_lion(b1=cfg.b1, b2=cfg.b2,
+                                             mu_dtype=jnp.dtype(cfg.state_dtype)),
+                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,9 +221,9 @@ class SgdConfig(OptimizerConfig):
 
 @OPTIMIZERS.register("sgd", SgdConfig)
 def sgd(*, cfg: SgdConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov,
-                                    accumulator_dtype=jnp.dtype(cfg.state_dtype)),
-                   total_steps=total_steps, axes=axes)
+  return _assemble(cfg, [optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov,
+                                     accumulator_dtype=jnp.dtype(cfg.state_dtype)),
+                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,33 +255,9 @@ def adafactor(*, cfg: AdafactorConfig, total_steps: int, axes: Any) -> Optimizer
   if cfg.momentum is not None:
     parts.append(optax.ema(cfg.momentum, debias=False,
                            accumulator_dtype=jnp.dtype(cfg.state_dtype)))
-  return _assemble(cfg, _init_unboxed(optax.chain(*parts)), total_steps=total_steps, axes=axes)
-
-
-def _init_unboxed(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` initialized from unboxed parameters, for states not shaped like them.
-
-  Adafactor keeps row and column statistics: boxing them with the parameter's axis names
-  (what optax does when it maps over boxed parameters) would be wrong. State leaves shaped
-  like their parameter get its names; the others are replicated.
-  """
-  is_box = lambda x: isinstance(x, nn.Partitioned)
-
-  def init(params):
-    boxes, treedef = jax.tree.flatten(params, is_leaf=is_box)
-    if not any(is_box(b) for b in boxes):
-      return tx.init(params)
-    state = tx.init(jax.tree.unflatten(treedef, [getattr(b, "value", b) for b in boxes]))
-
-    def rebox(tree):
-      return jax.tree.unflatten(treedef, [
-          b.replace_boxed(x) if is_box(b) and x.shape == b.value.shape else x
-          for b, x in zip(boxes, jax.tree.leaves(tree))])
-
-    like_params = lambda x: jax.tree.structure(x) == treedef
-    return jax.tree.map(lambda x: rebox(x) if like_params(x) else x, state, is_leaf=like_params)
-
-  return optax.GradientTransformation(init, tx.update)
+  # Row and column means and the RMS clip and scale are statistics of each layer's matrix.
+  return _assemble(cfg, [per_layer(optax.chain(*parts), axes), WEIGHT_DECAY],
+                   total_steps=total_steps, axes=axes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -255,4 +301,4 @@ def muon(*, cfg: MuonConfig, total_steps: int, axes: Any) -> Optimizer:
           adam_b2=cfg.adam_b2, adam_weight_decay=0.0, consistent_rms=cfg.consistent_rms,
           muon_weight_dimension_numbers=muon_dimension_numbers(axes)),
       optax.scale(-1.0))
-  return _assemble(cfg, direction, total_steps=total_steps, axes=axes)
+  return _assemble(cfg, [direction, WEIGHT_DECAY], total_steps=total_steps, axes=axes)

@@ -4,7 +4,9 @@ Every parameter of the layer library carries logical axis names (flax
 `nn.with_logical_partitioning`); the optimizer decides weight decay and Muon from them:
 
   stack axes   `layers` (nn.scan's stack) and `experts` index copies of one parameter;
-               they are set aside, so a scanned and an unrolled stack decide alike.
+               they are set aside, so a scanned and an unrolled stack decide alike. They
+               lead a parameter's axes; a statistic over a parameter (a norm, an RMS) is
+               taken per copy (stack_depth, trainer/optimizer.py:per_layer).
   spaces       the remaining axes, grouped into the vector spaces they index. Each axis is
                its own space, except those in SPACE_OF: `heads`, `kv_heads` and `head_dim`
                together index the attention space. An unnamed axis (None) is a space of its own.
@@ -47,6 +49,18 @@ class ParamAxes:
       key = ("unnamed", i) if name is None else SPACE_OF.get(name, name)
       groups.setdefault(key, []).append(i)
     return [tuple(g) for g in groups.values()]
+
+  def stack_depth(self) -> int:
+    """How many leading axes are stack axes: the copies that a statistic over the parameter
+    (a norm, an RMS) keeps apart (trainer/optimizer.py:per_layer). ValueError where a stack
+    axis follows another axis."""
+    depth = 0
+    while depth < len(self.names) and self.names[depth] in STACK_AXES:
+      depth += 1
+    if any(name in STACK_AXES for name in self.names[depth:]):
+      raise ValueError(f"a parameter with axes {self.names} has a stack axis "
+                       f"({', '.join(sorted(STACK_AXES))}) after another axis; stack axes lead")
+    return depth
 
   @property
   def is_weight(self) -> bool:

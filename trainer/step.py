@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+import math
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import flax.struct
@@ -44,16 +45,56 @@ def cast_floats(tree, dtype):
                       tree)
 
 
-def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
-              loss_chunk_size: int = 0, z_loss: float = 0.0) -> tuple[jax.Array, dict]:
-  """(sum of token losses + weighted aux losses + z_loss * sum of log(Z)^2, stats) for one
-  (micro)batch, in float32.
+# -- what the step sums over tokens ---------------------------------------------------------
+# A token metric maps float32 logits [..., V] and integer targets [...] to one value per token
+# [...]. The step sums it times the token weights (token_sums), over the whole logits or over
+# the chunks of the chunked loss (chunked_loss_sum), so a metric never sees how it is summed.
+#
+# What an evaluation reports (eval_record): `eval_<name>`, the mean over the held-out tokens of
+# each token metric registered with @eval_metric, beside `eval_perplexity` (exp(eval_loss)) and
+# `eval_tokens` (the tokens counted). A new one is its function here, with its test and its name
+# in docs/observe.md.
+EVAL_METRICS: dict[str, Callable] = {}
+_EVAL_TAKEN = ("tokens", "perplexity")  # eval_record's own keys
 
-  `loss_chunk_size` > 0: the LM head and the cross-entropy run over chunks of that many
-  positions (chunked_loss_sum), never holding the [batch, seq, vocab] logits at once.
-  `z_loss` > 0: PaLM's z-loss, log(Z)^2 of each counted token's softmax normaliser (its
-  logsumexp), keeps the logits from drifting; stats["z_sum"] is its weighted sum (0 when off).
-  stats["metrics"]: what the modules sowed into the "metrics" collection (sown_means).
+
+def eval_metric(name: str):
+  """Registers a token metric as `eval_<name>`; a name is refused twice."""
+  def register(fn: Callable) -> Callable:
+    if name in EVAL_METRICS or name in _EVAL_TAKEN:
+      raise ValueError(f"eval metric {name!r} is taken: "
+                       f"{', '.join([*EVAL_METRICS, *_EVAL_TAKEN])}")
+    EVAL_METRICS[name] = fn
+    return fn
+  return register
+
+
+@eval_metric("loss")
+def cross_entropy(logits, targets):
+  """-log softmax(logits)[target]: the loss."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def log_z_squared(logits, targets):
+  """log(Z)^2, Z the softmax normaliser (logsumexp of the logits): PaLM's z-loss."""
+  del targets
+  return jnp.square(jax.nn.logsumexp(logits, axis=-1))
+
+
+def token_sums(logits, targets, weights, *, metrics: Mapping[str, Callable]) -> dict:
+  """{name: sum of weights * metric(logits, targets)} in float32, for each of `metrics`, of
+  logits [..., V] against integer targets [...]."""
+  logits = logits.astype(jnp.float32)
+  return {name: jnp.sum(fn(logits, targets) * weights) for name, fn in metrics.items()}
+
+
+def forward_sums(params, batch, *, model: nn.Module, compute_dtype,
+                 metrics: Mapping[str, Callable], loss_chunk_size: int = 0) -> tuple[dict, Any]:
+  """One forward pass of a (micro)batch: (token_sums of `metrics`, what the modules put in the
+  "losses" and "metrics" collections).
+
+  `loss_chunk_size` > 0: the LM head and the sums run over chunks of that many positions
+  (chunked_loss_sum), never holding the [batch, seq, vocab] logits at once.
   """
   variables = {"params": cast_floats(params, compute_dtype)}
   args = (batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
@@ -62,28 +103,35 @@ def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
   if loss_chunk_size:
     (x, head), state = model.apply(variables, *args, head=False, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
-      loss_sum, z_sum = chunked_loss_sum(x, head, batch["targets"], weights,
-                                         chunk=loss_chunk_size, z_loss=z_loss > 0)
+      sums = chunked_loss_sum(x, head, batch["targets"], weights, chunk=loss_chunk_size,
+                              metrics=metrics)
   else:
     logits, state = model.apply(variables, *args, mutable=["losses", "metrics"])
     with jax.named_scope("loss"):
-      loss_sum, z_sum = token_loss_sums(logits, batch["targets"], weights, z_loss=z_loss > 0)
-  weight_sum = jnp.sum(weights)
+      sums = token_sums(logits, batch["targets"], weights, metrics=metrics)
+  return sums, state
+
+
+def loss_sums(params, batch, *, model: nn.Module, compute_dtype,
+              loss_chunk_size: int = 0, z_loss: float = 0.0) -> tuple[jax.Array, dict]:
+  """(sum of token losses + weighted aux losses + z_loss * sum of log(Z)^2, stats) for one
+  (micro)batch, in float32: the training objective, whose gradient train_step takes.
+
+  stats: "loss_sum" (the cross-entropy's), "weight_sum", "aux_loss" (the modules' auxiliary
+  losses, means), "z_sum" (the weighted sum of log(Z)^2 with `z_loss` > 0, else 0: PaLM's
+  z-loss, which keeps the logits from drifting) and "metrics" (what the modules sowed into the
+  "metrics" collection, sown_means).
+  """
+  metrics = {"loss": cross_entropy, **({"z": log_z_squared} if z_loss else {})}
+  sums, state = forward_sums(params, batch, model=model, compute_dtype=compute_dtype,
+                             metrics=metrics, loss_chunk_size=loss_chunk_size)
+  weight_sum = jnp.sum(batch["weights"].astype(jnp.float32))
   aux = sum((jnp.sum(x) for x in jax.tree.leaves(state.get("losses", {}))), jnp.float32(0))
+  z_sum = sums.get("z", jnp.float32(0))
   # Aux losses (e.g. MoE load balancing) are means; scale them like the token sum.
-  return loss_sum + aux * weight_sum + z_loss * z_sum, {
-      "loss_sum": loss_sum, "weight_sum": weight_sum, "aux_loss": aux, "z_sum": z_sum,
+  return sums["loss"] + aux * weight_sum + z_loss * z_sum, {
+      "loss_sum": sums["loss"], "weight_sum": weight_sum, "aux_loss": aux, "z_sum": z_sum,
       "metrics": sown_means(state.get("metrics", {}))}
-
-
-def token_loss_sums(logits, targets, weights, *, z_loss: bool) -> tuple[jax.Array, jax.Array]:
-  """(sum of weights * cross-entropy, sum of weights * log(Z)^2, or 0 without `z_loss`), in
-  float32, of logits [..., V] against integer targets [...]."""
-  logits = logits.astype(jnp.float32)
-  loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights)
-  if not z_loss:
-    return loss, jnp.float32(0)
-  return loss, jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * weights)
 
 
 def sown_means(collection) -> dict[str, jax.Array]:
@@ -99,8 +147,9 @@ def sown_means(collection) -> dict[str, jax.Array]:
 
 
 def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *, chunk: int,
-                     z_loss: bool = False) -> tuple[jax.Array, jax.Array]:
-  """token_loss_sums(x @ head, targets, weights) over sequence chunks of `chunk` positions.
+                     metrics: Mapping[str, Callable]) -> dict:
+  """token_sums(x @ head, targets, weights, metrics=metrics) over sequence chunks of `chunk`
+  positions.
 
   A scan over chunks whose body is rematerialised: forward and backward each hold one
   chunk's float32 logits [B, chunk, V], and the head's gradient accumulates across chunks.
@@ -124,12 +173,12 @@ def chunked_loss_sum(x_BxLxD, head: LmHead, targets_BxL, weights_BxL, *, chunk: 
     x_BxCxD, targets_BxC, weights_BxC = xs
     logits = head.logits(x_BxCxD)
     logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
-    loss, z = token_loss_sums(logits, targets_BxC, weights_BxC, z_loss=z_loss)
-    return ((totals[0] + loss, totals[1] + z) if z_loss else (totals[0] + loss,)), None
+    sums = token_sums(logits, targets_BxC, weights_BxC, metrics=metrics)
+    return {name: totals[name] + sums[name] for name in totals}, None
 
-  zeros = (jnp.float32(0),) * (2 if z_loss else 1)  # no z-loss: the carry it always had
+  zeros = {name: jnp.float32(0) for name in metrics}  # one carry per metric
   totals, _ = jax.lax.scan(body, zeros, (split(x_BxLxD), split(targets_BxL), split(weights_BxL)))
-  return totals[0], totals[1] if z_loss else jnp.float32(0)
+  return totals
 
 
 def _microbatches(batch, n: int):
@@ -226,19 +275,32 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
 
 
 def eval_step(params, batch, *, model: nn.Module, compute_dtype=jnp.float32,
-              loss_chunk_size: int = 0, microbatches: int = 1):
-  """(loss sum, weight sum) of one held-out batch, in `microbatches` passes (strided rows, as
-  train_step's accumulation) whose sums add up."""
+              loss_chunk_size: int = 0, microbatches: int = 1) -> dict:
+  """Sums over one held-out batch: {"tokens": the sum of the token weights, and for each of
+  EVAL_METRICS its name: the sum of weight * metric}, in `microbatches` passes (strided rows,
+  as train_step's accumulation) whose sums add up. Sums of several batches add up too;
+  eval_record turns them into the evaluation's record."""
   params = offload.to_device(params)
 
   def sums(micro):
-    _, stats = loss_sums(params, micro, model=model, compute_dtype=compute_dtype,
-                         loss_chunk_size=loss_chunk_size)
-    return stats["loss_sum"], stats["weight_sum"]
+    out, _ = forward_sums(params, micro, model=model, compute_dtype=compute_dtype,
+                          metrics=EVAL_METRICS, loss_chunk_size=loss_chunk_size)
+    return {**out, "tokens": jnp.sum(micro["weights"].astype(jnp.float32))}
 
   if microbatches == 1:
     return sums(batch)
   add = lambda acc, micro: (jax.tree.map(jnp.add, acc, sums(micro)), None)
-  zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-  (loss, weight), _ = jax.lax.scan(add, zeros, _microbatches(batch, microbatches))
-  return loss, weight
+  zeros = {name: jnp.zeros((), jnp.float32) for name in (*EVAL_METRICS, "tokens")}
+  totals, _ = jax.lax.scan(add, zeros, _microbatches(batch, microbatches))
+  return totals
+
+
+def eval_record(totals: Mapping[str, float]) -> dict:
+  """The record of an evaluation from the sums of eval_step over its batches (host floats):
+  `eval_loss`, `eval_perplexity`, `eval_tokens`, and `eval_<name>` for each other metric of
+  EVAL_METRICS: means per counted token."""
+  tokens = totals["tokens"]
+  means = {f"eval_{name}": totals[name] / max(tokens, 1.0) for name in EVAL_METRICS}
+  loss = means.pop("eval_loss")
+  return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)),
+          "eval_tokens": int(tokens), **means}
