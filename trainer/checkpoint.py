@@ -6,8 +6,10 @@
     data   the data iterator's get_state() as JSON (`data/metadata`)
 
 Saves are asynchronous: `save` returns once the arrays are copied off the
-devices and the write finishes in a background thread. A step directory
-appears under its final name only when Orbax has committed it (atomic rename
+devices and the write finishes in a background thread. A state kept in host memory
+(trainer.state_memory=host) is saved synchronously, a bounded part of it copied at a time, so
+that the save adds little to the host RAM that the state already takes (docs/offload.md).
+A step directory appears under its final name only when Orbax has committed it (atomic rename
 of a temporary directory), so a process killed at any moment leaves the
 committed checkpoints intact. Old checkpoints are garbage-collected after a
 newer one commits: the latest `keep` stay, plus every step divisible by
@@ -41,6 +43,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from core.registry import ConfigError
 from trainer import disk
+from trainer.checkpoint_bounded import Transfers, handlers, in_host_memory
 from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
@@ -238,7 +241,9 @@ class Checkpointer:
         # Temporary directories of saves cut short by a crash are never committed steps.
         cleanup_tmp_directories=True,
     )
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._transfers = Transfers()
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          handler_registry=handlers(self._transfers))
     self._moves = 0
     self._in_flight: tuple[int, int] | None = None  # (step, bytes needed) of the save in flight
     self._reports = _SaveReports()
@@ -251,7 +256,9 @@ class Checkpointer:
     """Starts an asynchronous save of `step`; False if that step is already on disk.
 
     The caller decides when to save (`due`, the last step, a preemption). Waits for the save
-    before it first. Raises disk.NoSpace, starting nothing, when the disk holding the
+    before it first. A state in host memory (`in_host_memory`) is copied and written
+    HOST_STATE_SAVE_GB at a time (checkpoint_bounded.py), and is saved when this returns.
+    Raises disk.NoSpace, starting nothing, when the disk holding the
     checkpoints has less room than the state's arrays take (the most a checkpoint needs: Orbax
     compresses), and when the disk filled during the save before (wait_until_finished).
     """
@@ -262,11 +269,14 @@ class Checkpointer:
     disk.check_room(self.directory / str(step), needed)
     self._in_flight = (step, needed)
     self._reports.start()
+    self._transfers.bounded = in_host_memory(state)
     try:
       self._manager.save(step, force=True, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
     except Exception as e:  # pylint: disable=broad-except  (read by _failed)
       raise self._failed(e) from None
+    if self._transfers.bounded:
+      self.wait_until_finished()
     return True
 
   def all_steps(self) -> list[int]:
