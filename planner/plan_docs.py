@@ -450,8 +450,18 @@ FRAGMENTS: dict[str, Callable[..., str]] = {
 }
 
 
+FLAGS = ("--list", "--render")
+
+
 def main(argv: list[str]) -> int:
-  args = [a for a in argv[1:] if not a.startswith("--")]
+  args = [a for a in argv[1:] if not a.startswith("-")]
+  if any(a in ("-h", "--help") for a in argv[1:]):
+    print(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
+    return 0
+  if unknown := [a for a in argv[1:] if a.startswith("-") and a not in FLAGS]:
+    print(f"planner.plan_docs: error: unknown flag {unknown[0]}; flags: {', '.join(FLAGS)}, "
+          f"--help", file=sys.stderr)
+    return 2
   if "--list" in argv:
     for r in REPORTS:
       print(f"{r.name}: axtrain {' '.join(r.command())}")
