@@ -166,6 +166,8 @@ def test_the_tpu_program_fetches_pieces_along_outer_axes_only():
 
 
 @pytest.mark.tpu
+@pytest.mark.xfail(strict=True, reason="issue 37 item 5 on the chip: measured 6.9e-5 relative "
+                   "on the lent v5e, 2026-12-06 (bound 1e-6); CPU meets it")
 def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   """The checkpoint model's 30 steps on the chip (bfloat16 compute), state in pinned host
   memory against state in HBM: the same losses within TPU_LOSS_RTOL."""
@@ -181,9 +183,11 @@ def test_offloaded_run_on_the_chip_follows_the_device_run(tmp_path, cache):
   assert worst <= TPU_LOSS_RTOL
 
 
-# Issue 37's bound for an offloaded run against the same run on the device (item 5); the lane
-# has not run on a chip since this test was written (the session's chip time ran out), so no
-# measured difference stands behind it yet: the test prints the largest it sees.
+# Issue 37's bound for an offloaded run against the same run on the device (item 5). On the lent
+# v5e (2026-12-06, `pytest -m tpu tests/test_offload.py`) the largest difference was 6.9e-5
+# relative: the chip's update of the host-resident state does not round exactly as the device
+# run's (where, is not found yet; one fp32 ulp of a master weight can flip its bfloat16 copy, and
+# the runs part from there). Held at the issue's bound, marked xfail until it is met.
 TPU_LOSS_RTOL = 1e-6
 
 
