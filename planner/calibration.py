@@ -33,7 +33,8 @@ class Calibration:
   measured: bool
   # Bytes/s one device moves between host memory and its own memory inside a compiled program
   # (trainer.state_memory="host": each step reads the state from host memory and writes it
-  # back); measured by benchmarks/host_transfer.py where a device was lent.
+  # back); measured by benchmarks/host_transfer.py where a device was lent. device_to_host 0:
+  # the step's writes run beside its update and cost it no time that was measured.
   host_to_device: float = 0.0
   device_to_host: float = 0.0
   transfer_source: str = ""
@@ -51,15 +52,20 @@ class Calibration:
 # rows (full remat, Adafactor) 1.262 / 1.244 s, 125m as shipped (64 microbatches) 4.11 / 3.93 s.
 # Host transfers: benchmarks/host_transfer.py on the lent chip, 2026-12-06, 2 GiB in 4 arrays
 # per direction inside one jitted program (benchmarks/host_transfer_v5e.json): host to device
-# 13.9 GB/s; device to pinned host memory 0.66 GB/s into donated buffers (0.55 into new ones,
-# 0.76 by device_put). That machine runs its programs under gVisor: a TPU VM's PCIe link is
-# likely faster towards the host; the estimate uses what was measured.
+# 13.9 GB/s. Device to pinned host memory measured 0.56-0.92 GB/s there at every piece size
+# (--by_piece_size), but a train step's write-back is not that slow: configs/llm_1b.py cut to 4
+# layers (`benchmarks.chip run 1b:--config.model.num_layers=4`, state in host memory, 6.07 GB
+# written back a step) measured 16.60 s a step where this row's compute, kernels and
+# memory-bound ops give 15.88 s and its 8.10 GB of reads 0.58 s: the writes cost at most the
+# 0.13 s left, so they are not counted (device_to_host 0). At 0.66 GB/s they would have been
+# 9.2 s, a 25.7 s estimate (+55%).
 _V5E = Calibration(
     matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
            "splash kernel timings)",
-    host_to_device=13.9e9, device_to_host=0.657e9,
-    transfer_source="measured on one TPU v5e chip, 2026-12-06 (benchmarks/host_transfer.py)")
+    host_to_device=13.9e9, device_to_host=0.0,
+    transfer_source="measured on one TPU v5e chip, 2026-12-06 (benchmarks/host_transfer.py; "
+                    "writes back beside the update, uncounted: llm_1b at 4 layers, chip.py)")
 
 # No GPU has been lent to this project: assumed. matmul: cuBLAS bf16 GEMMs of LLM shapes on
 # H100 SXM reach 650-750 of 989 TFLOP/s; attention: cuDNN / FlashAttention-2 forward on

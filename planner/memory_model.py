@@ -15,7 +15,8 @@ import math
 import jax
 from jax.sharding import NamedSharding
 
-from trainer import experiment as experiment_lib, flops as flops_lib, offload, sharding
+from trainer import checkpoint_bounded, experiment as experiment_lib, flops as flops_lib, offload
+from trainer import sharding
 
 
 def _sharded_bytes(abstract_tree, shardings) -> int:
@@ -180,6 +181,24 @@ def state_bytes(exp: experiment_lib.Experiment) -> StateBytes:
                     opt_state=_sharded_bytes(abstract.opt_state, exp.state_shardings.opt_state))
 
 
+def _largest_param_shard(exp: experiment_lib.Experiment) -> int:
+  """Bytes of one device's shard of the largest parameter (its optimizer state's are alike)."""
+  abstract = nn_unbox(exp.abstract_state)
+  return max((math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize for a, sh in zip(
+      jax.tree.leaves(abstract.params), jax.tree.leaves(
+          exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding)))),
+      default=0)
+
+
+def checkpoint_copy(exp: experiment_lib.Experiment) -> int:
+  """Host bytes per device a checkpoint save of a state in host memory copies off at once:
+  batches of HOST_STATE_SAVE_GB, an array larger than that alone (trainer/checkpoint_bounded.py),
+  never more than the state."""
+  state = state_bytes(exp)
+  batch = max(int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9), _largest_param_shard(exp))
+  return min(state.total, batch)
+
+
 def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> Analytic:
   run = exp.run
   abstract = nn_unbox(exp.abstract_state)
@@ -192,10 +211,7 @@ def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> An
     # microbatch's compute-dtype gradients, and the state of one piece of one parameter at a
     # time (trainer/offload.py), in and out.
     host = params + opt_state
-    largest = max((math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize for a, sh in zip(
-        jax.tree.leaves(abstract.params), jax.tree.leaves(
-            exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding)))),
-        default=0)
+    largest = _largest_param_shard(exp)
     piece = min(largest, offload.PIECE_BYTES) * (1 + opt_state // max(params, 1)) * 2
     grads = params + (params * compute_bytes // 4 if accum > 1 else 0)
     params, opt_state = params * compute_bytes // 4, piece

@@ -191,7 +191,8 @@ class Estimate:
   collectives' bytes at the link bandwidth (`collective_s`). `step_s` overlaps the collectives
   with the rest, `serial_s` adds them. With the state in host memory, both add its transfers
   (`transfer_s`: `to_device` and `to_host` bytes at the calibrated host link rates; the
-  microbatches need the weights first, and the update's transfers bound it)."""
+  microbatches need the weights first, and the update's transfers bound it; writes are not
+  counted where the calibration measured them hidden beside the update)."""
   compute_s: float
   kernel_s: float
   hbm_s: float
@@ -236,9 +237,9 @@ class Plan:
   # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
   # stages and microbatches.
   split: memory_model.Split
-  # Host memory (trainer.state_memory="host"): per device, the state between updates and a
-  # checkpoint's copy of the train state (Orbax copies it out before writing); a host's RAM
-  # (the entry's fact, 0 where unknown) against its devices' need.
+  # Host memory (trainer.state_memory="host"): per device, the state between updates and what
+  # a checkpoint save copies off it at once (memory_model.checkpoint_copy); a host's RAM (the
+  # entry's fact, 0 where unknown) against its devices' need.
   host_per_device: int = 0
   devices_per_host: int = 1
   host_ram: int = 0
@@ -385,8 +386,8 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
       cross / hw.host_bandwidth if cross else 0.0)
   busy = compute_s + kernel_s + hbm_s
   to_device, to_host = host_transfers(compiled, params_bytes)
-  transfer_s = (to_device / cal.host_to_device + to_host / cal.device_to_host
-                if to_device and cal.host_to_device and cal.device_to_host else 0.0)
+  transfer_s = ((to_device / cal.host_to_device if to_device and cal.host_to_device else 0.0)
+                + (to_host / cal.device_to_host if to_host and cal.device_to_host else 0.0))
   step_s = max(busy, collective_s) + transfer_s
   serial_s = busy + collective_s + transfer_s
   peak = hw.peak_bf16_flops * entry.num_devices
@@ -451,6 +452,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
               estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
                                 tokens=tokens, params_bytes=state.params),
-              split=split, host_per_device=host + state.total if host else 0,
+              split=split,
+              host_per_device=host + memory_model.checkpoint_copy(exp) if host else 0,
               devices_per_host=min(per_host, n),
               host_ram=(entry.hardware.host_memory_bytes or 0) * min(per_host, n))

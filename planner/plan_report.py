@@ -80,7 +80,7 @@ def _memory(p: Plan) -> list[str]:
                  f"{gib(p.eval.temp)})")
   if p.host_per_device:
     lines.append(f"    host memory        [{src}]  {gib(p.host_per_device)}: the state between "
-                 f"updates ({gib(t.host or a.host)}) and a checkpoint's copy of the train state")
+                 f"updates ({gib(t.host or a.host)}) and a checkpoint save's batch of copies of it")
   if p.fit_source == "model":
     lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
                  f"compiler stands in, and the fit comes from the analytic model)")
@@ -132,8 +132,10 @@ def _time(p: Plan) -> list[str]:
         f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
         f"{e.mfu_serial:.2f} serial",
         *([f"    both include host transfers {secs(e.transfer_s)}: {gib(e.to_device)} from "
-           f"host memory at {c.host_to_device / 1e9:.3g} GB/s, {gib(e.to_host)} back at "
-           f"{c.device_to_host / 1e9:.3g} GB/s per device ({c.transfer_source})"]
+           f"host memory at {c.host_to_device / 1e9:.3g} GB/s, {gib(e.to_host)} back "
+           + (f"at {c.device_to_host / 1e9:.3g} GB/s" if c.device_to_host
+              else "beside the update (not counted)")
+           + f" per device ({c.transfer_source})"]
           if e.transfer_s else []),
         f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "
         f"kernels, {c.memory:.0%} of HBM bandwidth: {c.source} (planner/calibration.py)",
