@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from modules import llama
-from modules.decoder import MODELS
 from tests.conftest import ROOT
-from tests.test_modules import random_params
+from tests.test_modules import padded_vocab_setup
 from trainer.step import EVAL_METRICS, eval_metric, eval_record, eval_step
 
 VOCAB, SEQ = 200, 16
@@ -24,16 +22,7 @@ VOCAB, SEQ = 200, 16
 
 @pytest.fixture(scope="module")
 def setup():
-  node = llama.model_node("test")
-  node.vocab_size, node.vocab_multiple = VOCAB, 128  # 56 pad columns, masked
-  model = MODELS.build(MODELS.parse(node, "model"))
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, VOCAB, (4, SEQ + 1))
-  weights = np.ones((4, SEQ), np.float32)
-  weights[1, 10:] = 0  # padding: counted by no metric
-  batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
-           "weights": jnp.asarray(weights)}
-  return model, batch, random_params(model, batch["inputs"])
+  return padded_vocab_setup(VOCAB, SEQ, rows=4)  # 56 pad columns, masked; row 1 padded
 
 
 def _sums(model, params, batch, **options):

@@ -107,6 +107,22 @@ MODELS_UNDER_TEST = {"llama": lambda: llama.model_node("test"), "gpt2": _gpt2_te
                      "parallel_moe": _parallel_moe}
 
 
+def padded_vocab_setup(vocab: int, seq: int, rows: int):
+  """The test LLaMA with `vocab` real ids padded to a multiple of 128 (the pad columns must
+  count in no loss or metric), a batch of `rows` random rows of `seq` positions whose row 1
+  is padding from position 10 on, and random parameters: (model, batch, params)."""
+  node = llama.model_node("test")
+  node.vocab_size, node.vocab_multiple = vocab, 128
+  model = MODELS.build(MODELS.parse(node, "model"))
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab, (rows, seq + 1))
+  weights = np.ones((rows, seq), np.float32)
+  weights[1, 10:] = 0
+  batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
+           "weights": jnp.asarray(weights)}
+  return model, batch, random_params(model, batch["inputs"])
+
+
 def random_params(module, *inputs, seed=0, std=0.1):
   """Parameters of `module` drawn with numpy from its abstract shapes.
 

@@ -10,9 +10,7 @@ import optax
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from modules import llama
-from modules.decoder import MODELS
-from tests.test_modules import random_params
+from tests.test_modules import padded_vocab_setup
 from trainer import optimizer as optimizer_lib
 from trainer.step import TrainState, loss_sums, train_step
 
@@ -20,16 +18,7 @@ VOCAB, SEQ, COEF = 200, 16, 0.3
 
 
 def _setup():
-  node = llama.model_node("test")
-  node.vocab_size, node.vocab_multiple = VOCAB, 128  # pad columns must not count in log(Z)
-  model = MODELS.build(MODELS.parse(node, "model"))
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, VOCAB, (2, SEQ + 1))
-  weights = np.ones((2, SEQ), np.float32)
-  weights[1, 10:] = 0  # padding: neither loss counts it
-  batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
-           "weights": jnp.asarray(weights)}
-  return model, batch, random_params(model, batch["inputs"])
+  return padded_vocab_setup(VOCAB, SEQ, rows=2)  # pad columns must not count in log(Z)
 
 
 def _by_hand(logits, batch, coef):
