@@ -21,6 +21,7 @@ from modules import context, pipeline
 from modules.block import BLOCKS
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
+from modules.quantization import QUANTIZATION
 from core.registry import REQUIRED, ConfigError, Registry, child
 
 MODELS = Registry("model")
@@ -72,6 +73,9 @@ class DecoderLMConfig:
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
   block: Any = child("block")
   final_norm: Any = child("norm")
+  # Quantized training of the layers' dense projections (modules/quantization.py): none, int8
+  # (TPU, GPU), fp8 (GPU); applied to the whole model where it is built, no layer sees it.
+  quantization: Any = child("quantization", kind="none")
 
   def check(self):
     for name in ("vocab_size", "vocab_multiple", "dim", "num_layers"):
@@ -122,7 +126,6 @@ class _Layer(nn.Module):
     return block(x_BxLxD, positions_BxL, segment_ids_BxL, decode=self.decode), None
 
 
-@MODELS.register("decoder_lm", DecoderLMConfig)
 class DecoderLM(nn.Module):
   """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype).
 
@@ -224,3 +227,9 @@ class DecoderLM(nn.Module):
     for key, total in metrics.items():  # means over layers, as the scanned stack reports them
       self.sow("metrics", names[key], total / cfg.num_layers)
     return x
+
+
+@MODELS.register("decoder_lm", DecoderLMConfig)
+def decoder_lm(cfg: DecoderLMConfig) -> DecoderLM:
+  """The model of `cfg`, under its quantization (modules/quantization.py) when it has one."""
+  return QUANTIZATION.build(cfg.quantization)(DecoderLM(cfg=cfg))

@@ -87,6 +87,8 @@ class NotWritten:
 LAYOUT = NotWritten("layout")
 # How fresh parameters are drawn; converted parameters are the checkpoint's.
 INIT = NotWritten("initialisation")
+# How the model trains (quantized dots); its float32 master weights are what is written.
+TRAINING = NotWritten("training numerics")
 
 Rule = Key | Fixed | Same | NotWritten
 
@@ -251,7 +253,7 @@ NOT_MATH = {
     "remat": LAYOUT, "block.attention.implementation": LAYOUT,
     "block.attention.query_chunk_size": LAYOUT, "block.attention.logits_dtype": LAYOUT,
     "block.attention.splash_block_size": LAYOUT, "embedding.init_std": INIT,
-    "block.attention.init_std": INIT, "block.ffn.init_std": INIT,
+    "block.attention.init_std": INIT, "block.ffn.init_std": INIT, "quantization": TRAINING,
 }
 
 

@@ -3,7 +3,9 @@
 The estimate (planner/plan.py:estimate) walks the compiled step's ops (planner/hlo_ops.py) and
 times each at the rate the device reaches on ops of its kind:
 
-    matmul     max(FLOPs / (matmul x peak FLOP/s), bytes / (memory x HBM bandwidth))
+    matmul     max(FLOPs / (matmul x peak FLOP/s), bytes / (memory x HBM bandwidth)); a
+               quantized matmul (int8 or fp8 operands: model.quantization) at
+               `matmul_quantized` x the chip's int8 / fp8 peak (trainer/meshes.py)
     attention  a Pallas / cuDNN attention kernel, whose FLOPs the HLO does not show: its causal
                FLOPs at `attention` x peak for a forward pass; a backward pass takes
                `attention_backward` forward passes
@@ -38,6 +40,19 @@ class Calibration:
   host_to_device: float = 0.0
   device_to_host: float = 0.0
   transfer_source: str = ""
+  # Achieved / peak int8 (TPU) or fp8 (GPU) OP/s on quantized matmuls. None: assumed equal to
+  # `matmul` (bf16's share) until a quantized step is measured; `quantized_source` says which.
+  matmul_quantized_measured: float | None = None
+  quantized_source: str = ""
+
+  @property
+  def matmul_quantized(self) -> float:
+    return self.matmul_quantized_measured or self.matmul
+
+  @property
+  def quantized_note(self) -> str:
+    return self.quantized_source or (f"assumed: the bf16 matmul share ({self.matmul:.2f}) of the "
+                                     "int8 / fp8 peak; no quantized step measured")
 
 
 # One TPU v5e chip (the device tool, 2026-12-05; benchmarks/chip.py, profiles joined op by op

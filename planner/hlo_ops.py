@@ -67,6 +67,7 @@ class Op:
   primitive: str  # the jax primitive (and einsum spec) of the op's metadata
   pass_: str  # forward, backward or step
   count: int  # times it runs per step
+  narrow: str  # "int8" / "fp8": its dots multiply quantized operands (model.quantization); ""
   bytes: float
   flops: float
   sent: float  # bytes it sends to other devices (collectives)
@@ -337,6 +338,19 @@ def name_stack(op_name: str) -> tuple[str, str, str]:
   return path, " ".join(prim), pass_
 
 
+_NARROW = (("int8", re.compile(r"^[su]8\[")), ("fp8", re.compile(r"^f8e\w*\[")))
+
+
+def narrow_dtype(dots: list[tuple[Instr, dict[str, str]]]) -> str:
+  """"int8" or "fp8" where every dot or convolution of an op multiplies two operands of that
+  type (the quantized matmuls of model.quantization), else ""."""
+  kinds = set()
+  for j, shapes in dots:
+    types = [shapes.get(o, "") for o in j.operands[:2]]
+    kinds.add(next((k for k, pattern in _NARROW if all(pattern.match(t) for t in types)), ""))
+  return kinds.pop() if len(kinds) == 1 else ""
+
+
 def _category(instr: Instr, inner) -> str:
   ops = {i.op for i, _ in inner} | {instr.op}
   targets = re.findall(r'custom_call_target="([^"]+)"', " ".join(i.rest for i, _ in inner)
@@ -354,9 +368,10 @@ def _category(instr: Instr, inner) -> str:
 
 
 def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwidth: float,
-               link_bandwidth: float, compiler_bytes: float = 0.0,
-               compiler_flops: float = 0.0) -> Report:
-  """Every executed op of the compiled step with its bytes, FLOPs and roofline seconds."""
+               link_bandwidth: float, compiler_bytes: float = 0.0, compiler_flops: float = 0.0,
+               narrow_peaks: dict[str, float] | None = None) -> Report:
+  """Every executed op of the compiled step with its bytes, FLOPs and roofline seconds;
+  `narrow_peaks`: the peak of int8 / fp8 matmuls ("int8" -> OP/s), else `peak_flops`."""
   comps, lines, entry = parse(hlo_text)
   if entry is None:
     return Report(ops=(), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)
@@ -387,18 +402,20 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
         # An asynchronous collective's `-start` also returns its operands: count them once.
         size = float(hlo_collectives.result_bytes(i.op, i.out)) + sum(
             _bytes(shapes.get(o, "")) for o in i.operands)
-      flops = sum(_conv_flops(j, s) for j, s in inner + [(i, shapes)]
-                  if j.op in ("convolution", "dot"))
+      dots = [(j, s) for j, s in inner + [(i, shapes)] if j.op in ("convolution", "dot")]
+      flops = sum(_conv_flops(j, s) for j, s in dots)
+      narrow = narrow_dtype(dots) if dots else ""
       category = _category(i, inner)
       sent = 0.0
       if category == "collective":
         scatter = bool(called) and called[1].startswith("all-reduce-scatter")
         sent = sum(hlo_collectives.sent_bytes(j.op, j.out, j.rest, num_devices, scatter=scatter)
                    for j, _ in inner + [(i, shapes)])
-      seconds = max(flops / peak_flops, size / hbm_bandwidth) + sent / link_bandwidth
+      peak = (narrow_peaks or {}).get(narrow) or peak_flops
+      seconds = max(flops / peak, size / hbm_bandwidth) + sent / link_bandwidth
       module, prim, pass_ = name_stack(_metadata(i, inner))
       prim = prim or i.op  # no metadata (e.g. copies the compiler adds): the opcode
       out.append(Op(name=i.name, opcode=i.op, category=category, module=module, primitive=prim,
-                    pass_=pass_, count=n, bytes=size * n, flops=flops * n, sent=sent * n,
+                    pass_=pass_, count=n, narrow=narrow, bytes=size * n, flops=flops * n, sent=sent * n,
                     seconds=seconds * n))
   return Report(ops=tuple(out), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)

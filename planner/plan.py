@@ -320,7 +320,8 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
   ops = hlo_ops.ops_report(text, num_devices=num_devices, peak_flops=hw.peak_bf16_flops or 1.0,
                            hbm_bandwidth=hw.hbm_bandwidth or 1.0,
                            link_bandwidth=hw.link_bandwidth or hw.hbm_bandwidth or 1.0,
-                           compiler_bytes=accessed, compiler_flops=flops)
+                           compiler_bytes=accessed, compiler_flops=flops,
+                           narrow_peaks={k: hw.peak_flops(k) for k in ("int8", "fp8")})
   hlo_matmul_flops = ops.flops
   host = metrics_lib.host_bytes(mem)
   return Compiled(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
@@ -372,7 +373,8 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
   compute_s = kernel_s = hbm_s = 0.0
   for op in compiled.ops.ops:
     if op.category == "matmul":
-      compute_s += max(op.flops / flops_rate, op.bytes / bytes_rate)
+      rate = cal.matmul_quantized * hw.peak_flops(op.narrow) if op.narrow else flops_rate
+      compute_s += max(op.flops / rate, op.bytes / bytes_rate)
     elif op.category == "kernel" and _ATTENTION_KERNEL.search(op.name):
       passes = (cal.attention_backward if _BACKWARD.search(op.name)
                 else 0.0 if _FORWARD_ONLY.search(op.name) else 1.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.plan import GiB, Plan
+from trainer import meshes
 
 
 def gib(n: float) -> str:
@@ -139,6 +140,7 @@ def _time(p: Plan) -> list[str]:
           if e.transfer_s else []),
         f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "
         f"kernels, {c.memory:.0%} of HBM bandwidth: {c.source} (planner/calibration.py)",
+        *_quantized(p),
     ]
   if t.cost_model_s is not None:
     # libtpu's cost model returns a negative time for some programs (seen with all-to-alls).
@@ -148,6 +150,24 @@ def _time(p: Plan) -> list[str]:
                  f"{gib(t.bytes_accessed)} accessed (libtpu's per-op roofline; compare "
                  f"programs with layers unrolled and windowed einsum off)")
   return lines
+
+
+def quantized_flops(p: Plan) -> dict[str, tuple[int, float]]:
+  """"int8" / "fp8" -> (ops per step, FLOPs per device) of the train step's quantized matmuls
+  (model.quantization) in the compiled HLO."""
+  out: dict[str, tuple[int, float]] = {}
+  for op in (p.train.ops.ops if p.train.ops else ()):
+    if op.category == "matmul" and op.narrow:
+      n, f = out.get(op.narrow, (0, 0.0))
+      out[op.narrow] = (n + op.count, f + op.flops)
+  return out
+
+
+def _quantized(p: Plan) -> list[str]:
+  hw, c = meshes.lookup(p.mesh).hardware, p.estimate.calibration
+  return [f"    {kind} matmuls [compiled HLO]: {n} ops, {num(f)} per device, at "
+          f"{c.matmul_quantized:.0%} of the {kind} peak {num(hw.peak_flops(kind))}/s "
+          f"({c.quantized_note})" for kind, (n, f) in sorted(quantized_flops(p).items())]
 
 
 def parallel_lines(p: Plan) -> list[str]:

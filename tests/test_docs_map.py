@@ -231,7 +231,7 @@ HOME = {"model": "models.md", "block": "models.md", "attention": "models.md",
         "position": "models.md", "ffn": "models.md", "norm": "models.md",
         "embedding": "models.md", "position_embedding": "models.md",
         "optimizer": "optimizers.md", "schedule": "optimizers.md",
-        "data": "data.md", "tokenizer": "data.md"}
+        "data": "data.md", "tokenizer": "data.md", "quantization": "quantization.md"}
 
 
 def _registries():

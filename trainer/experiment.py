@@ -21,7 +21,7 @@ import modules  # noqa: F401  (registers the layer library)
 import trainer.data  # noqa: F401  (registers the data sources)
 from modules.decoder import MODELS
 from core.registry import ConfigError
-from modules import attn_registry
+from modules import attn_registry, quantization
 from trainer import flops as flops_lib, offload, sharding
 from trainer.config import RunConfig
 from trainer.data.base import DATA, Source
@@ -239,6 +239,7 @@ def count_params(run: RunConfig) -> int:
 def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
   devices = jax.devices() if devices is None else devices
+  quantization.check_hardware(run.model.quantization, entry.hardware, mesh=entry.name)
   model = MODELS.build(run.model)
   source = DATA.build(run.data, vocab_size=run.model.vocab_size, seed=run.trainer.seed)
   params = jax.eval_shape(functools.partial(init_params, model=model, seq_len=source.seq_len),

@@ -74,6 +74,10 @@ class Hardware:
   device_kind: str  # regex matched against jax.devices()[0].device_kind
   devices_per_host: int  # jax devices on one host (-1: any number, a generic entry)
   peak_bf16_flops: float | None = None  # dense bf16 FLOP/s per device (None: unknown / CPU)
+  # Dense int8 and fp8 OP/s per device (the quantized matmuls of model.quantization; None: the
+  # chip has none, or no figure is known here: the plan times such dots at the bf16 peak).
+  peak_int8_flops: float | None = None
+  peak_fp8_flops: float | None = None
   hbm_bytes: int | None = None  # accelerator memory per device
   hbm_bandwidth: float | None = None  # memory bytes/s per device
   link_bandwidth: float | None = None  # device-to-device bytes/s per device, one direction
@@ -85,6 +89,12 @@ class Hardware:
   interconnect: str = "unknown"  # between devices (and hosts), in words
   source: str = ""  # where the figures come from
   gpu: GpuChip | None = None  # a GPU row's chip, for the GPU compiler
+
+  def peak_flops(self, dtype: str = "") -> float | None:
+    """Dense peak of a matmul whose operands are `dtype` ("int8", "fp8"; "": bf16), falling
+    back to the bf16 peak where the row has no figure for it."""
+    narrow = {"int8": self.peak_int8_flops, "fp8": self.peak_fp8_flops}.get(dtype)
+    return narrow or self.peak_bf16_flops
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,13 +124,15 @@ GB = 1000 ** 3
 GBps = 1e9  # bytes/s
 
 # Sources: NVIDIA A100/H100/H200/B200 datasheets (dense, without sparsity; SXM parts; the A100
-# row is the 80 GB part). NVLink figures are the datasheets' bidirectional totals, halved for
+# row is the 80 GB part; int8 and fp8 dense: half the datasheets' sparse figures; A100 has no
+# fp8). NVLink figures are the datasheets' bidirectional totals, halved for
 # one direction; between hosts, one 400 Gb/s (A100: 200 Gb/s) InfiniBand NIC per GPU as in
 # DGX / p5 systems. `\b` keeps "GH200" (Grace Hopper) from matching H200. Chips: NVIDIA's
 # architecture whitepapers (SMs, L2, boost clock), CUDA's name of the part.
 _GPU = {
     "gpu-a100-8": Hardware(
         platform="gpu", device_kind=r"\bA100", devices_per_host=8, peak_bf16_flops=312e12,
+        peak_int8_flops=624e12,
         hbm_bytes=80 * GB, hbm_bandwidth=2039 * GBps, link_bandwidth=300 * GBps,
         host_bandwidth=25 * GBps, interconnect="NVLink3 600 GB/s per GPU",
         host_memory_bytes=1024 * GB // 8,
@@ -130,6 +142,7 @@ _GPU = {
                     source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100 SXM4)")),
     "gpu-h100-8": Hardware(
         platform="gpu", device_kind=r"\bH100", devices_per_host=8, peak_bf16_flops=989e12,
+        peak_int8_flops=1979e12, peak_fp8_flops=1979e12,
         hbm_bytes=80 * GB, hbm_bandwidth=3350 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
@@ -139,6 +152,7 @@ _GPU = {
                     source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)")),
     "gpu-h200-8": Hardware(
         platform="gpu", device_kind=r"\bH200", devices_per_host=8, peak_bf16_flops=989e12,
+        peak_int8_flops=1979e12, peak_fp8_flops=1979e12,
         hbm_bytes=141 * GB, hbm_bandwidth=4800 * GBps, link_bandwidth=450 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink4 900 GB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
@@ -148,6 +162,7 @@ _GPU = {
                     source="H100 whitepaper: the same GH100 chip as H100 SXM5, with HBM3e")),
     "gpu-b200-8": Hardware(
         platform="gpu", device_kind=r"\bB200", devices_per_host=8, peak_bf16_flops=2250e12,
+        peak_int8_flops=4500e12, peak_fp8_flops=4500e12,
         hbm_bytes=180 * GB, hbm_bandwidth=8000 * GBps, link_bandwidth=900 * GBps,
         host_bandwidth=50 * GBps, interconnect="NVLink5 1.8 TB/s per GPU",
         host_memory_bytes=2048 * GB // 8,
@@ -200,7 +215,9 @@ class TpuFamily:
 # Slice names follow Cloud TPU: v4 and v5p count TensorCores (2 per chip, one jax device
 # per chip), v5e and v6e count chips (v5litepod-8 / v6e-8 are one 8-chip host; larger
 # slices use 4-chip hosts). Source: Cloud TPU system-architecture pages (per chip: peak
-# bf16, HBM capacity and bandwidth, ICI bandwidth; ICI halved for one direction).
+# bf16 and int8, HBM capacity and bandwidth, ICI bandwidth; ICI halved for one direction).
+# int8: v5e 394, v5p 918, v6e 1836 TOPS, twice bf16 (v4's page gives no separate int8 figure:
+# its int8 dots are timed at the bf16 peak). No TPU here has fp8 matmul units.
 _TPU = (
     TpuFamily(name="tpu-v4", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v4",
               chip_config="megacore",
@@ -215,6 +232,7 @@ _TPU = (
               sizes=(1, 4, 8, 16, 32, 64, 128, 256),
               chip=Hardware(platform="tpu", device_kind=r"TPU v5 ?lite|TPU v5e",
                             devices_per_host=4, peak_bf16_flops=197e12, hbm_bytes=16 * GiB,
+                            peak_int8_flops=394e12,
                             hbm_bandwidth=819 * GBps, link_bandwidth=100 * GBps,
                             host_bandwidth=3.125 * GBps, host_memory_bytes=48 * GB,
                             interconnect="ICI 2D torus, 1600 Gb/s per chip; DCN between slices",
@@ -224,7 +242,7 @@ _TPU = (
     TpuFamily(name="tpu-v5p", single_host=4, cores_per_chip=2, dims=3, libtpu_name="v5p",
               sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
               chip=Hardware(platform="tpu", device_kind=r"TPU v5p|TPU v5$", devices_per_host=4,
-                            peak_bf16_flops=459e12, hbm_bytes=95 * GiB,
+                            peak_bf16_flops=459e12, hbm_bytes=95 * GiB, peak_int8_flops=918e12,
                             hbm_bandwidth=2765 * GBps, link_bandwidth=300 * GBps,
                             host_bandwidth=6.25 * GBps, host_memory_bytes=448 * GB // 4,
                             interconnect="ICI 3D torus, 4800 Gb/s per chip; DCN between slices",
@@ -234,6 +252,7 @@ _TPU = (
               sizes=(1, 4, 8, 16, 32, 64, 128, 256),
               chip=Hardware(platform="tpu", device_kind=r"TPU v6 ?lite|TPU v6e",
                             devices_per_host=4, peak_bf16_flops=918e12, hbm_bytes=32 * GiB,
+                            peak_int8_flops=1836e12,
                             hbm_bandwidth=1640 * GBps, link_bandwidth=224 * GBps,
                             host_bandwidth=12.5 * GBps, host_memory_bytes=180 * GB,
                             interconnect="ICI 2D torus, 3584 Gb/s per chip; DCN between slices",
