@@ -55,7 +55,14 @@ def fixture_small_pieces(monkeypatch):
   monkeypatch.setattr(offload, "SMALL_BYTES", 1000)
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS.kinds())
+# AdamW (the recipes' optimizer, pieces) and Adafactor (whole parameters) in the quick tier; the
+# other kinds take the same two paths (their compiles cost ~9 s each on 2 cores): make test-slow.
+QUICK_OPTIMIZERS = ("adamw", "adafactor")
+
+
+@pytest.mark.parametrize("optimizer", [
+    k if k in QUICK_OPTIMIZERS else pytest.param(k, marks=pytest.mark.slow)
+    for k in OPTIMIZERS.kinds()])
 def test_offloaded_losses_equal_the_device_run_for_every_optimizer(optimizer, small_pieces):
   """20 steps of AdamW (the recipes' optimizer), 3 of each other kind."""
   steps = STEPS if optimizer == "adamw" else 3
@@ -144,6 +151,7 @@ def _host_slices(hlo: str) -> list[tuple[str, str]]:
   return out
 
 
+@pytest.mark.slow  # 34 s on 2 cores: libtpu compiles a 2-layer 125m step
 def test_the_tpu_program_fetches_pieces_along_outer_axes_only():
   """The TPU compiler (libtpu, compile-only) lays out the 125m model's offloaded state (two of
   its layers; its

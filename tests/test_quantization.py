@@ -130,6 +130,7 @@ def test_tiny_int8_loss_curve_follows_bf16():
   assert np.mean(int8[-10:]) < np.mean(int8[:10]) - 1.0  # and it trained
 
 
+@pytest.mark.slow  # 13 s on 2 cores (libtpu); the CPU count is test_int8_runs_every_projection...
 def test_the_tpu_plan_counts_int8_dots_at_the_int8_rate():
   """tiny on tpu-v5e-1 compiled by the TPU compiler (libtpu, compile-only): the int8 dots are
   those of the CPU test above, timed at the v5e's int8 peak (twice bf16's)."""

@@ -208,6 +208,7 @@ def test_the_tpu_compilers_refusal_is_read_in_any_unit():
   assert compiler_output.refused_bytes("RESOURCE_EXHAUSTED: something else") == (None, None)
 
 
+@pytest.mark.slow  # 88 s on 2 cores: libtpu compiles the refused step and each suggestion
 def test_a_tpu_step_the_compiler_refuses_is_one_line_with_what_would_fit():
   """The TPU compiler (libtpu, compile-only: no TPU here) refuses the `test` model at 8 x 16384
   positions on one v5e chip; the refusal reads its figures and lists what would fit."""
