@@ -90,6 +90,10 @@ def _launch_flag_mistakes(run: list[str]) -> list[tuple[list[str], str]]:
       (["--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=2", "--",
         "--config=configs/tiny.py", run[1], "--mesh=cpu", "--config.data.batch_size=6"],
        "data.batch_size 6 is not divisible by the 4 batch shards"),
+      # ... also where the processes pick their entry themselves (--mesh=auto, the default).
+      (["--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=2", "--",
+        "--config=configs/tiny.py", run[1], "--config.data.batch_size=6"],
+       "data.batch_size 6 is not divisible by the 4 batch shards"),
   ]
 
 
@@ -150,6 +154,10 @@ def batch(tmp_path_factory) -> dict:
                        *train], root / name)
   for name, args in SCRIPTS.items():
     commands[name] = (["launch", *args(root / name)], root / name)
+  # The default mesh (auto): no entry to plan for here, the processes pick theirs.
+  commands["local-auto"] = (["launch", "--backend=local", "--dry_run", "--num_processes=2",
+                             "--devices_per_process=2", "--", "--config=tests/testdata/ckpt_lm.py",
+                             f"--output_dir={root / 'local-auto'}"], root / "local-auto")
   commands.update(run_dir_states(root / "l2"))
   commands.update(fit_checks(root))
   commands.update(records(root))
@@ -484,6 +492,13 @@ SCRIPTS = {
         "--backend=local", "--dry_run", "--num_processes=2", "--devices_per_process=4", "--",
         "--config=tests/testdata/ckpt_lm.py", f"--output_dir={out}", "--mesh=cpu"],
 }
+
+
+def test_a_local_launch_of_the_default_mesh_checks_its_layout_and_starts(batch):
+  """--mesh=auto (no --mesh): the layout is checked on the cpu entry the processes will take,
+  and no memory check is asked of an entry that is not known until they start."""
+  result = batch["local-auto"][0]
+  assert result.returncode == 0, result.stderr
 
 
 def test_slurm_script_and_local_dry_run(batch):

@@ -134,10 +134,13 @@ def layout(train: Train, num_devices: int | None, platform: str | None) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib, experiment, meshes, sharding  # pylint: disable=import-outside-toplevel
+  if train.mesh == "auto" and platform != "cpu":
+    return  # each process picks its entry by its device kind, unknown here
+  # (CPU processes of --mesh=auto take the generic cpu entry: trainer/meshes.py:auto)
+  entry = meshes.lookup("cpu" if train.mesh == "auto" else train.mesh)
   if not xla_bridge.backends_are_initialized():  # launch computes nothing: never an accelerator
     jax.config.update("jax_platforms", "cpu")
-  experiment.build(config_lib.parse(train.config), meshes.lookup(train.mesh),
-                   sharding.Elsewhere(num_devices, platform))
+  experiment.build(config_lib.parse(train.config), entry, sharding.Elsewhere(num_devices, platform))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,9 +177,11 @@ def fit(train: Train) -> Fit:
 
 def check_fit(train: Train, *, force: bool, say: Callable[[str], None]) -> None:
   """Refuses (UserError) a job whose step does not fit the named mesh entry's devices, unless
-  `force` (then a warning); says what it found. Skipped for an entry without a fixed size."""
+  `force` (then a warning); says what it found. Skipped for an entry without a fixed size and
+  for --mesh=auto (each process picks its entry from its devices)."""
   from trainer import meshes  # pylint: disable=import-outside-toplevel
-  if not train.config_known or meshes.lookup(train.mesh).num_devices is None:
+  if (not train.config_known or train.mesh == "auto"
+      or meshes.lookup(train.mesh).num_devices is None):
     return
   say(f"compiling the step for {train.mesh} as `axtrain plan` does, to check that it fits "
       f"(seconds for a small model, minutes for a large one; --nocheck_fit skips it)")
