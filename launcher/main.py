@@ -129,6 +129,13 @@ def run(argv: list[str] | None = None, *, callbacks=()) -> None:
       "the run" if training else "")).install()
   code = main(argv, callbacks=callbacks)
   interruptions.finishing()
+  if code == preemption.EXIT_PREEMPTED:
+    # The checkpoint is committed and the run's files written: leave at once, without the
+    # interpreter's teardown, which the scheduler may cut short (a task of a Slurm step still
+    # there when a peer has exited 75 is killed, and the step counts as failed, not preempted).
+    for stream in (sys.stdout, sys.stderr):
+      stream.flush()
+    os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
 
