@@ -45,10 +45,9 @@ class NoQuantizationConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Int8Config:
-  kind: str = "int8"
+class _QuantizedConfig:
   # Also quantize the incoming gradient of each dot in the backward pass (both gradient dots run
-  # in int8), as MaxText's int8 rule does; False: the backward dots in the compute dtype.
+  # quantized), as MaxText's int8 and `fp8_full` rules do; False: backward in the compute dtype.
   backward: bool = True
 
   def check(self):
@@ -56,14 +55,15 @@ class Int8Config:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Fp8Config:
-  kind: str = "fp8"
-  # Forward: activations and weights in float8_e4m3fn; backward: the incoming gradient in
-  # float8_e5m2 (more range, less precision), MaxText's `fp8_full`. False: backward unquantized.
-  backward: bool = True
+class Int8Config(_QuantizedConfig):
+  kind: str = "int8"  # activations, weights and gradients in int8
 
-  def check(self):
-    pass
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fp8Config(_QuantizedConfig):
+  # Forward: activations and weights in float8_e4m3fn; backward: the incoming gradient in
+  # float8_e5m2 (more range, less precision).
+  kind: str = "fp8"
 
 
 # The quantized types of each kind: (forward, backward).
