@@ -190,11 +190,10 @@ def _largest_param_shard(exp: experiment_lib.Experiment) -> int:
       default=0)
 
 
-def checkpoint_copy(exp: experiment_lib.Experiment) -> int:
-  """Host bytes per device a checkpoint save of a state in host memory copies off at once:
-  batches of HOST_STATE_SAVE_GB, an array larger than that alone (trainer/checkpoint_bounded.py),
-  never more than the state."""
-  state = state_bytes(exp)
+def checkpoint_copy(exp: experiment_lib.Experiment, state: StateBytes) -> int:
+  """Host bytes per device a checkpoint save of a state in host memory (`state`: state_bytes)
+  copies off at once: batches of HOST_STATE_SAVE_GB, an array larger than that alone
+  (trainer/checkpoint_bounded.py), never more than the state."""
   batch = max(int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9), _largest_param_shard(exp))
   return min(state.total, batch)
 

@@ -455,6 +455,6 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
                                 tokens=tokens, params_bytes=state.params),
               split=split,
-              host_per_device=host + memory_model.checkpoint_copy(exp) if host else 0,
+              host_per_device=host + memory_model.checkpoint_copy(exp, state) if host else 0,
               devices_per_host=min(per_host, n),
               host_ram=(entry.hardware.host_memory_bytes or 0) * min(per_host, n))
