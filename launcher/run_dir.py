@@ -60,7 +60,8 @@ PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.gra
              "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
 # How the run is logged, watched, profiled and checkpointed (checkpoint.restore_step included).
 BOOKKEEPING = ("trainer.log_every", "trainer.hang_timeout_s", "trainer.peak_flops",
-               "trainer.profile_steps", "trainer.wandb_project", "checkpoint.")
+               "trainer.profile_steps", "trainer.wandb_project", "trainer.compile_cache",
+               "checkpoint.")
 _PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
                         "devpts", "configfs", "pstore", "bpf", "fusectl", "mqueue"})
 State = Literal["new", "overwrite", "completed", "incomplete", "extend", "rewrite_config"]

@@ -23,7 +23,7 @@ from absl import flags
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, UserError
-from trainer import checkpoint, checkpoint_files, config as config_lib, disk
+from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import experiment as experiment_lib
 from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
 from planner import compiler_output, step_memory
@@ -66,6 +66,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
+  compile_cache.enable(run_cfg.trainer.compile_cache)
   exp = experiment_lib.build(run_cfg, entry)
   _schedule_note(run_cfg)
   note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)

@@ -350,8 +350,8 @@ def test_a_metrics_record_without_room_is_taken_back(tmp_path, ref, cache, capfd
   assert full == [12, "half written"]
   assert f"writing {run_dir.absolute() / 'metrics.jsonl'} (" in error and " bytes needed, " in error
   text = (run_dir / "metrics.jsonl").read_text()
-  assert text.endswith("\n") and [json.loads(l)["step"] for l in text.splitlines()] == list(
-      range(1, 12))
+  steps = [r["step"] for r in map(json.loads, text.splitlines()) if "loss" in r]
+  assert text.endswith("\n") and steps == list(range(1, 12))
   assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
   result = cu.run_here(capfd, run_dir, cache)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -61,6 +61,10 @@ class TrainerConfig:
   peak_flops: float = 0.0
   profile_steps: tuple[int, ...] = ()  # (first, last): jax.profiler trace of these steps into <run_dir>/profile/; () = off
   wandb_project: str = ""  # Weights & Biases project to log metrics to (needs `pip install wandb`); "" = off
+  # JAX's persistent compilation cache (trainer/compile_cache.py): a resumed or repeated run reads
+  # its compiled programs back. "auto": $JAX_COMPILATION_CACHE_DIR, else ~/.cache/axtrain/jax;
+  # "off"; or a folder.
+  compile_cache: str = "auto"
   RANGES: ClassVar = {"loss_chunk_size": NON_NEGATIVE, "microbatch_rows": NON_NEGATIVE,
                       "hang_timeout_s": NON_NEGATIVE, "peak_flops": NON_NEGATIVE}
 

@@ -3,9 +3,10 @@
 After dispatching a step it waits for the one before (not for the one it just dispatched), so
 the devices always have the next step queued and a stop request lands after the step in
 flight. A logging step's metrics are fetched after the next step is dispatched (one step
-late), so the host never waits for the step it just dispatched. `_Loop.run` shows
-the order of a step. Resuming, preemption and non-finite losses are handled here;
-writers, the profiler and test hooks are callbacks (trainer/callbacks.py); the
+late), so the host never waits for the step it just dispatched. Each record's step time is its
+own steps' (trainer/step_clock.py); saves and evaluations are timed apart, in records of their
+own. `_Loop.run` shows the order of a step. Resuming, preemption and non-finite losses are
+handled here; writers, the profiler and test hooks are callbacks (trainer/callbacks.py); the
 launcher (launcher/session.py) owns signals, the run directory and exit codes.
 """
 
@@ -20,11 +21,12 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 
-from trainer import flops, metrics as metrics_lib, writers
+from trainer import compile_cache, flops, host_memory, metrics as metrics_lib, writers
 from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
 from trainer.experiment import Experiment
 from trainer.progress import Progress, Timer, header
+from trainer.step_clock import StepClock
 from trainer.run_files import Manifest, no_record
 from trainer.step import eval_record
 from trainer.watchdog import Watchdog
@@ -150,7 +152,8 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
 def _header(exp: Experiment, run_dir) -> list[str]:
   state_bytes = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
   lines = header(mesh_shape=dict(exp.mesh.shape), devices=list(exp.mesh.devices.flat),
-                 num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir)
+                 num_params=exp.num_params, state_bytes=state_bytes, run_dir=run_dir,
+                 state_memory=exp.run.trainer.state_memory)
   accum = exp.run.trainer.grad_accum_steps
   if accum > 1:
     lines.insert(1, f"each step accumulates {accum} microbatches of {exp.source.batch_size // accum}"
@@ -195,11 +198,19 @@ class _Loop:
     self.data, self.eval_batches, self.ckpt = data, eval_batches, ckpt
     self.progress, self.callbacks, self.throughput = progress, callbacks, throughput
     self.tokens_per_step = exp.source.batch_size * exp.source.seq_len
-    self.timer = Timer()
+    self.timer = Timer()  # the first step: compilation included
+    self.clock = StepClock()  # every later step
     self.watchdog = Watchdog(self.cfg.hang_timeout_s)
-    self.previous = None  # the last dispatched step's non-finite flag (wait_for_previous)
 
   def run(self) -> None:
+    try:
+      self._run()
+    except BaseException:
+      self.clock.close(wait=False)
+      raise
+    self.clock.close()
+
+  def _run(self) -> None:
     call_all(self.callbacks, "on_train_start", self.s)
     with self.exp.context(), self.watchdog:
       for step in range(self.s.start + 1, self.cfg.max_steps + 1):
@@ -231,32 +242,32 @@ class _Loop:
     s.state, metrics = exp.step_fn(s.state, batch)
     s.step = step
     s.unchecked.append((step, metrics.pop("nonfinite")))
-    self.wait_for_previous(s.unchecked[-1][1])
+    self.clock.dispatched(step, s.unchecked[-1][1])
+    self.wait_for_previous(step)
     if step == s.start + 1:
       jax.block_until_ready(s.state)
-      s.first_step_s = self.timer.lap()
+      s.first_step_s = self.timer.lap()  # later steps are timed from its end (self.clock)
       memory = s.compiled.get("total_bytes")
+      programs, saved = compile_cache.read_so_far()
       self.progress.message(f"compiled and ran step {step} in {s.first_step_s:.1f}s"
+                            + (f" ({programs} program(s) read from the compilation cache, "
+                               f"~{saved:.0f}s of compiling saved)" if programs else "")
                             + (f"; step memory {memory / 2**20:,.1f} MiB per device"
                                if memory is not None else ""))
     return metrics
 
-  def wait_for_previous(self, flag) -> None:
-    """Waits until the step before the one just dispatched (whose non-finite `flag` this is)
-    has finished: its flag, a scalar, is ready; nothing is copied. The devices always have the
-    next step queued, and the host is never more than one step ahead of them, so a stop request
-    (a signal) is acted on after the step in flight, not after the steps the host would
-    otherwise dispatch ahead until its next sync (a logging step).
+  def wait_for_previous(self, step: int) -> None:
+    """Waits until the step before `step` (just dispatched) has finished: its non-finite flag,
+    a scalar, is ready; nothing is copied. The devices always have the next step queued, and
+    the host is never more than one step ahead of them, so a stop request (a signal) is acted
+    on after the step in flight, not after the steps the host would otherwise dispatch ahead
+    until its next sync (a logging step).
 
-    With the state in host memory (trainer.state_memory="host") it waits for this step itself:
+    With the state in host memory (trainer.state_memory="host") it waits for `step` itself:
     a step queued behind the running one would hold a third copy of the state in host RAM (the
     running step's input and output, the queued one's output), and a step of tens of seconds
     gains nothing from being queued early."""
-    if self.cfg.state_memory == "host":
-      flag.block_until_ready()
-    elif self.previous is not None:
-      self.previous.block_until_ready()
-    self.previous = flag
+    self.clock.wait(step if self.cfg.state_memory == "host" else step - 1)
 
   def log(self, step: int, metrics: dict) -> None:
     self.flush_log()
@@ -270,15 +281,19 @@ class _Loop:
       return
     step, metrics, data_metrics = s.unlogged
     s.unlogged = None
+    self.clock.wait(step)
     host = jax.device_get(metrics)
     bad = self._scan_nonfinite(upto=step)
-    first = step == s.start + 1
-    elapsed = s.first_step_s if first else self.timer.lap()
-    steps = 1 if first else max(step - max(s.last_logged, s.start + 1), 1)
+    if step == s.start + 1:
+      elapsed, steps = s.first_step_s, 1
+    else:  # the first step (compilation) is in no later record
+      after = max(s.last_logged, s.start + 1)
+      elapsed, steps = self.clock.seconds(after, step), step - after
     tokens_per_sec = self.tokens_per_step * steps / max(elapsed, 1e-9)
     record = {"step": step, **{k: float(v) for k, v in host.items()},
               "tokens_per_sec": tokens_per_sec, "step_time_s": elapsed / steps,
               **self.throughput(tokens_per_sec), **metrics_lib.device_memory(self.exp.mesh.local_devices),
+              **({"host_memory_bytes": host_memory.rss()} if host_memory.rss() else {}),
               **data_metrics}
     if self.cfg.skip_nonfinite:
       record["nonfinite_skipped"] = s.skipped
@@ -305,18 +320,22 @@ class _Loop:
     if self.ckpt is not None and (force or self.ckpt.due(step)):
       self.flush_log()
       self.check_finite()  # never write a checkpoint of non-finite parameters
-      self.ckpt.save(step, self.s.state, self.data.get_state())
+      with self.clock.paused() as pause, host_memory.Peak(every_s=0.01) as ram:
+        saved = self.ckpt.save(step, self.s.state, self.data.get_state())
+      if saved:  # (a stop request right after a scheduled save finds the step saved)
+        self._emit({"step": step, "save_time_s": pause.seconds,
+                    **({"host_memory_peak_bytes": ram.peak[0]} if ram.peak[0] else {})})
 
   def evaluate(self, step: int, *, due: bool) -> None:
     if not due:
       return
     self.flush_log()  # keeps the records in step order
-    result = evaluate(self.exp, self.s.state.params, self.eval_batches)
+    with self.clock.paused() as pause:
+      result = evaluate(self.exp, self.s.state.params, self.eval_batches)
     self.s.eval_loss = result["eval_loss"]
-    self._emit({"step": step, **result})
+    self._emit({"step": step, **result, "eval_time_s": pause.seconds})
     self.progress.message(f"step {step}: eval_loss {result['eval_loss']:.4f} "
                           f"(perplexity {result['eval_perplexity']:.2f})")
-    self.timer.lap()  # evaluation time is not step time
 
   def stop(self, step: int) -> bool:
     if not (self.s.stop_requested() and step < self.cfg.max_steps):

@@ -19,11 +19,15 @@ def _rate(x: float) -> str:
 
 
 def header(*, mesh_shape: dict, devices: list, num_params: int, state_bytes: int,
-           run_dir=None) -> list[str]:
-  """The first lines of a run: where it runs, how big it is, where to look."""
+           run_dir=None, state_memory: str = "device") -> list[str]:
+  """The first lines of a run: where it runs, how big it is, where its state lives, where to
+  look."""
   kinds = sorted({f"{d.platform} {d.device_kind}" for d in devices})
+  where = (" in host memory between updates (trainer.state_memory=host: docs/offload.md)"
+           if state_memory == "host" else "")
   lines = [f"mesh {mesh_shape} over {len(devices)} device(s) ({', '.join(kinds)}); "
-           f"{num_params:,} parameters; train state {state_bytes / 2**20:,.1f} MiB per device"]
+           f"{num_params:,} parameters; train state {state_bytes / 2**20:,.1f} MiB per device"
+           + where]
   if run_dir is not None:
     lines.append(f"run directory {run_dir}; view with: tensorboard --logdir {run_dir}")
   return lines
