@@ -1,4 +1,4 @@
-"""Host RAM that one checkpoint save adds, as a multiple of the saved state's bytes.
+"""Host RAM that one checkpoint save (and restore) adds, as a multiple of the state's bytes.
 
     python -m benchmarks.checkpoint_memory                 # ~1.5 GB state, every variant
     python -m benchmarks.checkpoint_memory --gb=0.3 --variants=checkpointer:pinned_host
@@ -6,7 +6,13 @@
 Each variant runs in its own process: it builds a state of float32 arrays of a decoder's
 shapes (`state_shapes`) with memory kind `device` or `pinned_host`, saves it as the training
 loop does (save, then wait_until_finished) and prints one JSON line: `extra_over_state`, the
-peak of VmRSS (polled every 5 ms) during the save minus VmRSS before it, over the state's bytes.
+peak of VmRSS (polled every 5 ms) during the save minus VmRSS before it, over the state's bytes;
+`kept_gb`, what the save left in RSS once it returned. The `checkpointer` variant then drops the
+state and restores it into the same shardings: `restore_extra_gb` is the peak during the
+restore minus RSS once the restored state is held (what the restore took beyond the state),
+`restore_kept_gb` the RSS the restored state holds (its bytes, where its memory counts as RSS).
+`system_*` are the same figures for the machine's RAM in use (MemTotal - MemAvailable), which
+also counts memory a runtime pins outside the process's pages.
 
     checkpointer        trainer/checkpoint.py's Checkpointer, as the run uses it (with
                         --bound_gb: its HOST_STATE_SAVE_GB set to that)
@@ -29,8 +35,9 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from trainer import host_memory
 
 VARIANTS = ("orbax_default", "save_concurrent", "checkpointer")
 KINDS = ("device", "pinned_host")
@@ -52,14 +59,6 @@ def _size(shape) -> int:
   for dim in shape:
     n *= dim
   return n
-
-
-def _rss() -> int:
-  with open("/proc/self/status", encoding="ascii") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1]) * 1024
-  raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _save(variant: str, directory: pathlib.Path, state, bound_gb: float) -> None:
@@ -89,38 +88,71 @@ def measure(variant: str, kind: str, gb: float, bound_gb: float) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind)
   rng = np.random.default_rng(0)
+  jax.device_put(np.zeros(8, np.float32), sharding).block_until_ready()  # the runtime, started
+  host_memory.release()
+  made = host_memory.Peak()
+  made.__enter__()
   state = {f"a{i}": jax.device_put(rng.standard_normal(s, np.float32), sharding)
            for i, s in enumerate(state_shapes(gb))}
   jax.block_until_ready(state)
   nbytes = sum(a.nbytes for a in state.values())
   gc.collect()
+  host_memory.release()
   time.sleep(0.3)
-  before = _rss()
-  peak, done = [before], threading.Event()
-
-  def poll():
-    while not done.is_set():
-      peak[0] = max(peak[0], _rss())
-      time.sleep(0.005)
-
-  poller = threading.Thread(target=poll, daemon=True)
-  poller.start()
-  start = time.perf_counter()
+  made.__exit__()
+  gb = lambda n: round(n / 1e9, 3)  # pylint: disable=unnecessary-lambda-assignment
+  out = {"variant": variant, "memory_kind": kind, "state_gb": round(nbytes / 1e9, 3),
+         "arrays": len(state), "platform": jax.default_backend(),
+         "state_rss_gb": gb(made.after[0] - made.before[0]),
+         "system_state_gb": gb(made.after[1] - made.before[1])}
   with tempfile.TemporaryDirectory() as tmp:
-    _save(variant, pathlib.Path(tmp) / "checkpoints", state, bound_gb)
-    seconds = time.perf_counter() - start
-    done.set()
-    poller.join()
-  return {"variant": variant, "memory_kind": kind, "state_gb": round(nbytes / 1e9, 3),
-          "arrays": len(state), "extra_gb": round((peak[0] - before) / 1e9, 3),
-          "extra_over_state": round((peak[0] - before) / nbytes, 3),
-          "save_s": round(seconds, 2), "platform": jax.default_backend()}
+    directory = pathlib.Path(tmp) / "checkpoints"
+    start = time.perf_counter()
+    with host_memory.Peak() as save:
+      _save(variant, directory, state, bound_gb)
+    out.update(save_s=round(time.perf_counter() - start, 2),
+               extra_gb=gb(save.peak[0] - save.before[0]),
+               extra_over_state=round((save.peak[0] - save.before[0]) / nbytes, 3),
+               kept_gb=gb(save.after[0] - save.before[0]),
+               system_extra_gb=gb(save.peak[1] - save.before[1]),
+               system_kept_gb=gb(save.after[1] - save.before[1]))
+    if variant == "checkpointer":
+      out.update(_restore(directory, {k: (a.shape, a.dtype, a.sharding) for k, a in state.items()},
+                          state, gb))
+  return out
 
 
-def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0) -> dict:
-  """`measure` in a fresh process (its peak is its own), with this checkout on the path."""
+def _restore(directory: pathlib.Path, shapes: dict, state: dict, gb) -> dict:
+  """Drops `state`, restores it from `directory` as the training loop does; the restore's peak
+  beyond the restored state's own bytes."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
+  state.clear()
+  gc.collect()
+  time.sleep(0.3)
+  abstract = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype, _) in shapes.items()}
+  shardings = {k: sharding for k, (_, _, sharding) in shapes.items()}
+  ckpt = checkpoint.Checkpointer(directory, CheckpointConfig(keep=1))
+  start = time.perf_counter()
+  with host_memory.Peak() as restore:
+    restored = ckpt.restore(1, abstract, shardings)
+    jax.block_until_ready(restored.state)
+  ckpt.close()
+  return {"restore_s": round(time.perf_counter() - start, 2),
+          "restore_extra_gb": gb(restore.peak[0] - restore.after[0]),
+          "restore_kept_gb": gb(restore.after[0] - restore.before[0]),
+          "system_restore_extra_gb": gb(restore.peak[1] - restore.after[1]),
+          "system_restore_kept_gb": gb(restore.after[1] - restore.before[1])}
+
+
+def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0,
+                env: dict | None = None) -> dict:
+  """`measure` in a fresh process (its peak is its own), with this checkout on the path and
+  `env` added to the environment."""
   root = pathlib.Path(__file__).resolve().parent.parent
-  env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+             **(env or {}))
   out = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_memory", "--one",
                         f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}"],
                        cwd=root, env=env, capture_output=True, text=True, check=False)

@@ -5,15 +5,12 @@
            `ocdbt.process_<i>/` files) holding one zarr array per leaf
     data   the data iterator's get_state() as JSON (`data/metadata`)
 
-Saves are asynchronous: `save` returns once the arrays are copied off the
-devices and the write finishes in a background thread. A state kept in host memory
-(trainer.state_memory=host) is saved synchronously, a bounded part of it copied at a time, so
-that the save adds little to the host RAM that the state already takes (docs/offload.md).
-A step directory appears under its final name only when Orbax has committed it (atomic rename
-of a temporary directory), so a process killed at any moment leaves the
-committed checkpoints intact. Old checkpoints are garbage-collected after a
-newer one commits: the latest `keep` stay, plus every step divisible by
-`keep_every_steps` when that is set.
+Saves are asynchronous: `save` returns once the arrays are copied off the devices and the
+write finishes in a background thread; a state in host memory is saved synchronously, a batch at
+a time (trainer/checkpoint_bounded.py). A step directory appears under its final name only when
+Orbax has committed it (atomic rename of a temporary directory), so a process killed at any
+moment leaves the committed checkpoints intact. Old checkpoints are garbage-collected after a
+newer one commits: the latest `keep` stay, plus every step divisible by `keep_every_steps`.
 
 Every read starts with `trainer/checkpoint_files.py:check_step`, which reads only metadata,
 so that a damaged checkpoint is refused before Orbax starts reads it could not finish.
@@ -43,7 +40,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from core.registry import ConfigError
 from trainer import disk
-from trainer.checkpoint_bounded import Transfers, handlers, in_host_memory
+from trainer.checkpoint_bounded import Transfers, handlers
 from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
@@ -190,7 +187,8 @@ class _SaveReports:
     if error is not None and disk.no_room(error):
       self._dropped.append("log")
       return False
-    return True
+    # Orbax's count of our own wait for the save before (its time is in the run's records).
+    return not str(record.msg).startswith("Waiting for previous save to complete took")
 
   def _hook(self, unraisable) -> None:
     exc = unraisable.exc_value
@@ -256,12 +254,10 @@ class Checkpointer:
     """Starts an asynchronous save of `step`; False if that step is already on disk.
 
     The caller decides when to save (`due`, the last step, a preemption). Waits for the save
-    before it first. A state in host memory (`in_host_memory`) is copied and written
-    HOST_STATE_SAVE_GB at a time (checkpoint_bounded.py), and is saved when this returns.
-    Raises disk.NoSpace, starting nothing, when the disk holding the
+    before it first. A state in host memory is saved a batch at a time, when this returns
+    (checkpoint_bounded.py). Raises disk.NoSpace, starting nothing, when the disk holding the
     checkpoints has less room than the state's arrays take (the most a checkpoint needs: Orbax
-    compresses), and when the disk filled during the save before (wait_until_finished).
-    """
+    compresses), and when the disk filled during the save before (wait_until_finished)."""
     if step in self.all_steps():
       return False
     self.wait_until_finished()
@@ -269,14 +265,17 @@ class Checkpointer:
     disk.check_room(self.directory / str(step), needed)
     self._in_flight = (step, needed)
     self._reports.start()
-    self._transfers.bounded = in_host_memory(state)
+    self._transfers.bound(state)
     try:
-      self._manager.save(step, force=True, args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
-    except Exception as e:  # pylint: disable=broad-except  (read by _failed)
-      raise self._failed(e) from None
-    if self._transfers.bounded:
-      self.wait_until_finished()
+      try:
+        self._manager.save(step, force=True, args=ocp.args.Composite(**{
+            STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}))
+      except Exception as e:  # pylint: disable=broad-except  (read by _failed)
+        raise self._failed(e) from None
+      if self._transfers.bounded:
+        self.wait_until_finished()
+    finally:
+      self._transfers.finish()
     return True
 
   def all_steps(self) -> list[int]:

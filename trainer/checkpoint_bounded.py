@@ -1,12 +1,25 @@
-"""What a checkpoint save of a train state in host memory adds to host RAM: a bounded batch.
+"""What a checkpoint save or restore of a train state in host memory adds to host RAM: a batch.
 
-Orbax (0.12) copies every array of a save to host RAM before `save` returns and holds the
-copies until all are written: on a TPU v5e host a state of 6.07 GB in pinned host memory
-(trainer.state_memory=host) took 9.8 GB more during its save, and llm_1b's (15.2 GB) ran the
-40 GiB machine out of memory. Its `save_device_host_concurrent_gb` option bounds the copies
-only for arrays that its ArrayHandler's callback calls deprioritized, which no handler that
-Orbax builds does; `Transfers` is that callback and `StateHandler` the handler that uses it.
-`python -m benchmarks.checkpoint_memory` measures it (docs/offload.md).
+A state in host memory (trainer.state_memory=host) already takes its bytes of host RAM; a save
+or a restore must not take them again. Three things would:
+
+- Orbax (0.12) copies every array of a save to host RAM before `save` returns and holds the
+  copies until all are written. Its `save_device_host_concurrent_gb` option bounds the copies
+  only for arrays that its ArrayHandler's callback calls deprioritized, which no handler that
+  Orbax builds does; `Transfers` is that callback and `StateHandler` the handler that uses it.
+- Each copy is `np.asarray` of the array (of its shard on each device), and JAX keeps that copy
+  cached on the array object for as long as the array lives: the state's arrays live on after
+  the save, so on a TPU host (where a pinned_host buffer is copied, not viewed) RAM grew by
+  every byte written, and llm_1b's save (15.2 GB) ran the 40 GiB machine out of memory. On CPU
+  the copy is a view and nothing grows. `drop_host_copies` frees those caches after each batch
+  is written (`Transfers.on_write_end`); the arrays keep their buffers.
+- A restore reads every array at once by default (restore_concurrent_gb=96); a host-memory
+  target is read a batch at a time (`StateHandler.restore`).
+- The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
+  `host_memory.release` gives it back after each batch and after a restore.
+
+`python -m benchmarks.checkpoint_memory` measures it; tests/test_checkpoint_memory.py (CPU) and
+tests/test_tpu_checkpoint_memory.py (the chip) bound it.
 """
 
 from __future__ import annotations
@@ -18,52 +31,125 @@ from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMe
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
 
+from trainer import host_memory
 from trainer.checkpoint_files import DATA, STATE
 
 # GB (10**9 bytes) of a state in host memory that a save copies off and writes at once
-# (save_device_host_concurrent_gb); a larger array is copied and written alone.
+# (save_device_host_concurrent_gb), and that a restore reads at once; a larger array is copied
+# or read alone.
 HOST_STATE_SAVE_GB = 0.25
+SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
+_ORBAX_CONCURRENT_GB = 96  # StandardCheckpointHandler's save_ and restore_concurrent_gb
+
+
+def in_host_memory(state) -> bool:
+  """Whether any array of `state` (or ShapeDtypeStruct with a sharding) lives in host memory
+  (trainer.state_memory=host)."""
+  return any(getattr(getattr(leaf, "sharding", None), "memory_kind", None) == "pinned_host"
+             for leaf in jax.tree.leaves(state))
+
+
+def drop_host_copies(arrays) -> None:
+  """Frees the host copies that `np.asarray` left cached on `arrays` and on their per-device
+  shards. Each array's storage is replaced by a fresh alias of the same device buffers (no data
+  moves, donation still works), which holds no copy. Not in JAX's public API: jax is pinned and
+  tests/test_tpu_checkpoint_memory.py fails on the chip if it stops freeing them."""
+  for array in arrays:
+    if not isinstance(array, jax.Array) or array.is_deleted():
+      continue
+    array.__dict__.pop("addressable_shards", None)  # its shards' arrays hold copies of their own
+    array._replace_with(array._rewrap_with_aval_and_sharding(array.aval, array.sharding))  # pylint: disable=protected-access
 
 
 class Transfers(DefaultSerializationStatusCallback):
   """When Orbax copies a save's arrays to host RAM, set by Checkpointer.save for each save.
 
-  Default: every array before `save` returns, the copies held until all are written (about
-  1.6x a host-memory state on top of it on a TPU v5e host). `bounded`: in batches of at most
-  HOST_STATE_SAVE_GB, each written before the next is copied, in Orbax's background thread;
-  the train step donates the state, so such a save finishes before `save` returns.
+  Default: every array before `save` returns, the copies held until all are written.
+  `bound(state)`: in batches of at most HOST_STATE_SAVE_GB, each written (and its host copies
+  freed) before the next is copied, in Orbax's background thread; the train step donates the
+  state, so such a save finishes before `save` returns.
   """
 
   def __init__(self):
-    self.bounded = False
+    self.state_arrays: list | None = None  # the arrays of a bounded save; None: Orbax's default
+    self._small: set = set()  # tree paths of a bounded save's small arrays: copied at once
+    self._written = False  # a batch was written since the copies were last freed
 
-  def key_priority(self, _) -> TransferPriority:
-    return (TransferPriority.ASYNCHRONOUS_DEPRIORITIZED if self.bounded
+  @property
+  def bounded(self) -> bool:
+    return self.state_arrays is not None
+
+  def bound(self, state) -> None:
+    """Bounds the next save if `state` is in host memory. Its arrays of at most SMALL_BYTES
+    (the step counter, norm scales) are copied at once, before `save` returns: Orbax warns on
+    every save that has none."""
+    paths = jax.tree_util.tree_flatten_with_path(state)[0] if in_host_memory(state) else None
+    self.state_arrays = None if paths is None else [leaf for _, leaf in paths]
+    self._small = {path for path, leaf in paths or ()
+                   if getattr(leaf, "nbytes", SMALL_BYTES + 1) <= SMALL_BYTES}
+
+  def finish(self) -> None:
+    """After the save: frees what its last batch left and forgets the state."""
+    if self.state_arrays is not None:
+      drop_host_copies(self.state_arrays)
+      host_memory.release()
+    self.state_arrays, self._small = None, set()
+
+  def key_priority(self, keypath) -> TransferPriority:
+    return (TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
+            if self.bounded and tuple(keypath) not in self._small
             else TransferPriority.SYNCHRONOUS)
+
+  def on_transfer_end(self, _) -> None:
+    self._written = False
+
+  def on_write_end(self, _) -> None:
+    """Called for each array of a batch once the batch is written: the first call frees the
+    batch's copies (the next batch is copied only after the last call)."""
+    if self.state_arrays is not None and not self._written:
+      self._written = True
+      drop_host_copies(self.state_arrays)
+      host_memory.release()
+
+
+def _largest_bytes(tree) -> int:
+  return max((int(leaf.size) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)
+              if hasattr(leaf, "dtype")), default=0)
 
 
 class StateHandler(ocp.StandardCheckpointHandler):
   """StandardSave/StandardRestore's handler (the same files and checks), whose jax.Array
   copies follow `transfers`: its PyTreeCheckpointHandler (`_impl`, which Orbax's own
   constructor makes without these options) gets save_device_host_concurrent_gb and an
-  ArrayHandler that asks `transfers`."""
+  ArrayHandler that asks `transfers`. A target in host memory is restored HOST_STATE_SAVE_GB
+  (or its largest array) at a time."""
 
   def __init__(self, transfers: Transfers):
     super().__init__()
     arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=ArrayMetadataStore(),
                                             callback=transfers)
-    registry = ocp.type_handlers.create_type_handler_registry(
+    self._registry = ocp.type_handlers.create_type_handler_registry(
         *[(ty, arrays if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
           for ty in ocp.type_handlers.supported_types()])
-    self._impl = ocp.PyTreeCheckpointHandler(
-        save_concurrent_gb=96, restore_concurrent_gb=96,  # StandardCheckpointHandler's
-        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=registry)
+    self._impl = self._pytree_handler(restore_gb=_ORBAX_CONCURRENT_GB)
 
+  def _pytree_handler(self, *, restore_gb: float) -> ocp.PyTreeCheckpointHandler:
+    return ocp.PyTreeCheckpointHandler(
+        save_concurrent_gb=_ORBAX_CONCURRENT_GB, restore_concurrent_gb=restore_gb,
+        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=self._registry)
 
-def in_host_memory(state) -> bool:
-  """Whether any array of `state` lives in host memory (trainer.state_memory=host)."""
-  return any(getattr(getattr(leaf, "sharding", None), "memory_kind", None) == "pinned_host"
-             for leaf in jax.tree.leaves(state))
+  def restore(self, directory, item=None, args=None):
+    target = getattr(args, "item", None)
+    if target is None or not in_host_memory(target):
+      return super().restore(directory, item, args)
+    # Orbax refuses a single read of its whole bound or more: the largest array gets room.
+    batch_gb = max(HOST_STATE_SAVE_GB, (_largest_bytes(target) + 1) / 1e9)
+    default, self._impl = self._impl, self._pytree_handler(restore_gb=batch_gb)
+    try:
+      return super().restore(directory, item, args)
+    finally:
+      self._impl = default
+      host_memory.release()  # the read buffers, now copied into the state's host memory
 
 
 def handlers(transfers: Transfers) -> ocp.handlers.DefaultCheckpointHandlerRegistry:

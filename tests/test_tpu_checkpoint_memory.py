@@ -1,0 +1,48 @@
+"""On a TPU chip (the `tpu` lane): a save and a restore of a train state in host memory add at
+most 1 GB, or 10% of the state if that is more, to the host RAM that the state already takes.
+
+The state is 4.4 GB of float32 arrays in pinned_host memory (trainer.state_memory=host),
+saved and restored by trainer/checkpoint.py's Checkpointer (benchmarks/checkpoint_memory.py, in
+a subprocess that holds the chip). The machine's RAM in use (MemTotal - MemAvailable) and the
+process's VmRSS are polled every 5 ms. Before trainer/checkpoint_bounded.py dropped the host
+copies that JAX caches on each array, llm_1b's save grew the RAM in use by every byte written.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.checkpoint_memory import run_variant
+
+pytestmark = pytest.mark.tpu
+
+STATE_GB = 4.4
+
+
+@pytest.fixture(scope="module")
+def measured():
+  result = run_variant("checkpointer", "pinned_host", gb=STATE_GB, env={"JAX_PLATFORMS": "tpu"})
+  print(json.dumps(result))  # the figures, under pytest -s
+  return result
+
+
+def _bound_gb(result) -> float:
+  return max(1.0, 0.1 * result["state_gb"])
+
+
+def test_the_state_is_big_enough_and_on_the_chips_host(measured):
+  assert measured["platform"] == "tpu" and measured["state_gb"] >= 4.0, measured
+
+
+def test_a_save_adds_at_most_the_bound(measured):
+  bound = _bound_gb(measured)
+  for key in ("extra_gb", "system_extra_gb", "kept_gb", "system_kept_gb"):
+    assert measured[key] <= bound, (key, measured)
+
+
+def test_a_restore_adds_at_most_the_bound(measured):
+  bound = _bound_gb(measured)
+  for key in ("restore_extra_gb", "system_restore_extra_gb"):
+    assert measured[key] <= bound, (key, measured)
