@@ -10,7 +10,8 @@ peak of VmRSS (polled every 5 ms) during the save minus VmRSS before it, over th
 `kept_gb`, what the save left in RSS once it returned. The `checkpointer` variant then drops the
 state and restores it into the same shardings: `restore_extra_gb` is the peak during the
 restore minus RSS once the restored state is held (what the restore took beyond the state),
-`restore_kept_gb` the RSS the restored state holds (its bytes, where its memory counts as RSS).
+`restore_kept_gb` the RSS the restored state holds (its bytes, where its memory counts as RSS),
+`restore_over_state_gb` the peak during the restore beyond RSS before it plus the state's bytes.
 `system_*` are the same figures for the machine's RAM in use (MemTotal - MemAvailable), which
 also counts memory a runtime pins outside the process's pages.
 
@@ -139,7 +140,10 @@ def _restore(directory: pathlib.Path, shapes: dict, state: dict, gb) -> dict:
     restored = ckpt.restore(1, abstract, shardings)
     jax.block_until_ready(restored.state)
   ckpt.close()
+  nbytes = sum(a.size * a.dtype.itemsize for a in abstract.values())
   return {"restore_s": round(time.perf_counter() - start, 2),
+          "restore_over_state_gb": gb(restore.peak[0] - restore.before[0] - nbytes),
+          "system_restore_over_state_gb": gb(restore.peak[1] - restore.before[1] - nbytes),
           "restore_extra_gb": gb(restore.peak[0] - restore.after[0]),
           "restore_kept_gb": gb(restore.after[0] - restore.before[0]),
           "system_restore_extra_gb": gb(restore.peak[1] - restore.after[1]),
