@@ -39,9 +39,10 @@ KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
 COMPILER_LOG = "compiler.log"
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
-RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
-                       "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       COMPILER_LOG, run_files.MANIFEST, *KEPT})
+# (metrics.jsonl.cut: lines of metrics.jsonl cut off by a killed run, trainer/writers.py.)
+RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "metrics.jsonl.cut",
+                       "tensorboard", "profile", "wandb", "checkpoints", "superseded_checkpoints",
+                       "corrupt_checkpoints", COMPILER_LOG, run_files.MANIFEST, *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,

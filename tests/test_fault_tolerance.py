@@ -161,6 +161,43 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
 
 
+def test_a_killed_runs_leftovers_are_set_aside_not_written_over(tmp_path, ref, cache, capfd):
+  """What a killed run (or a user) can leave, resumed: metrics.jsonl ending in a cut-off line
+  (`{"step": 11, "lo`, no newline), an empty folder named like step 20 and a file where
+  checkpoint 30 goes. Each is set aside with a warning, never written over: the line to
+  metrics.jsonl.cut, the folder and the file to corrupt_checkpoints/. The run resumes from 10,
+  each record on a line of its own, and `axtrain runs` reads it as completed at 30."""
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=10)
+  with open(run_dir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 11, "lo')
+  (run_dir / "checkpoints" / "20").mkdir()
+  (run_dir / "checkpoints" / "30").write_text("x\n")
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert len(warnings) == 3, result.stderr[-3000:]
+  assert ("metrics.jsonl ended in a line cut off by a run that stopped while writing it "
+          '(16 bytes: {"step": 11, "lo); moved it to ') in warnings[0]
+  assert "checkpoints/30 is unreadable (a file, not a checkpoint folder); moved it to " \
+      f"{run_dir.absolute() / 'corrupt_checkpoints' / '30'}" in warnings[1], warnings[1]
+  assert "checkpoints/20 is unreadable (" in warnings[2] and "falling back to step 10" in warnings[2]
+  assert "resumed from checkpoint step 10" in result.stderr
+  assert (run_dir / "metrics.jsonl.cut").read_text() == '{"step": 11, "lo\n'
+  assert (run_dir / "corrupt_checkpoints" / "30").read_text() == "x\n"
+  assert (run_dir / "corrupt_checkpoints" / "20").is_dir()
+  assert cu.steps(run_dir) == [10, 20, 30]
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert {r["step"]: r["loss"] for r in records if "loss" in r} == cu.losses(ref)
+  listed = json.loads((run_dir / "manifest.json").read_text())["files"]
+  assert {"metrics.jsonl.cut", "corrupt_checkpoints/30"} <= set(listed)
+  from launcher import runs  # pylint: disable=import-outside-toplevel
+  capfd.readouterr()
+  (run,), _ = runs.collect([str(run_dir)])
+  assert (run.status, run.steps, run.max_steps) == ("completed", 30, 30)
+  assert capfd.readouterr().err == ""  # no line skipped
+
+
 def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
