@@ -29,7 +29,8 @@ the command that trains on a corpus.
 run directory. The vocabulary rows that pad the embedding and LM head to
 model.vocab_multiple are added (zeros) on import and dropped on export. Output
 goes to a temporary directory that is renamed into place at the end, so a
-mistake writes nothing. An --output_dir that is not empty, or that lies inside a
+mistake writes nothing; a disk without room for it is one line, exit 74, and
+leaves nothing either. An --output_dir that is not empty, or that lies inside a
 run directory (where that run would hold files it did not write), is refused.
 """
 
@@ -47,6 +48,7 @@ import numpy as np
 from launcher import hf_files
 from launcher.convert_config import choose_tokenizer, config_py
 from launcher.errors import UserError, suggest
+from trainer import disk
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
@@ -119,18 +121,21 @@ def _check_empty(path: pathlib.Path) -> None:
 
 
 class _Staging:
-  """A temporary sibling of `target`, renamed onto it on success and removed on failure."""
+  """A temporary sibling of `target`, renamed onto it on success and removed on failure. A disk
+  with less room than `needed` bytes (what the folder takes, about) is refused before anything
+  is written, and a failure that found the disk full is disk.NoSpace naming `target`."""
 
-  def __init__(self, target: pathlib.Path):
-    self.target = target
+  def __init__(self, target: pathlib.Path, *, needed: int):
+    self.target, self.needed = target, needed
 
   def __enter__(self) -> pathlib.Path:
+    disk.check_room(self.target, self.needed)
     self.target.parent.mkdir(parents=True, exist_ok=True)
     self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
                                              dir=self.target.parent))
     return self.tmp
 
-  def __exit__(self, exc_type, *_):
+  def __exit__(self, exc_type, exc, _):
     if exc_type is None:
       _apply_umask(self.tmp)  # mkdtemp makes 0700, some writers 0600: the user's umask instead
       if self.target.exists():
@@ -138,6 +143,9 @@ class _Staging:
       os.replace(self.tmp, self.target)
     else:
       shutil.rmtree(self.tmp, ignore_errors=True)
+      full = disk.as_no_space(exc) if exc is not None else None
+      if full is not None:  # what is free counts the removed sibling as free again
+        raise disk.NoSpace(self.target, needed=self.needed, quota=full.quota) from None
 
 
 def _apply_umask(root: pathlib.Path) -> None:
@@ -270,11 +278,14 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
                      opt_state=exp.optimizer.tx.init(params))
   dtypes = sorted({st.dtype(n) for n in family.hf_shapes(hf_cfg)})
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  with _Staging(output) as tmp:
+  # The checkpoint holds the state's arrays (Orbax compresses them); its metadata and the JSON
+  # files take a few kB.
+  needed = sum(x.nbytes for x in jax.tree.leaves(state)) + 16_000
+  with _Staging(output, needed=needed) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
-    (tmp / "config.py").write_text(config_py(resolved, source=hf_dir, run_dir=output,
-                                             tokenizer=chosen))
+    disk.write_atomic(tmp / "config.py", config_py(resolved, source=hf_dir, run_dir=output,
+                                                   tokenizer=chosen).encode())
     Manifest(tmp).add(*(tmp / n for n in ("config.json", "hf_config.json", "config.py",
                                           "run.json")))
     run_dir_lib.write_json(tmp / "run.json", {
@@ -333,6 +344,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   tensors = export(family, drop_vocab_padding(split_layers(params, run.model.num_layers),
                                               run.model.vocab_size), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
-  with _Staging(output) as tmp:
-    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+  config = (json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n").encode()
+  # The tensors' bytes, and safetensors' header of about 100 bytes a tensor.
+  with _Staging(output, needed=len(config) + sum(v.nbytes + 100 for v in tensors.values())) as tmp:
+    disk.write_atomic(tmp / "config.json", config)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

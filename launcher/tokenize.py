@@ -17,6 +17,7 @@ accepted: that run would then hold files it did not write).
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pathlib
@@ -30,6 +31,7 @@ from absl import flags
 
 from core.registry import ConfigError
 from launcher.errors import UserError, suggest
+from trainer import disk
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 from trainer.data.config import DocumentFilesConfig
 from trainer.data.tokens import META
@@ -143,9 +145,11 @@ def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
             "skipped_documents": errors.skipped,
             "source": {"kind": kind, "input": fv.input,
                        **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
-    (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
-  except BaseException:
+    disk.write_atomic(partial / META, (json.dumps(meta, indent=1) + "\n").encode())
+  except BaseException as e:
     shutil.rmtree(partial, ignore_errors=True)
+    if disk.no_room(e):  # what is free counts the removed shards as free again
+      raise disk.NoSpace(out, needed=None, quota=disk.as_no_space(e).quota) from None
     raise
   partial.rename(out)
   print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
@@ -222,6 +226,14 @@ def _tokenizer(fv: flags.FlagValues) -> tokenizers.Tokenizer:
   return tokenizers.build(fv.tokenizer, **fields)
 
 
+def _save_npy(path: pathlib.Path, array: np.ndarray) -> None:
+  """np.save's file (format 1.0), written by trainer/disk.py: a full disk is an OSError with its
+  errno (np.save reports a short write without one: `N requested and M written`)."""
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+  disk.write_atomic(path, [header.getvalue(), np.ascontiguousarray(array)])
+
+
 class _ShardWriter:
   def __init__(self, root: pathlib.Path, fmt: str, dtype, shard_tokens: int):
     self.root, self.fmt, self.dtype, self.shard_tokens = root, fmt, dtype, shard_tokens
@@ -242,8 +254,8 @@ class _ShardWriter:
       return
     name = f"shard-{len(self.names):05d}"
     if self.fmt == "npy":
-      np.save(self.root / f"{name}.tokens.npy", np.concatenate(self._docs).astype(self.dtype))
-      np.save(self.root / f"{name}.lengths.npy", np.array([len(d) for d in self._docs], np.int64))
+      _save_npy(self.root / f"{name}.tokens.npy", np.concatenate(self._docs).astype(self.dtype))
+      _save_npy(self.root / f"{name}.lengths.npy", np.array([len(d) for d in self._docs], np.int64))
     else:
       from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
       writer = array_record_module.ArrayRecordWriter(str(self.root / f"{name}.array_record"),

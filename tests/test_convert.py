@@ -138,6 +138,32 @@ def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
   assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_a_full_disk_is_one_line_and_leaves_nothing_both_ways(tmp_path, capsys, tensors,
+                                                               monkeypatch):
+  """convert on a disk without room. --from_hf: the disk fills as it writes config.py (fault
+  injection: that write raises ENOSPC half-way). --to_hf: the disk has less room than the
+  model's tensors (os.statvfs reports one 4 kB block free), which it checks before writing (a
+  write that fails anyway, in safetensors' Rust, is a full disk too: tests/test_cli.py). Each
+  is one line naming the device and --output_dir, not the hidden folder it stages in, exit 74,
+  and nothing is left; the same commands then succeed."""
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from tests.conftest import fill_disk_at, report_full  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  hf, run, back = _write_hf(tmp_path / "hf", tensors), tmp_path / "run", tmp_path / "back"
+  head = f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing "
+  for flags, out, full in (([f"--from_hf={hf}"], run, lambda p: fill_disk_at(p, "/config.py.tmp")),
+                           ([f"--to_hf={run}"], back, lambda p: report_full(p, tmp_path))):
+    with monkeypatch.context() as patch:
+      full(patch)
+      code, err = _convert(capsys, *flags, f"--output_dir={out}")
+    assert code == EXIT_NO_SPACE and err.count("\n") == 1, err
+    assert err.startswith(f"{head}{out} (") and " needed, " in err, err
+    assert err.endswith(" free); free space there, then run the same command again\n"), err
+    assert not out.exists() and not list(tmp_path.glob(f".{out.name}.*")), "something was left"
+    assert _convert(capsys, *flags, f"--output_dir={out}")[0] == 0
+  assert (back / "model.safetensors").is_file()
+
+
 def test_bad_arguments(capsys):
   code, err = _convert(capsys, "--from_hf=x")
   assert code == 2 and "give exactly one of --from_hf / --to_hf, and --output_dir" in err

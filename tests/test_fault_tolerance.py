@@ -24,6 +24,7 @@ import pytest
 from launcher.errors import EXIT_NO_SPACE
 from launcher.preemption import EXIT_PREEMPTED
 from tests import ckpt_util as cu
+from tests.conftest import report_full
 from tests.launch_with_hooks import NanAt, StopAfter
 from trainer.callbacks import Callback
 
@@ -343,17 +344,9 @@ def test_a_checkpoint_without_room_stops_in_one_line_and_resumes_exactly(tmp_pat
                         "its checkpoint of step 10"), error
   assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
 
-  full, real_statvfs = [], os.statvfs
-
-  def statvfs(path):
-    found = real_statvfs(path)
-    if full and str(run_dir) in os.fspath(path):
-      return os.statvfs_result((found.f_bsize, 4096, found.f_blocks, 1, 1, found.f_files,
-                                found.f_ffree, found.f_favail, found.f_flag, found.f_namemax))
-    return found
-
+  full = []
   with monkeypatch.context() as patch:
-    patch.setattr(os, "statvfs", statvfs)
+    report_full(patch, run_dir, when=lambda: bool(full))
     error = no_space_line(cu.run_here(capfd, run_dir, cache, callbacks=[_At(25, full)]))
   assert f"writing {run_dir.absolute() / 'checkpoints' / '30'} (1." in error
   assert " MB needed, 4.1 kB free)" in error and "checkpoint of step 20" in error
