@@ -39,15 +39,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 from launcher import hf_files
 from launcher.convert_config import choose_tokenizer, config_py
 from launcher.errors import UserError, suggest
+from launcher.staging import Staging
 from trainer import disk
 from trainer.run_files import Manifest
 
@@ -118,42 +117,6 @@ def _check_empty(path: pathlib.Path) -> None:
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     raise UserError(f"--output_dir {path} exists and is not empty; choose an empty or new "
                     f"directory")
-
-
-class _Staging:
-  """A temporary sibling of `target`, renamed onto it on success and removed on failure. A disk
-  with less room than `needed` bytes (what the folder takes, about) is refused before anything
-  is written, and a failure that found the disk full is disk.NoSpace naming `target`."""
-
-  def __init__(self, target: pathlib.Path, *, needed: int):
-    self.target, self.needed = target, needed
-
-  def __enter__(self) -> pathlib.Path:
-    disk.check_room(self.target, self.needed)
-    self.target.parent.mkdir(parents=True, exist_ok=True)
-    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
-                                             dir=self.target.parent))
-    return self.tmp
-
-  def __exit__(self, exc_type, exc, _):
-    if exc_type is None:
-      _apply_umask(self.tmp)  # mkdtemp makes 0700, some writers 0600: the user's umask instead
-      if self.target.exists():
-        self.target.rmdir()  # empty, checked before we started
-      os.replace(self.tmp, self.target)
-    else:
-      shutil.rmtree(self.tmp, ignore_errors=True)
-      full = disk.as_no_space(exc) if exc is not None else None
-      if full is not None:  # what is free counts the removed sibling as free again
-        raise disk.NoSpace(self.target, needed=self.needed, quota=full.quota) from None
-
-
-def _apply_umask(root: pathlib.Path) -> None:
-  umask = os.umask(0)
-  os.umask(umask)
-  for path in [root, *root.rglob("*")]:
-    if not path.is_symlink():
-      path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 # -- parameter trees -----------------------------------------------------------------------
@@ -281,7 +244,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   # The checkpoint holds the state's arrays (Orbax compresses them); its metadata and the JSON
   # files take a few kB.
   needed = sum(x.nbytes for x in jax.tree.leaves(state)) + 16_000
-  with _Staging(output, needed=needed) as tmp:
+  with Staging(output, command="convert", needed=needed) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
     disk.write_atomic(tmp / "config.py", config_py(resolved, source=hf_dir, run_dir=output,
@@ -346,6 +309,7 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
   config = (json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n").encode()
   # The tensors' bytes, and safetensors' header of about 100 bytes a tensor.
-  with _Staging(output, needed=len(config) + sum(v.nbytes + 100 for v in tensors.values())) as tmp:
+  with Staging(output, command="convert",
+               needed=len(config) + sum(v.nbytes + 100 for v in tensors.values())) as tmp:
     disk.write_atomic(tmp / "config.json", config)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

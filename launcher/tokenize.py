@@ -9,8 +9,9 @@ holds tokens.json (tokenizer, shard list, counts) and per shard either
 NAME.tokens.npy + NAME.lengths.npy (flat ids + document lengths) or
 NAME.array_record (one record per document: its ids as little-endian bytes).
 It is written under DIR.partial and renamed when complete; a run that fails
-(a bad document without --on_error=skip, no documents) removes DIR.partial, and
-an existing DIR is never overwritten (nor is a DIR inside a run directory
+(a bad document without --on_error=skip, no documents, a full disk) or is
+stopped (Ctrl-C, SIGTERM) removes DIR.partial, a run after one that was killed
+removes its DIR.partial with a note, and an existing DIR is never overwritten (nor is a DIR inside a run directory
 accepted: that run would then hold files it did not write).
 """
 
@@ -22,7 +23,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import sys
 import typing
 
@@ -31,6 +31,7 @@ from absl import flags
 
 from core.registry import ConfigError
 from launcher.errors import UserError, suggest
+from launcher.staging import Staging
 from trainer import disk
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 from trainer.data.config import DocumentFilesConfig
@@ -127,17 +128,14 @@ def as_flags(message: str) -> str:
 
 def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
   """Writes the shards and tokens.json under OUT.partial, renamed to `out` when complete; a
-  failure part-way (a bad document, no documents, an interrupt) removes OUT.partial."""
+  failure part-way (a bad document, no documents, a full disk, Ctrl-C or SIGTERM) removes
+  OUT.partial (launcher/staging.py), and so does the next run after a SIGKILL."""
   tokenizer = _tokenizer(fv)
   files = documents.expand(fv.input, what="--input")
   kind = _kind(fv.kind, files)
   cfg, reader = _reader(fv, kind)
   errors = documents.Errors(fv.on_error)
-  partial = out.with_name(out.name + ".partial")
-  if partial.exists():
-    shutil.rmtree(partial)  # our own leftover from a run killed before it could clean up
-  partial.mkdir(parents=True)
-  try:
+  with Staging(out, command="tokenize", partial=True) as partial:
     writer = _write(fv, cfg, reader, files, errors=errors, tokenizer=tokenizer, root=partial)
     meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name,
             "shards": writer.names, "tokenizer": tokenizer.describe(),
@@ -146,12 +144,6 @@ def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
             "source": {"kind": kind, "input": fv.input,
                        **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
     disk.write_atomic(partial / META, (json.dumps(meta, indent=1) + "\n").encode())
-  except BaseException as e:
-    shutil.rmtree(partial, ignore_errors=True)
-    if disk.no_room(e):  # what is free counts the removed shards as free again
-      raise disk.NoSpace(out, needed=None, quota=disk.as_no_space(e).quota) from None
-    raise
-  partial.rename(out)
   print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
         f"{len(writer.names)} shard(s) -> {out}"
         + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"

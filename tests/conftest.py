@@ -57,12 +57,14 @@ def _env(env: dict | None, devices: int | None) -> dict:
 
 
 def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = None,
-        timeout: float = 600, devices: int | None = None) -> subprocess.CompletedProcess:
-  """Runs `axtrain ARGS` (as `python -m launcher`) from this checkout; returns the result.
+        timeout: float = 600, devices: int | None = None,
+        module: str = "launcher") -> subprocess.CompletedProcess:
+  """Runs `axtrain ARGS` (as `python -m launcher`, or another `module` that runs it: a test
+  wrapper) from this checkout; returns the result.
 
   `devices=N` gives the process N fake CPU devices (XLA_FLAGS, set before jax imports).
   """
-  return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd or ROOT,
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or ROOT,
                         env=_env(env, devices), capture_output=True, text=True, timeout=timeout)
 
 
