@@ -132,9 +132,11 @@ def run(argv: list[str] | None = None, *, callbacks=()) -> None:
   if code == preemption.EXIT_PREEMPTED:
     # The checkpoint is committed and the run's files written: leave at once, without the
     # interpreter's teardown, which the scheduler may cut short (a task of a Slurm step still
-    # there when a peer has exited 75 is killed, and the step counts as failed, not preempted).
+    # there when a peer has exited 75 is killed, and the step counts as failed, not preempted);
+    # the processes of a multi-process run first leave jax.distributed together.
     for stream in (sys.stdout, sys.stderr):
       stream.flush()
+    distributed.leave_together(code)
     os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
