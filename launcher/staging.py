@@ -102,6 +102,9 @@ class Staging:
     with preemption.held():  # a signal meanwhile takes effect once the folder can be removed
       if self.partial:
         self.tmp = parent / f"{self.target.name}.partial"
+        if self.tmp.exists() or self.tmp.is_symlink():  # no folder: not a writer's leftover
+          raise UserError(f"{self.command}: {self.tmp} exists and is not a folder {self.command} "
+                          f"writes; move it away, or choose another --output_dir")
         self.tmp.mkdir()
       else:
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",

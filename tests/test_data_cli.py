@@ -284,3 +284,10 @@ def test_a_killed_tokenizes_partial_output_is_removed_by_the_next(capsys, tmp_pa
       f"axtrain: note: tokenize: removed {partial}, the partial output of an earlier tokenize to "
       f"{out} that was stopped before it could clean up"], err
   assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "out"]
+  (tmp_path / "other.partial").write_text("mine")  # no folder: someone else's file
+  code, err = run(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl",
+                  f"--output_dir={tmp_path / 'other'}")
+  assert code == 2 and err == [
+      f"axtrain: error: tokenize: {tmp_path / 'other.partial'} exists and is not a folder "
+      f"tokenize writes; move it away, or choose another --output_dir"], err
+  assert (tmp_path / "other.partial").read_text() == "mine"
