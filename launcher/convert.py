@@ -29,7 +29,8 @@ the command that trains on a corpus.
 run directory. The vocabulary rows that pad the embedding and LM head to
 model.vocab_multiple are added (zeros) on import and dropped on export. Output
 goes to a temporary directory that is renamed into place at the end, so a
-mistake writes nothing. An --output_dir that is not empty, or that lies inside a
+mistake writes nothing; a disk without room for it is one line, exit 74, and
+leaves nothing either. An --output_dir that is not empty, or that lies inside a
 run directory (where that run would hold files it did not write), is refused.
 """
 
@@ -38,15 +39,15 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 from launcher import hf_files
 from launcher.convert_config import choose_tokenizer, config_py
 from launcher.errors import UserError, suggest
+from launcher.staging import Staging
+from trainer import disk
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
@@ -116,36 +117,6 @@ def _check_empty(path: pathlib.Path) -> None:
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     raise UserError(f"--output_dir {path} exists and is not empty; choose an empty or new "
                     f"directory")
-
-
-class _Staging:
-  """A temporary sibling of `target`, renamed onto it on success and removed on failure."""
-
-  def __init__(self, target: pathlib.Path):
-    self.target = target
-
-  def __enter__(self) -> pathlib.Path:
-    self.target.parent.mkdir(parents=True, exist_ok=True)
-    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
-                                             dir=self.target.parent))
-    return self.tmp
-
-  def __exit__(self, exc_type, *_):
-    if exc_type is None:
-      _apply_umask(self.tmp)  # mkdtemp makes 0700, some writers 0600: the user's umask instead
-      if self.target.exists():
-        self.target.rmdir()  # empty, checked before we started
-      os.replace(self.tmp, self.target)
-    else:
-      shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _apply_umask(root: pathlib.Path) -> None:
-  umask = os.umask(0)
-  os.umask(umask)
-  for path in [root, *root.rglob("*")]:
-    if not path.is_symlink():
-      path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 # -- parameter trees -----------------------------------------------------------------------
@@ -270,11 +241,14 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
                      opt_state=exp.optimizer.tx.init(params))
   dtypes = sorted({st.dtype(n) for n in family.hf_shapes(hf_cfg)})
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  with _Staging(output) as tmp:
+  # The checkpoint holds the state's arrays (Orbax compresses them); its metadata and the JSON
+  # files take a few kB.
+  needed = sum(x.nbytes for x in jax.tree.leaves(state)) + 16_000
+  with Staging(output, command="convert", needed=needed) as tmp:
     run_dir_lib.write_json(tmp / "config.json", resolved)
     run_dir_lib.write_json(tmp / "hf_config.json", hf_cfg)
-    (tmp / "config.py").write_text(config_py(resolved, source=hf_dir, run_dir=output,
-                                             tokenizer=chosen))
+    disk.write_atomic(tmp / "config.py", config_py(resolved, source=hf_dir, run_dir=output,
+                                                   tokenizer=chosen).encode())
     Manifest(tmp).add(*(tmp / n for n in ("config.json", "hf_config.json", "config.py",
                                           "run.json")))
     run_dir_lib.write_json(tmp / "run.json", {
@@ -333,6 +307,9 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   tensors = export(family, drop_vocab_padding(split_layers(params, run.model.num_layers),
                                               run.model.vocab_size), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
-  with _Staging(output) as tmp:
-    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+  config = (json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n").encode()
+  # The tensors' bytes, and safetensors' header of about 100 bytes a tensor.
+  with Staging(output, command="convert",
+               needed=len(config) + sum(v.nbytes + 100 for v in tensors.values())) as tmp:
+    disk.write_atomic(tmp / "config.json", config)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -24,7 +24,9 @@ same step (the fastest process's next one).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import pathlib
 import re
 import socket
 import sys
@@ -235,6 +237,62 @@ def _check_counts(num_processes: int | None, process_id: int | None) -> None:
   if num_processes is not None and process_id is not None and process_id >= num_processes:
     raise UserError(f"--process_id={process_id}: must be below --num_processes={num_processes} "
                     f"(0 to {num_processes - 1})")
+
+
+# Where each process of a multi-process run keeps what the JAX runtime logs: runtime/p<N>.log.
+RUNTIME_LOG_DIR = "runtime"
+_LEAVE_TIMEOUT_S = 30
+
+
+def runtime_log(run_dir: pathlib.Path, process_index: int) -> pathlib.Path:
+  return pathlib.Path(run_dir) / RUNTIME_LOG_DIR / f"p{process_index}.log"
+
+
+def runtime_output_to(path: pathlib.Path) -> None:
+  """From now until this process ends, what the JAX runtime writes to stderr goes to `path`
+  (appended), not the console: its C++ logging, written straight to file descriptor 2 (the
+  preemption notifier's `SIGTERM caught`, the coordination service's reports as a process
+  leaves, gRPC's), and Python's logging records (absl's `Reached preemption sync point`, from
+  Orbax). sys.stderr, where axtrain's own lines go, stays the console: it becomes a stream on a
+  copy of the console's descriptor."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  sys.stderr.flush()
+  runtime = sys.stderr  # on descriptor 2: the logging handlers made so far write through it
+  console = os.fdopen(os.dup(2), "w", buffering=1, encoding=runtime.encoding,
+                      errors="backslashreplace")
+  os.dup2(fd, 2)
+  os.close(fd)
+  sys.stderr = console
+  if not logging.getLogger().handlers:  # the handler absl's first record would make, on the
+    logging.basicConfig(stream=runtime)  # stream sys.stderr is then: the console
+
+
+def leave_together(code: int) -> None:
+  """Disconnects this process from jax.distributed in JAX's order before it exits with `code`
+  without the interpreter's teardown (a preemption, launcher/main.py): every process's client
+  leaves at the shutdown barrier, then process 0's coordination service stops. Exiting at once
+  instead, process 0 took the service with it while the others were still connected, and
+  their agent reported the lost service and aborted (`E ... Polled an error from coordination
+  service`, `F ... client.h:80] Terminating process`, gRPC's `Socket closed`). A process that
+  cannot leave within _LEAVE_TIMEOUT_S (a peer gone) exits anyway."""
+  if "jax" not in sys.modules:  # a command that never started JAX
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  if not jax.distributed.is_initialized():
+    return
+  done = threading.Event()
+
+  def give_up() -> None:
+    if not done.wait(_LEAVE_TIMEOUT_S):
+      os._exit(code)  # pylint: disable=protected-access
+
+  threading.Thread(target=give_up, name="axtrain-leave", daemon=True).start()
+  try:
+    jax.distributed.shutdown()
+  except Exception:  # pylint: disable=broad-except  (leaving anyway: said in the runtime's log)
+    pass
+  done.set()
 
 
 class PeerLost(Exception):

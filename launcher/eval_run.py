@@ -169,7 +169,8 @@ def main(argv: list[str]) -> int:
     from trainer.writers import JsonlWriter  # pylint: disable=import-outside-toplevel
     manifest = Manifest(run_dir)  # a run older than manifests: its layout shows metrics.jsonl
     writer = JsonlWriter(run_dir / "metrics.jsonl",  # one line, one write: safe beside training
-                         record=manifest.record if manifest.files() is not None else no_record)
+                         record=manifest.record if manifest.files() is not None else no_record,
+                         warn=lambda text: print(f"axtrain: warning: {text}", file=sys.stderr))
     writer.on_record(record)
     writer.on_train_end(None)
   print(result_line(step, result, run_dir / "metrics.jsonl"))

@@ -32,8 +32,8 @@ Mistakes print one line `axtrain: error: ...` and exit with code 2.
 Re-running the command of an unfinished run resumes it from its last committed
 checkpoint (docs/fault_tolerance.md). Exit codes: 0 done, 1 failed (non-finite
 loss, no usable checkpoint), 2 usage error or run directory in use, 74 no space
-left on the run's disk (one line names the file, what it needed and what is free;
-free space, then retry the same command), 75 preempted by SIGTERM/SIGINT with a
+left on a disk it writes to (training or any command that writes; one line names
+the file, what it needed and what is free; free space, then retry the same command), 75 preempted by SIGTERM/SIGINT with a
 checkpoint saved, or SIGTERM before training: retry the same command; 130 Ctrl-C
 (SIGINT) before training began, nothing written.
 """
@@ -132,9 +132,11 @@ def run(argv: list[str] | None = None, *, callbacks=()) -> None:
   if code == preemption.EXIT_PREEMPTED:
     # The checkpoint is committed and the run's files written: leave at once, without the
     # interpreter's teardown, which the scheduler may cut short (a task of a Slurm step still
-    # there when a peer has exited 75 is killed, and the step counts as failed, not preempted).
+    # there when a peer has exited 75 is killed, and the step counts as failed, not preempted);
+    # the processes of a multi-process run first leave jax.distributed together.
     for stream in (sys.stdout, sys.stderr):
       stream.flush()
+    distributed.leave_together(code)
     os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 

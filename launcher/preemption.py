@@ -131,13 +131,14 @@ class Interruptions:
     self._held = 0
     self._pending: int | None = None
     self._finishing = False
-    self._undo: list[Callable[[], None]] = []  # what `_exit` undoes first, newest first
+    # What `_exit` undoes first, newest first, each with what the stop line then says of it.
+    self._undo: list[tuple[Callable[[], None], str]] = []
     self._stderr = 2  # install() makes it a copy of the process's stderr
 
   def _exit(self, signum: int) -> None:
     """Ends the process (called with the lock held, outside held blocks)."""
     code = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
-    for undo in reversed(self._undo):
+    for undo, _ in reversed(self._undo):
       with contextlib.suppress(Exception):
         undo()
     for stream in (sys.stdout, sys.stderr):
@@ -145,7 +146,8 @@ class Interruptions:
         stream.flush()
     # To the stderr the process started with: fd 2 may be captured for a while (a compile's
     # log, planner/plan.py), and that capture ends unread.
-    line = f"axtrain: {signal.Signals(signum).name}: stopped{self.what} (exit {code})\n"
+    said = "".join(text for _, text in self._undo)
+    line = f"axtrain: {signal.Signals(signum).name}: stopped{self.what}{said} (exit {code})\n"
     with contextlib.suppress(OSError):
       os.write(self._stderr, line.encode())
     os._exit(code)  # pylint: disable=protected-access
@@ -200,15 +202,17 @@ class Interruptions:
           self._exit(self._pending)
 
   @contextlib.contextmanager
-  def undone_on_stop(self, undo: Callable[[], None]):
-    """While the block runs, a stop first calls `undo` (e.g. put back a lock file)."""
+  def undone_on_stop(self, undo: Callable[[], None], said: str = ""):
+    """While the block runs, a stop first calls `undo` (e.g. put back a lock file), and its
+    line ends with `said` (what the undo did: `; removed its partial output DIR.partial`)."""
+    entry = (undo, said)
     with self._lock:
-      self._undo.append(undo)
+      self._undo.append(entry)
     try:
       yield
     finally:
       with self._lock:
-        self._undo.remove(undo)
+        self._undo.remove(entry)
 
   def finishing(self) -> None:
     with self._lock:
@@ -225,11 +229,11 @@ def held():
   return _installed.held() if _installed is not None else contextlib.nullcontext()
 
 
-def undone_on_stop(undo: Callable[[], None]):
+def undone_on_stop(undo: Callable[[], None], said: str = ""):
   """A block in which a stop before training first calls `undo` (Interruptions.undone_on_stop)."""
   if _installed is None:
     return contextlib.nullcontext()
-  return _installed.undone_on_stop(undo)
+  return _installed.undone_on_stop(undo, said)
 
 
 def finishing() -> None:

@@ -27,6 +27,7 @@ import platform
 from typing import Literal
 
 from launcher import folders
+from launcher.distributed import RUNTIME_LOG_DIR
 from launcher.errors import ConfigError, UserError
 from launcher.flat import flatten
 from launcher.run_lock import LOCK_NAME
@@ -39,9 +40,12 @@ KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
 COMPILER_LOG = "compiler.log"
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
-RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
-                       "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",
-                       COMPILER_LOG, run_files.MANIFEST, *KEPT})
+# (metrics.jsonl.cut: lines of metrics.jsonl cut off by a killed run, trainer/writers.py;
+# runtime/: the JAX runtime's log of each process of a multi-process run, distributed.py.)
+RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "metrics.jsonl.cut",
+                       "tensorboard", "profile", "wandb", "checkpoints", "superseded_checkpoints",
+                       "corrupt_checkpoints", COMPILER_LOG, RUNTIME_LOG_DIR, run_files.MANIFEST,
+                       *KEPT})
 # What `axtrain convert --from_hf` writes besides RUN_FILES; --overwrite keeps them.
 CONVERT_FILES = frozenset({"config.py", "hf_config.json"})
 # Fields that choose how a run resumes, not what it trains: equal runs may differ in them,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import glob
+import io
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import sys
 from launcher import folders
 from launcher.errors import UserError, suggest
 from launcher.flat import flatten
+from trainer import disk
 
 USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png|.svg|.pdf] [--columns=KEY,...]"
 _FLAGS = ("json", "plot", "columns")
@@ -409,11 +411,14 @@ def figure(runs: list[Run], keys: list[str], *, title: str = ""):
 
 
 def plot(runs: list[Run], keys: list[str], path: pathlib.Path, *, title: str = "") -> None:
-  """Writes `figure` to `path`, in the format of its suffix."""
+  """Writes `figure` to `path`, in the format of its suffix: drawn in memory, then written whole
+  (trainer/disk.py): a full disk leaves the file as it was and raises NoSpace."""
   plt = _pyplot()
   fig = figure(runs, keys, title=title)
-  fig.savefig(path, format=PLOT_FORMATS[pathlib.Path(path).suffix.lower()])
+  drawn = io.BytesIO()
+  fig.savefig(drawn, format=PLOT_FORMATS[pathlib.Path(path).suffix.lower()])
   plt.close(fig)
+  disk.write_atomic(path, drawn.getvalue())
 
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}  # --plot's suffix: the format

@@ -197,6 +197,7 @@ def _train(this: Run) -> int:
     with preemption.held():  # a signal lets the run directory's files be written whole first
       _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
       _keep_compiler_log(rd, compiler_lines, compiler_notes)
+  _keep_runtime_log(this)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
   progress.message(f"axtrain: training {this.config_value} in {rd.path}")
   finish = rd.finish if this.main_process else (lambda *a, **k: None)
@@ -227,6 +228,23 @@ def _train(this: Run) -> int:
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
   return _finished(this, result, finish, progress)
+
+
+def _keep_runtime_log(this: Run) -> None:
+  """Each process of a multi-process run keeps what the JAX runtime logs in the run directory's
+  runtime/p<N>.log (launcher/distributed.py:runtime_output_to), once process 0 has written the
+  run's files (a barrier); process 0 lists every process's in the manifest and says where."""
+  if not this.multi_process:
+    return
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  ocp.multihost.sync_global_processes("axtrain_run_files_written")
+  path = distributed.runtime_log(this.run_dir.path, jax.process_index())
+  if this.main_process:
+    this.run_dir.manifest.add(*(distributed.runtime_log(this.run_dir.path, i)
+                                for i in range(jax.process_count())))
+    print(f"axtrain: note: the JAX runtime's own messages (its C++ and absl logging) go to "
+          f"{path.parent}/p<N>.log, one per process", file=sys.stderr)
+  distributed.runtime_output_to(path)
 
 
 @contextlib.contextmanager

@@ -9,19 +9,20 @@ holds tokens.json (tokenizer, shard list, counts) and per shard either
 NAME.tokens.npy + NAME.lengths.npy (flat ids + document lengths) or
 NAME.array_record (one record per document: its ids as little-endian bytes).
 It is written under DIR.partial and renamed when complete; a run that fails
-(a bad document without --on_error=skip, no documents) removes DIR.partial, and
-an existing DIR is never overwritten (nor is a DIR inside a run directory
+(a bad document without --on_error=skip, no documents, a full disk) or is
+stopped (Ctrl-C, SIGTERM) removes DIR.partial, a run after one that was killed
+removes its DIR.partial with a note, and an existing DIR is never overwritten (nor is a DIR inside a run directory
 accepted: that run would then hold files it did not write).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pathlib
 import re
-import shutil
 import sys
 import typing
 
@@ -30,6 +31,8 @@ from absl import flags
 
 from core.registry import ConfigError
 from launcher.errors import UserError, suggest
+from launcher.staging import Staging
+from trainer import disk
 from trainer.data import DATA, corpus as corpus_lib, documents, tokenizers
 from trainer.data.config import DocumentFilesConfig
 from trainer.data.tokens import META
@@ -125,17 +128,14 @@ def as_flags(message: str) -> str:
 
 def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
   """Writes the shards and tokens.json under OUT.partial, renamed to `out` when complete; a
-  failure part-way (a bad document, no documents, an interrupt) removes OUT.partial."""
+  failure part-way (a bad document, no documents, a full disk, Ctrl-C or SIGTERM) removes
+  OUT.partial (launcher/staging.py), and so does the next run after a SIGKILL."""
   tokenizer = _tokenizer(fv)
   files = documents.expand(fv.input, what="--input")
   kind = _kind(fv.kind, files)
   cfg, reader = _reader(fv, kind)
   errors = documents.Errors(fv.on_error)
-  partial = out.with_name(out.name + ".partial")
-  if partial.exists():
-    shutil.rmtree(partial)  # our own leftover from a run killed before it could clean up
-  partial.mkdir(parents=True)
-  try:
+  with Staging(out, command="tokenize", partial=True) as partial:
     writer = _write(fv, cfg, reader, files, errors=errors, tokenizer=tokenizer, root=partial)
     meta = {"format": fv.format, "dtype": np.dtype(tokenizer.dtype).name,
             "shards": writer.names, "tokenizer": tokenizer.describe(),
@@ -143,11 +143,7 @@ def _tokenize(fv: flags.FlagValues, out: pathlib.Path) -> int:
             "skipped_documents": errors.skipped,
             "source": {"kind": kind, "input": fv.input,
                        **{n: getattr(cfg, n) for n in reader_fields() if hasattr(cfg, n)}}}
-    (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
-  except BaseException:
-    shutil.rmtree(partial, ignore_errors=True)
-    raise
-  partial.rename(out)
+    disk.write_atomic(partial / META, (json.dumps(meta, indent=1) + "\n").encode())
   print(f"axtrain tokenize: {writer.num_docs:,} documents, {writer.num_tokens:,} tokens in "
         f"{len(writer.names)} shard(s) -> {out}"
         + (f"; skipped {errors.skipped} bad documents (first: {errors.first})"
@@ -222,6 +218,14 @@ def _tokenizer(fv: flags.FlagValues) -> tokenizers.Tokenizer:
   return tokenizers.build(fv.tokenizer, **fields)
 
 
+def _save_npy(path: pathlib.Path, array: np.ndarray) -> None:
+  """np.save's file (format 1.0), written by trainer/disk.py: a full disk is an OSError with its
+  errno (np.save reports a short write without one: `N requested and M written`)."""
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+  disk.write_atomic(path, [header.getvalue(), np.ascontiguousarray(array)])
+
+
 class _ShardWriter:
   def __init__(self, root: pathlib.Path, fmt: str, dtype, shard_tokens: int):
     self.root, self.fmt, self.dtype, self.shard_tokens = root, fmt, dtype, shard_tokens
@@ -242,8 +246,8 @@ class _ShardWriter:
       return
     name = f"shard-{len(self.names):05d}"
     if self.fmt == "npy":
-      np.save(self.root / f"{name}.tokens.npy", np.concatenate(self._docs).astype(self.dtype))
-      np.save(self.root / f"{name}.lengths.npy", np.array([len(d) for d in self._docs], np.int64))
+      _save_npy(self.root / f"{name}.tokens.npy", np.concatenate(self._docs).astype(self.dtype))
+      _save_npy(self.root / f"{name}.lengths.npy", np.array([len(d) for d in self._docs], np.int64))
     else:
       from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
       writer = array_record_module.ArrayRecordWriter(str(self.root / f"{name}.array_record"),

@@ -57,12 +57,14 @@ def _env(env: dict | None, devices: int | None) -> dict:
 
 
 def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = None,
-        timeout: float = 600, devices: int | None = None) -> subprocess.CompletedProcess:
-  """Runs `axtrain ARGS` (as `python -m launcher`) from this checkout; returns the result.
+        timeout: float = 600, devices: int | None = None,
+        module: str = "launcher") -> subprocess.CompletedProcess:
+  """Runs `axtrain ARGS` (as `python -m launcher`, or another `module` that runs it: a test
+  wrapper) from this checkout; returns the result.
 
   `devices=N` gives the process N fake CPU devices (XLA_FLAGS, set before jax imports).
   """
-  return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd or ROOT,
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or ROOT,
                         env=_env(env, devices), capture_output=True, text=True, timeout=timeout)
 
 
@@ -91,6 +93,53 @@ def gpu_compiler_missing() -> str | None:
     return None
   return (f"the jax-cuda12 plugin (XLA's GPU compiler) is not installed: `make install` puts "
           f"it in {GPU_PLUGIN_DIR}")
+
+
+def fill_disk_at(monkeypatch, suffix: str) -> None:
+  """Fault injection: the disk fills as trainer/disk.py writes a file whose name ends with
+  `suffix` (its `write_atomic` writes through the file that `open` gives): the write puts half
+  its bytes down, then raises ENOSPC, as a disk that fills part-way does."""
+  import builtins  # pylint: disable=import-outside-toplevel
+  import errno  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+
+  class Full:
+    def __init__(self, path, mode):
+      self.file = builtins.open(path, mode)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.file.close()
+
+    def write(self, data):
+      data = memoryview(data).cast("B")
+      self.file.write(data[:len(data) // 2])
+      self.file.flush()
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  def full_at(path, mode="r", *args, **kwargs):
+    if str(path).endswith(suffix):
+      return Full(path, mode)
+    return builtins.open(path, mode, *args, **kwargs)
+
+  monkeypatch.setattr(disk, "open", full_at, raising=False)
+
+
+def report_full(monkeypatch, under: pathlib.Path, *, when=lambda: True) -> None:
+  """Fault injection: os.statvfs reports one 4 kB block free on the filesystem of every path
+  under `under` (while `when()` holds), as on a disk another job has filled."""
+  real = os.statvfs
+
+  def statvfs(path):
+    found = real(path)
+    if str(under) in os.fspath(path) and when():
+      return os.statvfs_result((found.f_bsize, 4096, found.f_blocks, 1, 1, found.f_files,
+                                found.f_ffree, found.f_favail, found.f_flag, found.f_namemax))
+    return found
+
+  monkeypatch.setattr(os, "statvfs", statvfs)
 
 
 @pytest.fixture(scope="module")

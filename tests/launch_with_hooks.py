@@ -4,6 +4,7 @@
         [--pause_after_step=N | --pause_at_eval=N --paused_file=PATH] [--nan_at_step=N] \\
         [--hold_after_step=N --held_file=PATH --release_file=PATH [--then_sleep_s=S]] \\
         [--save_params_at_start=PATH] [--fill_disk_after_step=N --filler=PATH] \\
+        [--end_late_process=N --end_late_s=S] \\
         [--no_room_check] -- --config=... (axtrain's own arguments)
 
 The callbacks are also used in-process (`launcher.main.main(argv, callbacks=[...])`).
@@ -73,6 +74,20 @@ class HoldAfter(Callback):
         time.sleep(0.05)
     elif step > self.step:
       time.sleep(self.then_sleep_s)
+
+
+class EndLate(Callback):
+  """Process `process` ends its run `seconds` late (its other processes are done by then), as a
+  slow host does: what it sees of the coordination service while it lingers is what a process
+  of several sees of a peer that left first."""
+
+  def __init__(self, process: int, seconds: float):
+    self.process, self.seconds = process, seconds
+
+  def on_train_end(self, loop) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    if jax.process_index() == self.process:
+      time.sleep(self.seconds)
 
 
 class StopAfter(Callback):
@@ -155,6 +170,9 @@ def parse(args: list[str]) -> tuple[list[Callback], list[str]]:
                                pathlib.Path(options.pop("held_file")),
                                pathlib.Path(options.pop("release_file")),
                                float(options.pop("then_sleep_s", 0))))
+  if "end_late_process" in options:
+    callbacks.append(EndLate(int(options.pop("end_late_process")),
+                             float(options.pop("end_late_s"))))
   if "save_params_at_start" in options:
     callbacks.append(SaveParamsAtStart(pathlib.Path(options.pop("save_params_at_start"))))
   if "nan_at_step" in options:

@@ -98,6 +98,29 @@ def test_deleted_manifest_falls_back(tmp_path):
   ckpt.close()
 
 
+def test_an_entry_named_like_a_step_that_is_no_folder_is_set_aside(tmp_path):
+  """A file and a link to nothing where steps 30 and 40 would go: Orbax lists neither, and its
+  save of the step would write over it. Both are moved to corrupt_checkpoints/ with the
+  warning an unreadable checkpoint gets; the steps are saved afresh beside them."""
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=10))
+  _save_every_10(ckpt, 20)
+  (tmp_path / "checkpoints" / "30").write_text("x\n")
+  (tmp_path / "checkpoints" / "40").symlink_to(tmp_path / "nowhere")
+  abstract = jax.eval_shape(lambda: _state(0))
+  said = []
+  assert ckpt.restore_newest(abstract, _shardings(abstract), warn=said.append).step == 20
+  aside = tmp_path / checkpoint.QUARANTINE
+  assert said == [
+      f"checkpoint {tmp_path / 'checkpoints' / '30'} is unreadable (a file, not a checkpoint "
+      f"folder); moved it to {aside / '30'}",
+      f"checkpoint {tmp_path / 'checkpoints' / '40'} is unreadable (a link to nothing); moved "
+      f"it to {aside / '40'}"]
+  _save_every_10(ckpt, 40, start=30)
+  assert ckpt.restore(40, abstract, _shardings(abstract)).data_state == {"step": 40}
+  assert (aside / "30").read_text() == "x\n" and (aside / "40").is_symlink()
+  ckpt.close()
+
+
 def test_write_initial_then_load_params(tmp_path):
   checkpoint.write_initial(tmp_path / "converted", _state(7))
   abstract = jax.eval_shape(lambda: _state(0)["params"])

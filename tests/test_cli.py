@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from launcher import main as main_lib
@@ -458,21 +460,17 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
     assert code == 2 and err.startswith(f"axtrain: error: {message}"), err
 
 
-def test_a_full_disk_under_another_command_names_what_it_writes(capsys, tmp_path, monkeypatch):
-  """A library's write that finds no room and names no file (fault injection: numpy.save
-  raises ENOSPC as tokenize writes a shard): one line naming the device and the command's
-  --output_dir, exit 74, and tokenize's partial folder removed."""
-  import errno  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
+def test_a_full_disk_under_tokenize_names_what_it_writes(capsys, tmp_path, monkeypatch):
+  """The disk fills as tokenize writes a shard (fault injection: the write of its tokens
+  raises ENOSPC half-way; numpy's own np.save reported that as `N requested and M written`,
+  a traceback): one line naming the device and --output_dir, exit 74, and tokenize's partial
+  folder removed."""
   from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from tests.conftest import fill_disk_at  # pylint: disable=import-outside-toplevel
   from trainer import disk  # pylint: disable=import-outside-toplevel
   corpus, out = tmp_path / "c.jsonl", tmp_path / "tok"
   corpus.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(20)))
-
-  def full(*args, **kwargs):
-    raise OSError(errno.ENOSPC, "No space left on device")
-
-  monkeypatch.setattr(np, "save", full)
+  fill_disk_at(monkeypatch, ".tokens.npy.tmp")
   code, _, err = run_main(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl",
                           f"--output_dir={out}")
   assert code == EXIT_NO_SPACE, err
@@ -480,3 +478,22 @@ def test_a_full_disk_under_another_command_names_what_it_writes(capsys, tmp_path
   assert err.startswith(head) and err.count("\n") == 1, err  # what is free: the disk's own
   assert err.endswith(" free); free space there, then run the same command again\n"), err
   assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_a_librarys_full_disk_told_only_in_its_text_is_no_space():
+  """Libraries in other languages report a full disk only in the OS's words: safetensors
+  (`convert --to_hf`) and ArrayRecord (`tokenize --format=arrayrecord`), as each reported it on
+  a 64 kB tmpfs. Both are a full disk (exit 74 under any command), naming the file where the
+  text does not."""
+  from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  rust = SafetensorError("Error while serializing: I/O error: No space left on device "
+                         "(os error 28)")
+  riegeli = RuntimeError("write() failed: No space left on device; writing /x/shard.array_record;"
+                         " at byte 65536; Failed to close chunk_writer")
+  quota = RuntimeError("write() failed: Disk quota exceeded; writing /x/shard.array_record")
+  for error, path in ((rust, "/x/model.safetensors"), (riegeli, "/x/tok"), (quota, "/x/tok")):
+    full = disk.as_no_space(error, path=path)
+    assert full is not None and full.path == pathlib.Path(path), error
+    assert full.quota == (error is quota)
+  assert disk.as_no_space(RuntimeError("write() failed: Permission denied")) is None

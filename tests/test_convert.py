@@ -138,6 +138,76 @@ def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
   assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_a_full_disk_is_one_line_and_leaves_nothing_both_ways(tmp_path, capsys, tensors,
+                                                               monkeypatch):
+  """convert on a disk without room. --from_hf: the disk fills as it writes config.py (fault
+  injection: that write raises ENOSPC half-way). --to_hf: the disk has less room than the
+  model's tensors (os.statvfs reports one 4 kB block free), which it checks before writing (a
+  write that fails anyway, in safetensors' Rust, is a full disk too: tests/test_cli.py). Each
+  is one line naming the device and --output_dir, not the hidden folder it stages in, exit 74,
+  and nothing is left; the same commands then succeed."""
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from tests.conftest import fill_disk_at, report_full  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  hf, run, back = _write_hf(tmp_path / "hf", tensors), tmp_path / "run", tmp_path / "back"
+  head = f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing "
+  for flags, out, full in (([f"--from_hf={hf}"], run, lambda p: fill_disk_at(p, "/config.py.tmp")),
+                           ([f"--to_hf={run}"], back, lambda p: report_full(p, tmp_path))):
+    with monkeypatch.context() as patch:
+      full(patch)
+      code, err = _convert(capsys, *flags, f"--output_dir={out}")
+    assert code == EXIT_NO_SPACE and err.count("\n") == 1, err
+    assert err.startswith(f"{head}{out} (") and " needed, " in err, err
+    assert err.endswith(" free); free space there, then run the same command again\n"), err
+    assert not out.exists() and not list(tmp_path.glob(f".{out.name}.*")), "something was left"
+    assert _convert(capsys, *flags, f"--output_dir={out}")[0] == 0
+  assert (back / "model.safetensors").is_file()
+
+
+def test_a_stopped_convert_leaves_no_partial_output_both_ways(tmp_path, capsys, tensors):
+  """Ctrl-C as --from_hf writes run.json, SIGTERM as --to_hf writes config.json, each into its
+  hidden staging folder (tests/signal_at_write.py): the stop line says it removed that folder,
+  which is gone (before, a half checkpoint stayed in `.NAME.XXXXXXXX.tmp`, unmentioned)."""
+  from tests.conftest import cli  # pylint: disable=import-outside-toplevel
+  hf, run, back = _write_hf(tmp_path / "hf", tensors), tmp_path / "run", tmp_path / "back"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  for signame, code, at, flags, out in (
+      ("SIGINT", 130, "/run.json.tmp", [f"--from_hf={hf}"], tmp_path / "again"),
+      ("SIGTERM", 75, "/config.json.tmp", [f"--to_hf={run}"], back)):
+    done = cli(signame, at, "--", "convert", *flags, f"--output_dir={out}",
+               module="tests.signal_at_write", timeout=300)
+    assert done.returncode == code, done.stderr[-3000:]
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"axtrain: {signame}: stopped; removed its partial output "
+                           f"{tmp_path}/.{out.name}.") and last.endswith(f".tmp (exit {code})"), last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
+
+
+def test_a_killed_converts_staging_folder_is_removed_by_the_next(tmp_path, capsys, tensors):
+  """Hidden staging folders beside --output_dir: one a killed convert left (no process holds its
+  lock) is removed with a note by the next convert to that folder; one a live convert is
+  writing (its lock held) and a folder that is no staging folder are left alone."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  hf, out = _write_hf(tmp_path / "hf", tensors), tmp_path / "out"
+  stale, live, other = (tmp_path / n for n in (".out.k3_9zq0a.tmp", ".out.live0001.tmp",
+                                               ".out.backup.tmp"))
+  for folder in (stale, live, other):
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+  fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    code, err = _convert(capsys, f"--from_hf={hf}", f"--output_dir={out}")
+  finally:
+    os.close(fd)
+  assert code == 0, err
+  assert (f"axtrain: note: convert: removed {stale}, the partial output of an earlier convert "
+          f"to {out} that was stopped before it could clean up\n") in err
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      ["hf", "out", live.name, other.name])
+
+
 def test_bad_arguments(capsys):
   code, err = _convert(capsys, "--from_hf=x")
   assert code == 2 and "give exactly one of --from_hf / --to_hf, and --output_dir" in err

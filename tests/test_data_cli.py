@@ -243,3 +243,51 @@ def test_tokenize_names_a_misspelt_flag_in_one_line(capsys):
   assert code == 2 and capsys.readouterr().err == (
       "axtrain: error: tokenize: unknown flag --inptu (did you mean 'input'?); see axtrain "
       "tokenize --help\n")
+
+
+@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 75)])
+def test_a_stopped_tokenize_leaves_no_partial_output(tmp_path, signame, code):
+  """Ctrl-C or SIGTERM as tokenize writes its second shard (tests/signal_at_write.py), the
+  first in OUT.partial: the stop line says it removed OUT.partial, which is gone (before, it
+  stayed, unmentioned), and nothing else is written."""
+  corpus, out = write_jsonl(tmp_path / "c.jsonl", n=600), tmp_path / "out"
+  done = cli(signame, "shard-00001.tokens.npy.tmp", "--", "tokenize", f"--input={corpus}",
+             "--kind=jsonl", "--shard_tokens=4000", f"--output_dir={out}",
+             module="tests.signal_at_write", timeout=120)
+  assert done.returncode == code, done.stderr[-3000:]
+  assert done.stderr.splitlines()[-1] == (f"axtrain: {signame}: stopped; removed its partial "
+                                          f"output {tmp_path / 'out.partial'} (exit {code})")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_a_killed_tokenizes_partial_output_is_removed_by_the_next(capsys, tmp_path):
+  """OUT.partial of a tokenize that was killed (no process holds its lock): the next tokenize to
+  OUT removes it with a note and writes OUT. One that a live tokenize is writing (its lock
+  held) is refused in one line and left alone."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  corpus, out, partial = write_jsonl(tmp_path / "c.jsonl"), tmp_path / "out", tmp_path / "out.partial"
+  partial.mkdir()
+  (partial / "shard-00000.tokens.npy").write_bytes(b"half")
+  fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    code, err = run(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl", f"--output_dir={out}")
+    assert code == 2 and err == [
+        f"axtrain: error: tokenize: {partial} is being written by another axtrain tokenize to "
+        f"{out}; wait for it to finish, or choose another --output_dir"], err
+    assert (partial / "shard-00000.tokens.npy").read_bytes() == b"half"
+  finally:
+    os.close(fd)
+  code, err = run(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl", f"--output_dir={out}")
+  assert code == 0 and err == [
+      f"axtrain: note: tokenize: removed {partial}, the partial output of an earlier tokenize to "
+      f"{out} that was stopped before it could clean up"], err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "out"]
+  (tmp_path / "other.partial").write_text("mine")  # no folder: someone else's file
+  code, err = run(capsys, "tokenize", f"--input={corpus}", "--kind=jsonl",
+                  f"--output_dir={tmp_path / 'other'}")
+  assert code == 2 and err == [
+      f"axtrain: error: tokenize: {tmp_path / 'other.partial'} exists and is not a folder "
+      f"tokenize writes; move it away, or choose another --output_dir"], err
+  assert (tmp_path / "other.partial").read_text() == "mine"

@@ -110,3 +110,31 @@ def test_eval_microbatches_give_the_same_loss(run, capsys, tmp_path):
   assert four["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-6)
   code, _, err = axtrain_eval(capsys, f"--run_dir={run_dir}", "--config.eval.microbatch_rows=3")
   assert code == 2 and "eval.microbatch_rows=3" in err
+
+
+def test_a_full_disk_is_one_line_and_leaves_metrics_whole(run, capsys, tmp_path, monkeypatch):
+  """The disk fills as eval appends its record (fault injection: os.write of metrics.jsonl
+  writes half the record, then raises ENOSPC): one line naming the device and metrics.jsonl,
+  exit 74, the half record taken back, so the file is what it was."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "run"
+  shutil.copytree(run, run_dir)
+  before, real_write, written = (run_dir / "metrics.jsonl").read_bytes(), os.write, []
+
+  def write(fd, data):
+    if not os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+      return real_write(fd, data)
+    if not written:
+      written.append(real_write(fd, bytes(data)[:len(data) // 2]))
+      return written[0]
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "write", write)
+  code, out, err = axtrain_eval(capsys, f"--run_dir={run_dir}")
+  assert code == EXIT_NO_SPACE and out == "" and err.count("\n") == 1, err
+  assert err.startswith(f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing "
+                        f"{run_dir.absolute() / 'metrics.jsonl'} ("), err
+  assert written and (run_dir / "metrics.jsonl").read_bytes() == before

@@ -24,6 +24,7 @@ import pytest
 from launcher.errors import EXIT_NO_SPACE
 from launcher.preemption import EXIT_PREEMPTED
 from tests import ckpt_util as cu
+from tests.conftest import report_full
 from tests.launch_with_hooks import NanAt, StopAfter
 from trainer.callbacks import Callback
 
@@ -159,6 +160,43 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert "Traceback" not in result.stderr, result.stderr[:3000]  # the head names the channel
   assert cu.status(broken) == "failed"
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
+
+
+def test_a_killed_runs_leftovers_are_set_aside_not_written_over(tmp_path, ref, cache, capfd):
+  """What a killed run (or a user) can leave, resumed: metrics.jsonl ending in a cut-off line
+  (`{"step": 11, "lo`, no newline), an empty folder named like step 20 and a file where
+  checkpoint 30 goes. Each is set aside with a warning, never written over: the line to
+  metrics.jsonl.cut, the folder and the file to corrupt_checkpoints/. The run resumes from 10,
+  each record on a line of its own, and `axtrain runs` reads it as completed at 30."""
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=10)
+  with open(run_dir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 11, "lo')
+  (run_dir / "checkpoints" / "20").mkdir()
+  (run_dir / "checkpoints" / "30").write_text("x\n")
+  result = cu.run_here(capfd, run_dir, cache)
+  assert result.returncode == 0, result.stderr[-3000:]
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert len(warnings) == 3, result.stderr[-3000:]
+  assert ("metrics.jsonl ended in a line cut off by a run that stopped while writing it "
+          '(16 bytes: {"step": 11, "lo); moved it to ') in warnings[0]
+  assert "checkpoints/30 is unreadable (a file, not a checkpoint folder); moved it to " \
+      f"{run_dir.absolute() / 'corrupt_checkpoints' / '30'}" in warnings[1], warnings[1]
+  assert "checkpoints/20 is unreadable (" in warnings[2] and "falling back to step 10" in warnings[2]
+  assert "resumed from checkpoint step 10" in result.stderr
+  assert (run_dir / "metrics.jsonl.cut").read_text() == '{"step": 11, "lo\n'
+  assert (run_dir / "corrupt_checkpoints" / "30").read_text() == "x\n"
+  assert (run_dir / "corrupt_checkpoints" / "20").is_dir()
+  assert cu.steps(run_dir) == [10, 20, 30]
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert {r["step"]: r["loss"] for r in records if "loss" in r} == cu.losses(ref)
+  listed = json.loads((run_dir / "manifest.json").read_text())["files"]
+  assert {"metrics.jsonl.cut", "corrupt_checkpoints/30"} <= set(listed)
+  from launcher import runs  # pylint: disable=import-outside-toplevel
+  capfd.readouterr()
+  (run,), _ = runs.collect([str(run_dir)])
+  assert (run.status, run.steps, run.max_steps) == ("completed", 30, 30)
+  assert capfd.readouterr().err == ""  # no line skipped
 
 
 def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd):
@@ -306,17 +344,9 @@ def test_a_checkpoint_without_room_stops_in_one_line_and_resumes_exactly(tmp_pat
                         "its checkpoint of step 10"), error
   assert checkpoint_folders(run_dir) == ["10"] and cu.status(run_dir) == "failed"
 
-  full, real_statvfs = [], os.statvfs
-
-  def statvfs(path):
-    found = real_statvfs(path)
-    if full and str(run_dir) in os.fspath(path):
-      return os.statvfs_result((found.f_bsize, 4096, found.f_blocks, 1, 1, found.f_files,
-                                found.f_ffree, found.f_favail, found.f_flag, found.f_namemax))
-    return found
-
+  full = []
   with monkeypatch.context() as patch:
-    patch.setattr(os, "statvfs", statvfs)
+    report_full(patch, run_dir, when=lambda: bool(full))
     error = no_space_line(cu.run_here(capfd, run_dir, cache, callbacks=[_At(25, full)]))
   assert f"writing {run_dir.absolute() / 'checkpoints' / '30'} (1." in error
   assert " MB needed, 4.1 kB free)" in error and "checkpoint of step 20" in error

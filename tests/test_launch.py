@@ -557,6 +557,28 @@ def test_the_supervisor_says_a_processes_cpp_abort_in_one_line(tmp_path):
   assert "stack trace of 9 frames left out" in p1[1]
 
 
+def test_the_supervisor_names_the_runtime_log_of_a_process_that_aborted(tmp_path):
+  """A process that trained sends the JAX runtime's output to runtime/p<N>.log
+  (launcher/distributed.py): when it aborts there (jaxlib's report of a lost coordination
+  service), the console has nothing of it, and launch's line on its end names that log."""
+  import io  # pylint: disable=import-outside-toplevel
+  from launcher.launch import job as launch_job, local  # pylint: disable=import-outside-toplevel
+  log = tmp_path / "runtime" / "p1.log"
+  abort = (f"import os, pathlib\npath = pathlib.Path({str(log)!r})\n"
+           f"path.parent.mkdir(parents=True, exist_ok=True)\n"
+           f"path.write_text('F1205 client.h:80] Terminating process\\n')\nos.abort()\n")
+  layout = launch_layout.resolve("cpu", num_processes=2, devices_per_process=1)
+  job = launch_job.Job(name="t", layout=layout, train_args=(), axtrain=(), workdir=str(tmp_path),
+                       run_dir=pathlib.Path("."), record_dir=tmp_path, command="test")
+  err = io.StringIO()
+  code = local.Supervisor(job, [[sys.executable, "-c", "import time; time.sleep(30)"],
+                                [sys.executable, "-c", abort]], out=io.StringIO(), err=err,
+                          grace_s=1).run()
+  assert code == 134
+  assert (f"axtrain launch: p1 exited with 134 (SIGABRT) (what the JAX runtime logged there: "
+          f"{log}); stopping p0") in err.getvalue(), err.getvalue()
+
+
 def test_the_supervisor_leaves_out_gloos_all_connected_line(tmp_path):
   """jaxlib's gloo prints `[Gloo] Rank N is connected to K peer ranks...` on stdout as each CPU
   process joins its peers (the line as jaxlib 0.10.2 prints it, std::cout). All connected: left

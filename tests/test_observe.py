@@ -203,6 +203,30 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, monkeypatch
   assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_record_always_starts_a_line_of_its_own(tmp_path):
+  """metrics.jsonl as a killed run leaves it: a last record that only lacks its newline gets
+  one (kept, nothing set aside); a line cut off mid-record is moved to metrics.jsonl.cut with
+  a warning (a longer one shown by its start), and the next record starts a line of its own."""
+  path, said, made = tmp_path / "metrics.jsonl", [], []
+  path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}')
+  writer = writers.JsonlWriter(path, warn=said.append, record=made.append)
+  writer.on_record({"step": 3, "loss": 2.0})
+  writer.on_train_end(None)
+  assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3]
+  assert said == [] and made == [path] and not (tmp_path / "metrics.jsonl.cut").exists()
+  cut = '{"step": 4, "loss": 1.9, "grad_norm": 0.123456789, "lea'
+  path.write_text(path.read_text() + cut)
+  writer = writers.JsonlWriter(path, warn=said.append, record=made.append)
+  writer.on_record({"step": 4, "loss": 1.9})
+  writer.on_train_end(None)
+  assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3, 4]
+  assert (tmp_path / "metrics.jsonl.cut").read_text() == cut + "\n"
+  assert made[-1] == tmp_path / "metrics.jsonl.cut"
+  assert said == [f"{path} ended in a line cut off by a run that stopped while writing it "
+                  f"({len(cut)} bytes: {cut[:40]}...); moved it to {path}.cut, and new records "
+                  f"start on a line of their own"]
+
+
 def test_the_device_peak_counts_a_tpu_steps_reserved_scratch():
   """XLA:TPU keeps a running program's temporaries in reserved scratch, outside the buffers'
   counters: the peak adds both (the counters as one v5e chip reported them for llm_1b at 8 rows);

@@ -629,32 +629,12 @@ def test_a_first_start_cut_short_by_a_full_disk_is_started_again(tmp_path, monke
   after half the bytes): NoSpace names the file, nothing half-written is left (no temporary
   file; manifest.json already lists the files), and the same command then starts the run as a
   new one rather than refusing a directory without config.json."""
-  import builtins  # pylint: disable=import-outside-toplevel
-  import errno  # pylint: disable=import-outside-toplevel
+  from tests.conftest import fill_disk_at  # pylint: disable=import-outside-toplevel
   from trainer import disk  # pylint: disable=import-outside-toplevel
   out, config = tmp_path / "run", {"trainer": {"max_steps": 1}}
   rd = run_dir.RunDir(out)
   assert rd.prepare(config, overwrite=False) == "new"
-
-  class Full:
-    def __init__(self, path, mode):
-      self.file = builtins.open(path, mode)
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self.file.close()
-
-    def write(self, data):
-      self.file.write(data[:len(data) // 2])
-      self.file.flush()
-      raise OSError(errno.ENOSPC, "No space left on device")
-
-  def full_at_config(path, mode):
-    return Full(path, mode) if path.name == "config.json.tmp" else builtins.open(path, mode)
-
-  monkeypatch.setattr(disk, "open", full_at_config, raising=False)
+  fill_disk_at(monkeypatch, "/config.json.tmp")
   with pytest.raises(disk.NoSpace, match=f"writing {out / 'config.json'} \\("):
     rd.start(config, argv=["axtrain"], fresh=True, extra={})
   monkeypatch.undo()

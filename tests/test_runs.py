@@ -318,3 +318,22 @@ def test_plot_inside_a_run_directory_is_refused(capsys, tmp_path):
       f"which would then hold files it did not write (and its command would refuse to resume "
       f"or extend it); choose a path outside it\n")
   assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_plot_on_a_full_disk_is_one_line_and_keeps_the_old_plot(capsys, tmp_path, monkeypatch):
+  """The disk fills as --plot writes (fault injection: the write raises ENOSPC half-way; before,
+  matplotlib wrote straight into the file, and a full disk left a 0-byte PNG where the last
+  plot was): one line naming the device and the file, exit 74, the plot there before intact
+  and no temporary file left."""
+  from launcher.errors import EXIT_NO_SPACE  # pylint: disable=import-outside-toplevel
+  from tests.conftest import fill_disk_at  # pylint: disable=import-outside-toplevel
+  from trainer import disk  # pylint: disable=import-outside-toplevel
+  target = tmp_path / "sweep.png"
+  target.write_bytes(b"the last plot")
+  fill_disk_at(monkeypatch, "/sweep.png.tmp")
+  code, _, err = axtrain(capsys, ROOT / "tests" / "testdata" / "sweep", f"--plot={target}")
+  assert code == EXIT_NO_SPACE and err.count("\n") == 1, err
+  assert err.startswith(f"axtrain: error: no space left on {disk.device_text(tmp_path)} writing "
+                        f"{target} (") and " needed, " in err, err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.png"]
+  assert target.read_bytes() == b"the last plot"

@@ -106,8 +106,11 @@ def test_sigterm_checkpoints_requeues_and_resumes(slurm, cache, reference, tmp_p
   wait_for(lambda: (run_dir / "checkpoints" / "3").is_dir(), "checkpoint 3")
   print(slurm.run("squeue", "-j", job_id).stdout)
   slurm.run("scancel", "--signal=TERM", job_id)
-  # JAX's preemption notifier in each task reports the SIGTERM; then the tasks may go on.
-  wait_for(lambda: log(run_dir, job_id).count("SIGTERM caught") >= 2, "the SIGTERM notices")
+  # JAX's preemption notifier in each task reports the SIGTERM, in the task's log of the JAX
+  # runtime (launcher/distributed.py); then the tasks may go on.
+  runtime = [run_dir / "runtime" / f"p{i}.log" for i in (0, 1)]
+  wait_for(lambda: all(p.exists() and "SIGTERM caught" in p.read_text() for p in runtime),
+           "the SIGTERM notices")
   release.write_text("")
   state = slurm.wait(job_id)
   output = log(run_dir, job_id)

@@ -41,7 +41,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.registry import ConfigError
 from trainer import disk
 from trainer.checkpoint_bounded import Transfers, handlers
-from trainer.checkpoint_files import DATA, STATE, CheckpointError, check_step, committed_steps
+from trainer.checkpoint_files import (DATA, STATE, CheckpointError, check_step, committed_steps,
+                                      move_aside, strays)
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
 
@@ -302,11 +303,14 @@ class Checkpointer:
                      warn: Callable[[str], None] = logging.warning) -> Restored | None:
     """The newest committed step (at or before `at_most`) that reads back; None if none exist.
 
-    A checkpoint that fails check_step or its read is reported through `warn`
-    in one line, moved to `<run_dir>/corrupt_checkpoints/` (so its step can be
-    written again) and the next older one is tried. Raises CheckpointError when
-    checkpoints exist but none reads back, or `at_most` is not a committed step.
-    """
+    A checkpoint that fails check_step or its read (and first, by process 0, any step-named
+    entry that is no folder, which Orbax lists on no process: checkpoint_files.strays) is
+    reported through `warn` in one line, moved to `<run_dir>/corrupt_checkpoints/` (so its
+    step can be written again) and the next older one is tried. Raises CheckpointError when
+    checkpoints exist but none reads back, or `at_most` is not a committed step."""
+    for stray, what in (strays(self.directory) if jax.process_index() == 0 else {}).items():
+      self._record(moved := move_aside(stray, self.directory.parent / QUARANTINE))
+      warn(f"checkpoint {stray} is unreadable ({what}); moved it to {moved}")
     steps = self.all_steps()
     if at_most is not None:
       if at_most not in steps:
@@ -339,11 +343,7 @@ class Checkpointer:
   def _move(self, step: int, folder: str) -> pathlib.Path:
     dest = self.directory.parent / folder / str(step)
     if jax.process_index() == 0:
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      n = 1
-      while dest.exists():
-        dest, n = dest.with_name(f"{step}.{n}"), n + 1
-      shutil.move(str(self.directory / str(step)), dest)
+      dest = move_aside(self.directory / str(step), dest.parent)
       self._record(dest)
     if jax.process_count() > 1:  # every process re-lists the directory after the move
       self._moves += 1  # barrier names must be unique and equal on every process

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -31,6 +32,29 @@ class CheckpointError(Exception):
 def committed_steps(directory: pathlib.Path | str) -> list[int]:
   """Committed steps in a checkpoints/ directory, oldest first; [] if it does not exist."""
   return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(directory)))
+
+
+def strays(directory: pathlib.Path | str) -> dict[pathlib.Path, str]:
+  """Entries of a checkpoints/ directory named like a step that are no folder ({path: what it
+  is}): Orbax lists none of them as a checkpoint, and a save of that step would write over it."""
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return {}
+  found = sorted((p for p in directory.iterdir() if p.name.isdigit() and not p.is_dir()),
+                 key=lambda p: int(p.name))
+  return {p: ("a link to nothing" if p.is_symlink() and not p.exists() else
+              "a file, not a checkpoint folder") for p in found}
+
+
+def move_aside(path: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
+  """Moves `path` into `folder` under its own name, or `<name>.<n>` where that is taken (a step
+  set aside twice); returns where it went."""
+  folder.mkdir(parents=True, exist_ok=True)
+  dest, n = folder / path.name, 1
+  while dest.exists() or dest.is_symlink():
+    dest, n = folder / f"{path.name}.{n}", n + 1
+  shutil.move(str(path), dest)
+  return dest
 
 
 def _read_json(step_dir: pathlib.Path, name: str) -> Any:

@@ -6,11 +6,12 @@ A write that finds no room (ENOSPC, or EDQUOT: over a disk quota) raises `NoSpac
     no space left on tmpfs mounted on /scratch writing /scratch/run/checkpoints/20
     (22.4 MB needed, 1.2 MB free)
 
-`write_atomic` (config.json, run.json, manifest.json) leaves the old file or the new one and
-removes its temporary file; `AppendFile` (metrics.jsonl, TensorBoard event files) takes back a
+`write_atomic` (config.json, run.json, manifest.json; tokenize's shards, a `runs --plot`
+figure, convert's files) leaves the old file or the new one and removes its temporary file; `AppendFile` (metrics.jsonl, TensorBoard event files) takes back a
 record the disk had no room for, so the file ends with its last whole record; checkpoints check
 `check_room` before a save starts and `as_no_space` reads the error of a save that failed anyway
-(trainer/checkpoint.py). The launcher turns NoSpace into its exit code (launcher/errors.py).
+(trainer/checkpoint.py). A library that reports a full disk only in the OS's words (safetensors,
+ArrayRecord) is read by them. The launcher turns NoSpace into its exit code (launcher/errors.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import errno
 import os
 import pathlib
 import re
+from typing import Sequence
 
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 # TensorStore, which writes Orbax's arrays, reports an OS error inside its message.
 _TS_CODE = re.compile(r"os_error_code='(\d+)'")
+# Libraries in other languages give only the OS's text: safetensors (Rust: "No space left on
+# device (os error 28)"), ArrayRecord (riegeli: "write() failed: No space left on device; ...").
+_NO_ROOM_TEXT = {os.strerror(code): code for code in NO_ROOM}
 _TS_FILE = re.compile(r'Failed (?:writing|to write)[^"]*"([^"]+)"')
 
 
@@ -101,11 +106,14 @@ class NoSpace(Exception):
 
 
 def _code(e: BaseException) -> int | None:
-  """The OS error number of `e`: an OSError's, or one TensorStore wrote into its message."""
+  """The OS error number of `e`: an OSError's, one TensorStore wrote into its message, or that
+  of a full disk or quota whose text the message holds."""
   if isinstance(e, OSError) and e.errno is not None:
     return e.errno
   found = _TS_CODE.search(str(e))
-  return int(found.group(1)) if found else None
+  if found:
+    return int(found.group(1))
+  return next((code for text, code in _NO_ROOM_TEXT.items() if text in str(e)), None)
 
 
 def _ts_file(e: BaseException) -> str | None:
@@ -146,18 +154,20 @@ def check_room(path: pathlib.Path | str, needed: int) -> None:
     raise NoSpace(path, needed=needed)
 
 
-def write_atomic(path: pathlib.Path | str, data: bytes) -> None:
-  """Replaces `path` with `data` through a temporary file beside it: a crash leaves the old file
-  or the new one; a disk without room leaves the old one (and no temporary file) and raises
-  NoSpace."""
+def write_atomic(path: pathlib.Path | str, data: bytes | Sequence[memoryview | bytes]) -> None:
+  """Replaces `path` with `data` (bytes, or buffers written one after another) through a
+  temporary file beside it: a crash leaves the old file or the new one; a disk without room
+  leaves the old one (and no temporary file) and raises NoSpace."""
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
+  chunks = [data] if isinstance(data, bytes) else [memoryview(c).cast("B") for c in data]
   try:
     with open(tmp, "wb") as f:
-      f.write(data)
+      for chunk in chunks:
+        f.write(chunk)
   except OSError as e:
     tmp.unlink(missing_ok=True)
-    full = as_no_space(e, path=path, needed=len(data))
+    full = as_no_space(e, path=path, needed=sum(len(c) for c in chunks))
     if full is None:
       raise
     raise full from None

@@ -125,7 +125,8 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   profile = (Profile(pathlib.Path(run_dir) / "profile", *cfg.profile_steps, record=record)
              if cfg.profile_steps and run_dir is not None and main_process else None)
   callbacks = [*writers.for_run(run_dir, cfg, main_process=main_process, record=record,
-                                config=dataclasses.asdict(run) if cfg.wandb_project else None),
+                                config=dataclasses.asdict(run) if cfg.wandb_project else None,
+                                warn=warn),
                *([profile] if profile else []), *callbacks]
   for line in _header(exp, run_dir):
     progress.message(line)

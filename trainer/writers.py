@@ -9,6 +9,7 @@ callback (the run's manifest, trainer/run_files.py) as it is created.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pathlib
@@ -33,13 +34,76 @@ def scalars(record: dict) -> dict[str, float]:
           if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
+CUT = ".cut"  # metrics.jsonl.cut: the lines cut off by runs that stopped while writing them
+
+
+def _last_line_start(f, size: int) -> int:
+  """The offset just past the last newline of the open file `f` of `size` bytes (0: none)."""
+  end = size
+  while end > 0:
+    start = max(0, end - 65536)
+    f.seek(start)
+    found = f.read(end - start).rfind(b"\n")
+    if found >= 0:
+      return start + found + 1
+    end = start
+  return 0
+
+
+def end_last_line(path: pathlib.Path, *, record: Record = no_record,
+                  warn=logging.warning) -> None:
+  """Makes `path` (a JSON-lines file) end with a newline, so the next record starts a line.
+
+  A last line that is a whole JSON object only lacks its newline, which is added. Anything
+  else there is a line cut off by a run killed while writing it (`{"step": 45, "lo`): it is
+  moved, with a warning, to `<path>.cut` (appended there, a line each), which `record` receives.
+  """
+  try:
+    size = path.stat().st_size
+  except FileNotFoundError:
+    return
+  with open(path, "rb") as f:
+    f.seek(max(0, size - 1))
+    if size == 0 or f.read(1) == b"\n":
+      return
+    start = _last_line_start(f, size)
+    f.seek(start)
+    tail = f.read(size - start)
+  try:
+    whole = isinstance(json.loads(tail), dict)
+  except ValueError:
+    whole = False
+  if whole:
+    _append(path, b"\n")
+    return
+  aside = path.with_name(path.name + CUT)
+  record(aside)
+  _append(aside, tail + b"\n")  # kept before it leaves the file: a crash now loses nothing
+  os.truncate(path, start)
+  shown = tail[:40].decode("utf-8", "replace") + ("..." if len(tail) > 40 else "")
+  warn(f"{path} ended in a line cut off by a run that stopped while writing it "
+       f"({size - start} bytes: {shown}); moved it to {aside}, and new records start on a "
+       f"line of their own")
+
+
+def _append(path: pathlib.Path, data: bytes) -> None:
+  file = disk.AppendFile(path)
+  try:
+    file.append(data)
+  finally:
+    file.close()
+
+
 class JsonlWriter(Callback):
   """One JSON object per line; NaN/Inf are written as null. A line the disk has no room for is
-  not left half-written (disk.AppendFile): the run stops with NoSpace."""
+  not left half-written (disk.AppendFile): the run stops with NoSpace. A file that does not end
+  with a newline (a run killed while writing) first gets one, its cut-off line set aside
+  (`end_last_line`), so a record never continues another's line."""
 
-  def __init__(self, path: pathlib.Path, *, record: Record = no_record):
+  def __init__(self, path: pathlib.Path, *, record: Record = no_record, warn=logging.warning):
     self.path = pathlib.Path(path)
     record(self.path)
+    end_last_line(self.path, record=record, warn=warn)
     self._file = disk.AppendFile(self.path)
 
   def on_record(self, record: dict) -> None:
@@ -123,13 +187,14 @@ class WandbWriter(Callback):
 
 
 def for_run(run_dir: pathlib.Path | None, cfg: TrainerConfig, *, main_process: bool,
-            config: dict | None = None, record: Record = no_record) -> list[Callback]:
+            config: dict | None = None, record: Record = no_record,
+            warn=logging.warning) -> list[Callback]:
   """The writers of a run directory (none without one, or off process 0); `record` receives
-  each file they create."""
+  each file they create, `warn` a line for what they set aside."""
   if run_dir is None or not main_process:
     return []
   run_dir = pathlib.Path(run_dir)
-  out: list[Callback] = [JsonlWriter(run_dir / "metrics.jsonl", record=record),
+  out: list[Callback] = [JsonlWriter(run_dir / "metrics.jsonl", record=record, warn=warn),
                          TensorBoardWriter(run_dir / "tensorboard", record=record)]
   if cfg.wandb_project:
     out.append(WandbWriter(cfg.wandb_project, run_dir, config, record=record))

@@ -28,6 +28,7 @@ import time
 
 from absl import flags
 
+from launcher import distributed
 from launcher.errors import UserError
 from launcher.launch.job import Backend, Job, header
 from launcher.preemption import EXIT_PREEMPTED
@@ -181,6 +182,18 @@ class Supervisor:
                  f"for the reason on the line above; docs/fault_tolerance.md)\n")
       sink.flush()
 
+  def _runtime_said(self, index: int, code: int) -> str:
+    """Where process `index`, ended with `code` by itself (not SIGKILLed), kept what the JAX
+    runtime logged once it trained (its C++ report of a lost coordination service, say), if it
+    wrote anything there."""
+    if code == -signal.SIGKILL:
+      return ""
+    path = distributed.runtime_log(pathlib.Path(self.job.workdir or ".") / self.job.run_dir, index)
+    try:
+      return f" (what the JAX runtime logged there: {path})" if path.stat().st_size else ""
+    except OSError:
+      return ""
+
   def _on_signal(self, signum, frame) -> None:
     del signum, frame
     self._signals += 1
@@ -231,7 +244,7 @@ class Supervisor:
           first = (i, _exit_code(code))
           if first[1] != EXIT_PREEMPTED and forwarded == 0:
             alive = [j for j, c in enumerate(codes) if c is None]
-            self.say(f"p{i} exited with {_describe(code)}"
+            self.say(f"p{i} exited with {_describe(code)}{self._runtime_said(i, code)}"
                      + (f"; stopping {', '.join(f'p{j}' for j in alive)} (SIGTERM, SIGKILL "
                         f"after {self.grace_s:.0f} s)" if alive else ""))
             _send(procs, signal.SIGTERM)
