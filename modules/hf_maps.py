@@ -1,11 +1,12 @@
 """Hugging Face <-> axtrain: what every family's map is made of, the checks that every map
 gets, and the families (`FAMILIES`).
 
-A family's map is a file of its own (modules/llama_hf.py: LlamaForCausalLM, modules/qwen3_hf.py:
-Qwen3ForCausalLM, modules/gpt2_hf.py: GPT2LMHeadModel) that `register`s its `Family`: which HF
-config it accepts and the config node it becomes, the HF tensor names and shapes its config
-implies, and how each tensor maps to our parameters (one layer at a time; the caller stacks
-layers for a scanned model). Every map is a reshape or a transpose, so a round trip reproduces
+A family's map is a file of its own (modules/llama_hf.py: LlamaForCausalLM,
+modules/mistral_hf.py: MistralForCausalLM, modules/qwen3_hf.py: Qwen3ForCausalLM,
+modules/gpt2_hf.py: GPT2LMHeadModel) that `register`s its `Family`: which HF config it accepts
+and the config node it becomes, the HF tensor names and shapes its config implies, and how each
+tensor maps to our parameters (one layer at a time; the caller stacks layers for a scanned
+model). Every map is a reshape or a transpose, so a round trip reproduces
 each tensor bit for bit. `modules/` imports every file in it, so a new family is found here with
 no line to add; its `example` (a small HF config) is what the tests convert and compare with
 transformers.
