@@ -75,7 +75,10 @@ class Calibration:
 # written back a step) measured 16.60 s a step where this row's compute, kernels and
 # memory-bound ops give 15.88 s and its 8.10 GB of reads 0.58 s: the writes cost at most the
 # 0.13 s left, so they are not counted (device_to_host 0). At 0.66 GB/s they would have been
-# 9.2 s, a 25.7 s estimate (+55%).
+# 9.2 s, a 25.7 s estimate (+55%). The 16.60 s came from records that each held the next
+# step's time (issue 45); timed truly (trainer/step_clock.py, 2026-12-06, steps 2-4 of 4) the
+# same setting took 16.59 s, and llm_1b as shipped 46.97 s against this row's 45.83 s (-2%), so
+# the row stands.
 _V5E = Calibration(
     matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
