@@ -26,6 +26,7 @@ from launcher.errors import EXIT_NO_SPACE, UserError
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import experiment as experiment_lib
 from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
+from trainer import startup as startup_lib
 from planner import compiler_output, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
@@ -50,6 +51,7 @@ class Run:
   main_process: bool
   multi_process: bool  # joined jax.distributed: stops are agreed between the processes
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
+  startup: startup_lib.Startup  # when the phases before the first step ended
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
@@ -68,6 +70,8 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   meshes.check_present(entry)
   compile_cache.enable(run_cfg.trainer.compile_cache)
   exp = experiment_lib.build(run_cfg, entry)
+  startup = startup_lib.Startup()
+  startup.note("to_experiment_s")
   _schedule_note(run_cfg)
   note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
   if note and jax.process_index() == 0:
@@ -86,7 +90,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
              main_process=main_process,
-             multi_process=multi_process, callbacks=tuple(callbacks))
+             multi_process=multi_process, callbacks=tuple(callbacks), startup=startup)
   try:
     if not main_process:
       return _train(this)
@@ -193,6 +197,7 @@ def _train(this: Run) -> int:
     if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
         rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
       exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
+  this.startup.note("to_compiled_s")
   if this.main_process:
     with preemption.held():  # a signal lets the run directory's files be written whole first
       _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
@@ -348,9 +353,13 @@ def _peer_failure(e: Exception) -> str:
 def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int:
   """run.json and the last line of a run that completed or stopped on request; its exit code."""
   rd = this.run_dir
+  startup = ({"startup": this.startup.record(state_s=result.state_s,
+                                             first_step_s=result.time_to_first_step_s,
+                                             first_step_at=result.first_step_at)}
+             if result.first_step_at else {})
   if result.preempted:
     finish("preempted", last_step=result.last_step, resumed_from_step=result.start_step,
-           compiled_step=result.compiled, profiles=result.profiles)
+           compiled_step=result.compiled, profiles=result.profiles, **startup)
     print(f"axtrain: preempted after step {result.last_step}; checkpoint saved in "
           f"{rd.path / 'checkpoints'}; re-run the same command to resume "
           f"(exit {preemption.EXIT_PREEMPTED})", file=sys.stderr)
@@ -358,7 +367,7 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   last = next((r for r in reversed(result.records) if "loss" in r), {})
   finish("completed", final_loss=last.get("loss"), final_eval_loss=result.final_eval_loss,
          time_to_first_step_s=result.time_to_first_step_s, resumed_from_step=result.start_step,
-         compiled_step=result.compiled, profiles=result.profiles)
+         compiled_step=result.compiled, profiles=result.profiles, **startup)
   done = f"axtrain: done; final eval_loss {result.final_eval_loss:.4f}; run directory {rd.path}"
   if progress.enabled:
     progress.message(done)

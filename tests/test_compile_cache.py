@@ -1,8 +1,10 @@
 """JAX's persistent compilation cache is on by default (trainer.compile_cache): a second run of
-the same setting, and a resumed run, read their programs back instead of compiling them."""
+the same setting, and a resumed run, read their programs back instead of compiling them; run.json
+says where the time to the first step went (`startup`)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from tests.conftest import cli
@@ -22,6 +24,9 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
               env=env)
   assert first.returncode == 0, first.stderr[-2000:]
   assert READ not in first.stderr and _entries(cache)
+  startup = json.loads((tmp_path / "a" / "run.json").read_text())["startup"]  # trainer/startup.py
+  assert 0 < startup["to_experiment_s"] <= startup["to_compiled_s"] <= startup["to_first_step_s"]
+  assert startup["first_step_s"] > 0 and startup["state_s"] >= 0
   second = cli(*TINY, f"--config.trainer.compile_cache={cache}",
                f"--output_dir={tmp_path / 'b'}", env=env)
   assert second.returncode == 0, second.stderr[-2000:]

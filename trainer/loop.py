@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import pathlib
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -43,6 +44,8 @@ class Result:
   last_step: int = 0  # steps finished
   compiled: dict = dataclasses.field(default_factory=dict)  # the step's per-device memory, FLOPs
   profiles: list = dataclasses.field(default_factory=list)  # profiler captures (run.json)
+  state_s: float = 0.0  # the initial state: initialised or restored
+  first_step_at: float = 0.0  # time.time() when the first step finished
 
 
 class NonFiniteError(Exception):
@@ -132,7 +135,9 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
     progress.message(line)
   loop = LoopState(state=None, start=0, step=0, last_logged=0, stop_requested=stop_requested)
   try:
+    started = time.perf_counter()
     loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn)
+    loop.state_s = time.perf_counter() - started
     loop.step = loop.last_logged = loop.start
     _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
           callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops), warn=warn).run()
@@ -147,7 +152,8 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   return Result(records=loop.records, final_eval_loss=None if loop.preempted else loop.eval_loss,
                 time_to_first_step_s=loop.first_step_s, state=loop.state, start_step=loop.start,
                 preempted=loop.preempted, last_step=loop.step, compiled=loop.compiled,
-                profiles=profile.captures if profile else [])
+                profiles=profile.captures if profile else [], state_s=loop.state_s,
+                first_step_at=loop.first_step_at)
 
 
 def _header(exp: Experiment, run_dir) -> list[str]:
@@ -184,6 +190,8 @@ class LoopState:
   unlogged: tuple | None = None  # (step, device metrics, data metrics): written one step late
   skipped: int = 0  # non-finite steps seen so far
   first_step_s: float = 0.0  # compile + first step
+  first_step_at: float = 0.0  # time.time() when it finished
+  state_s: float = 0.0  # the initial state: initialised or restored
   eval_loss: float | None = None
   preempted: bool = False
   records: list = dataclasses.field(default_factory=list)  # every record written
@@ -248,6 +256,7 @@ class _Loop:
     if step == s.start + 1:
       jax.block_until_ready(s.state)
       s.first_step_s = self.timer.lap()  # later steps are timed from its end (self.clock)
+      s.first_step_at = time.time()
       memory = s.compiled.get("total_bytes")
       programs, saved = compile_cache.read_so_far()
       self.progress.message(f"compiled and ran step {step} in {s.first_step_s:.1f}s"

@@ -1,0 +1,45 @@
+"""Where a run's time to its first step goes (run.json's `startup`).
+
+    to_experiment_s   process start -> the model, data and shardings built (imports, the
+                      runtime's start, the config)
+    to_compiled_s     ... -> the steps compiled (or read from the compilation cache)
+    state_s           the train state initialised, or restored from a checkpoint
+    first_step_s      the first step, dispatched and finished (its programs' last compile or
+                      load included)
+    to_first_step_s   process start -> the first step finished
+
+Seconds since the process started come from Linux's /proc (None elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def process_start() -> float | None:
+  """Wall-clock time (time.time()) at which this process started; None without /proc."""
+  try:
+    with open("/proc/self/stat", encoding="ascii") as f:
+      ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+    with open("/proc/uptime", encoding="ascii") as f:
+      uptime = float(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return None
+  return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+class Startup:
+  """Seconds since the process started, noted at each phase."""
+
+  def __init__(self):
+    self.started = process_start()
+    self.phases: dict[str, float] = {}
+
+  def note(self, phase: str, at: float | None = None) -> None:
+    if self.started is not None:
+      self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
+
+  def record(self, *, state_s: float, first_step_s: float, first_step_at: float) -> dict:
+    self.note("to_first_step_s", at=first_step_at)
+    return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2)}
