@@ -1,0 +1,190 @@
+"""A recipe on the chip as a user runs it, start to finish: trains, saves, is stopped, resumes,
+ends, exports; with the host RAM in use throughout and the resumed run compared bit for bit.
+
+On the lent TPU chip (../shared/chip/README.md), after `../shared/chip/wheels.sh` here:
+
+    bash .chip/on_chip.sh python3 -m benchmarks.whole_run run --out=$OUT [--reference]
+    python -m benchmarks.whole_run write whole_run.json      # here: BENCHMARKS.md's section
+
+`run` times these phases of one command, `axtrain --config=CONFIG
+--config.trainer.max_steps=STEPS --config.checkpoint.every_steps=EVERY` (llm_1b: 3 and 2):
+
+    stopped     the command; SIGTERM --stop_after_s seconds after its first step's line (it
+                finishes the step in flight, saves it and leaves with exit 75)
+    resumed     the same command again: restores, trains to STEPS, saves, evaluates (exit 0)
+    reference   with --reference: the same command, uninterrupted, in another directory
+    export      `axtrain convert --to_hf` of the resumed run
+
+The machine's RAM in use (MemTotal - MemAvailable) is polled every second; a phase that passes
+--ram_limit_gb is killed (the lent machine returns nothing at all from a call killed for RAM).
+It writes whole_run.json: each phase's exit code, wall time and RAM peak, the runs' metrics
+records and run.json `startup`, and `bit_exact` (the last step's loss, norms and eval loss of
+the resumed run against the reference's, compared as float64 from their JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from trainer import host_memory
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+HISTORY = ROOT / "benchmarks" / "whole_runs.jsonl"
+BEGIN, END = "<!-- whole_run: begin -->", "<!-- whole_run: end -->"
+COMPARED = ("loss", "grad_norm", "param_norm", "update_norm")
+
+
+class _Phase:
+  """One command as a subprocess, its RAM peak polled; killed past `limit` bytes in use."""
+
+  def __init__(self, argv: list[str], log: pathlib.Path, limit: float):
+    self.argv, self.log, self.limit = argv, log, limit
+    self.peak, self.killed = 0, False
+
+  def run(self, *, stop_after_s: float | None = None) -> dict:
+    start = time.time()
+    with open(self.log, "w", encoding="utf-8") as out:
+      proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.argv], cwd=ROOT,
+                              stdout=out, stderr=subprocess.STDOUT)
+      stopper = threading.Thread(target=self._stop_after, args=(proc, stop_after_s), daemon=True)
+      if stop_after_s is not None:
+        stopper.start()
+      while proc.poll() is None:
+        used = host_memory.system_used() or 0
+        self.peak = max(self.peak, used)
+        if used > self.limit:
+          self.killed = True
+          proc.kill()
+        time.sleep(1)
+    return {"argv": self.argv, "code": proc.returncode, "wall_s": round(time.time() - start, 1),
+            "ram_peak_gb": round(self.peak / 1e9, 2), "killed_for_ram": self.killed}
+
+  def _stop_after(self, proc, seconds: float) -> None:
+    while proc.poll() is None:
+      if "compiled and ran step" in self.log.read_text(errors="replace"):
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGTERM)
+        return
+      time.sleep(1)
+
+
+def _records(run_dir: pathlib.Path) -> list[dict]:
+  path = run_dir / "metrics.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _last(records: list[dict], key: str) -> dict:
+  return next((r for r in reversed(records) if key in r), {})
+
+
+def run(argv: list[str]) -> int:
+  p = argparse.ArgumentParser(prog="python -m benchmarks.whole_run run")
+  p.add_argument("--out", required=True, help="folder for whole_run.json and the logs")
+  p.add_argument("--config", default="configs/llm_1b.py")
+  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--every", type=int, default=2, help="checkpoint.every_steps")
+  p.add_argument("--stop_after_s", type=float, default=15.0,
+                 help="SIGTERM this long after the first step's line")
+  p.add_argument("--reference", action="store_true", help="also run it uninterrupted")
+  p.add_argument("--ram_limit_gb", type=float, default=38.0)
+  p.add_argument("--work", default="/tmp/axtrain-whole-run")
+  args = p.parse_args(argv)
+  out, work = pathlib.Path(args.out), pathlib.Path(args.work)
+  out.mkdir(parents=True, exist_ok=True)
+  command = [f"--config={args.config}", f"--config.trainer.max_steps={args.steps}",
+             f"--config.checkpoint.every_steps={args.every}"]
+  limit = args.ram_limit_gb * 1e9
+  result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "axtrain " + " ".join(command), "phases": {}}
+  phases = result["phases"]
+  run_dir, ref_dir = work / "run", work / "reference"
+  phases["stopped"] = _Phase([*command, f"--output_dir={run_dir}", "--overwrite"],
+                             out / "stopped.log", limit).run(stop_after_s=args.stop_after_s)
+  phases["resumed"] = _Phase([*command, f"--output_dir={run_dir}"], out / "resumed.log",
+                             limit).run()
+  if args.reference:
+    phases["reference"] = _Phase([*command, f"--output_dir={ref_dir}", "--overwrite"],
+                                 out / "reference.log", limit).run()
+  phases["export"] = _Phase(["convert", f"--to_hf={run_dir}", f"--output_dir={work / 'hf'}"],
+                            out / "export.log", limit).run()
+  result["records"] = _records(run_dir)
+  info = run_dir / "run.json"
+  result["startup"] = json.loads(info.read_text()).get("startup") if info.exists() else None
+  if args.reference:
+    ref = _records(ref_dir)
+    mine, theirs = _last(result["records"], "loss"), _last(ref, "loss")
+    result["reference_records"] = ref
+    result["bit_exact"] = bool(theirs) and mine.get("step") == theirs.get("step") and all(
+        mine.get(k) == theirs.get(k) for k in COMPARED) and (
+            _last(result["records"], "eval_loss").get("eval_loss")
+            == _last(ref, "eval_loss").get("eval_loss"))
+  (out / "whole_run.json").write_text(json.dumps(result, indent=1) + "\n")
+  print(json.dumps({k: v for k, v in phases.items()}), flush=True)
+  return 0
+
+
+def row(r: dict) -> str:
+  """One table row of a whole_run.json."""
+  phases, records = r["phases"], r.get("records", [])
+  steps = [x["step_time_s"] for x in records if "step_time_s" in x and "loss" in x]
+  saves = [x["save_time_s"] for x in records if "save_time_s" in x]
+  evals = [x["eval_time_s"] for x in records if "eval_time_s" in x]
+  codes = "/".join(str(phases[k]["code"]) for k in ("stopped", "resumed", "export") if k in phases)
+  exact = {True: "yes", False: "NO", None: "-"}[r.get("bit_exact")]
+  return (f"| {r['date']} | {r.get('commit', '-')} | `{r['command']}` | {codes} | "
+          f"{max(steps) if steps else 0:.4g} s | {max(saves) if saves else 0:.3g} s | "
+          f"{max(evals) if evals else 0:.3g} s | "
+          f"{phases['stopped']['ram_peak_gb']} / {phases['resumed']['ram_peak_gb']} GB | "
+          f"{phases['export']['wall_s']} s | {exact} |")
+
+
+def write(argv: list[str]) -> int:
+  p = argparse.ArgumentParser(prog="python -m benchmarks.whole_run write")
+  p.add_argument("files", nargs="*", help="whole_run.json files brought back from the chip")
+  p.add_argument("--commit", default="", help="the commit of the tree that ran")
+  args = p.parse_args(argv)
+  with open(HISTORY, "a", encoding="utf-8") as f:
+    for path in args.files:
+      r = json.loads(pathlib.Path(path).read_text())
+      f.write(json.dumps({**r, "commit": args.commit or r.get("commit", "-")}) + "\n")
+  rows = [json.loads(line) for line in HISTORY.read_text().splitlines()] if HISTORY.exists() else []
+  section = "\n".join([
+      BEGIN, "## A recipe start to finish on the chip", "",
+      "Measured by `bash .chip/on_chip.sh python3 -m benchmarks.whole_run run --out=$OUT "
+      "--reference` (benchmarks/whole_run.py): the command trained, took a SIGTERM during "
+      "step 2 (exit 75 after saving), was run again (resumed to the end, saved, evaluated), "
+      "then exported with `axtrain convert --to_hf`; exit codes stopped/resumed/export; RAM is "
+      "the machine's in use at its peak in the stopped / resumed runs; bit for bit: the last "
+      "step's loss and norms and the eval loss against an uninterrupted run.", "",
+      "| date | commit | command | exit codes | slowest step | slowest save | eval | RAM peak "
+      "| export | bit for bit |", "|---|---|---|---|---|---|---|---|---|---|",
+      *map(row, rows), "",
+      *[f"- {r['date']}: {r['note']}" for r in rows if r.get("note")], END])
+  text = BENCHMARKS.read_text()
+  if BEGIN in text:
+    text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+  else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+  BENCHMARKS.write_text(text)
+  return 0
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  commands = {"run": run, "write": write}
+  if not argv or argv[0] not in commands:
+    print(f"usage: python -m benchmarks.whole_run {{{'|'.join(commands)}}} ...", file=sys.stderr)
+    return 2
+  return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+  sys.exit(main())
