@@ -78,6 +78,14 @@ def names_directory(key: str) -> bool:
   return key != EXTENDS and not relaid(key)
 
 
+def rewinds(resolved: dict) -> bool:
+  """Whether checkpoint.restore_step names a step before trainer.max_steps: the run trains again
+  from there, a completed one too (its newer checkpoints are set aside, trainer/loop.py)."""
+  flat = flatten(resolved)
+  step, end = flat.get("checkpoint.restore_step"), flat.get(EXTENDS)
+  return isinstance(step, int) and isinstance(end, int) and 0 < step < end
+
+
 def identity(resolved: dict) -> dict:
   """`resolved` with the TRANSIENT fields at their defaults: what makes two runs the same run."""
   out = json.loads(json.dumps(resolved))
@@ -268,7 +276,8 @@ class RunDir:
                         f"another --output_dir")
       return "overwrite"
     if not differ:
-      return "completed" if self.status() == "completed" else "incomplete"
+      return "completed" if self.status() == "completed" and not rewinds(resolved) else (
+          "incomplete")
     if self.status() == "converted":
       return "incomplete"  # never trained: its first run may set anything but the model
     reason = extension(identity(existing), identity(resolved), differ)

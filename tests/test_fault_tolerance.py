@@ -174,6 +174,25 @@ def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd
   assert "(committed steps: none)" in error and not fresh.exists()
 
 
+def test_restore_step_on_a_completed_run_trains_again_from_it(tmp_path, ref, cache, capfd):
+  """An explicit restore_step before the end rewinds a completed run: the newer checkpoints are
+  set aside and steps 21-30 are trained again, equal to the first time bit for bit."""
+  run_dir = tmp_path / "run"
+  shutil.copytree(ref, run_dir)
+  result = cu.run_here(capfd, run_dir, cache, "--config.checkpoint.restore_step=20")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "already completed" not in result.stderr
+  assert "resuming from step 20; newer checkpoints [30] moved to" in result.stderr
+  assert (run_dir / "superseded_checkpoints" / "30").is_dir() and cu.steps(run_dir) == [10, 20, 30]
+  assert cu.status(run_dir) == "completed"
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [*range(1, 31), *range(21, 31)]
+  assert cu.losses(run_dir) == cu.losses(ref)
+  # restore_step at the end trains nothing: the run is complete there.
+  result = cu.run_here(capfd, run_dir, cache, "--config.checkpoint.restore_step=30")
+  assert result.returncode == 0 and "already completed; nothing to do" in result.stderr
+
+
 def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   before = cu.snapshot(ref)
