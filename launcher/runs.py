@@ -55,13 +55,17 @@ class Run:
   train: list[dict]  # metrics records with a train loss, in file order
   evals: list[dict]  # training's own evaluation records, in file order
   name: str = ""
+  records_lost: bool = False  # trained (completed, or checkpoints) but no train record reads
 
   @property
   def status(self) -> str:
     return str(self.info.get("status", "unknown"))
 
   @property
-  def steps(self) -> int:
+  def steps(self) -> int | None:
+    """The last step recorded; None where the records are lost (`records_lost`)."""
+    if self.records_lost:
+      return None
     return max((int(r["step"]) for r in self.train), default=0)
 
   @property
@@ -168,10 +172,27 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
 
 def read(path: pathlib.Path) -> Run:
   records = [r for r in read_metrics(path / "metrics.jsonl") if "source" not in r]
-  return Run(path=path, config=flatten(_read_json(path / "config.json")),
-             info=_read_json(path / "run.json"),
-             train=[r for r in records if "loss" in r],
-             evals=[r for r in records if "eval_loss" in r])
+  run = Run(path=path, config=flatten(_read_json(path / "config.json")),
+            info=_read_json(path / "run.json"),
+            train=[r for r in records if "loss" in r],
+            evals=[r for r in records if "eval_loss" in r])
+  trained = _trained(run)
+  if not run.train and trained:
+    metrics = path / "metrics.jsonl"
+    state = ("is missing" if not metrics.is_file() else "is empty"
+             if metrics.stat().st_size == 0 else "holds no train record")
+    _warn(f"{metrics} {state}, although the run {trained}: its steps, losses and throughput "
+          f"are unknown (steps shown as ?)")
+    run.records_lost = True
+  return run
+
+
+def _trained(run: Run) -> str | None:
+  """What shows that `run` trained steps (so its metrics.jsonl should hold records), or None."""
+  if run.status == "completed":
+    return "completed"
+  saved = [int(p.name) for p in (run.path / "checkpoints").glob("*") if p.name.isdigit()]
+  return f"has checkpoints up to step {max(saved)}" if saved and max(saved) > 0 else None
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
@@ -263,7 +284,7 @@ _NAME_CHARS = 12  # ... and a run name at the narrowest
 # The columns after the config keys: heading -> the cell of a run.
 STATS = {
     "status": lambda r: r.status,
-    "steps": lambda r: f"{r.steps}/{show_value(r.max_steps)}",
+    "steps": lambda r: f"{'?' if r.steps is None else r.steps}/{show_value(r.max_steps)}",
     "loss": lambda r: _num(r.final_loss, ".4f"),
     "best eval": lambda r: _num(r.best_eval_loss, ".4f"),
     "final eval": lambda r: _num(r.final_eval_loss, ".4f"),
