@@ -450,6 +450,19 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
             "trainer\n"),
            (["--config=configs/tiny.py", "--config.optimizer.b3=0.1"],
             "--config.optimizer.b3: unknown field 'b3' of optimizer (kind 'adamw'); its fields: "),
+           # A field of that name elsewhere in the tree is named by its whole path, first.
+           (["--config=configs/tiny.py", "--config.model.num_heads=4"],
+            "--config.model.num_heads: unknown field 'num_heads' of model (kind 'decoder_lm') "
+            "(did you mean 'model.block.attention.num_heads'?); its fields: block, "),
+           (["--config=configs/tiny.py", "--config.optimizer.max_steps=4"],
+            "--config.optimizer.max_steps: unknown field 'max_steps' of optimizer (kind 'adamw') "
+            "(did you mean 'trainer.max_steps'?); its fields: "),
+           (["--config=configs/tiny.py", "--config.model.eps=1e-5"],
+            "--config.model.eps: unknown field 'eps' of model (kind 'decoder_lm') (did you mean "
+            "one of 'model.final_norm.eps', 'model.block.norm.eps', 'optimizer.eps'?); "),
+           (["--config=configs/tiny.py", "--config.model.attention.kind=xla"],
+            "--config.model.attention.kind: unknown field 'attention' of model (kind "
+            "'decoder_lm') (did you mean 'model.block.attention'?); "),
            ([f"--config={bad_file}"],
             "trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
             "'max_steps'?); its fields: compute_dtype, ")]
