@@ -23,6 +23,7 @@ from absl import flags
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, UserError
+from modules import quantization
 from trainer import checkpoint, checkpoint_files, config as config_lib, disk
 from trainer import experiment as experiment_lib
 from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
@@ -68,9 +69,11 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
   _schedule_note(run_cfg)
-  note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
-  if note and jax.process_index() == 0:
-    print(f"axtrain: note: {note}", file=sys.stderr)
+  platform = exp.mesh.devices.flat[0].platform
+  for note in (kernel_note(run_cfg.model, platform=platform),
+               quantization.emulation_note(run_cfg.model.quantization, platform=platform)):
+    if note and jax.process_index() == 0:
+      print(f"axtrain: note: {note}", file=sys.stderr)
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
