@@ -109,6 +109,11 @@ def check_writable(path: pathlib.Path, *, flag: str = "--output_dir") -> None:
   if fstype in _PSEUDO_FS or existing.resolve().parts[1:2] in (("proc",), ("sys",)):
     raise UserError(f"{flag} {path} is on the kernel's {fstype or 'pseudo'} filesystem; choose a "
                     f"directory on a disk")
+  if os.statvfs(existing).f_flag & os.ST_RDONLY:  # refused to every user, root too
+    found = disk.mount(existing)
+    where = f" ({found[2]} mounted on {found[1]})" if found else ""
+    raise UserError(f"{flag} {path}: {existing} is on a read-only filesystem{where}; choose a "
+                    f"directory on a writable disk")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserError(f"{flag} {path}: {existing} is not writable by this user")
 

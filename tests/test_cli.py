@@ -343,6 +343,30 @@ def test_output_dir_without_write_permission(capsys, tmp_path):
   assert not (locked / "run").exists()
 
 
+def test_output_dir_on_a_read_only_mount_says_so_even_as_root(tmp_path):
+  """A read-only mount refuses every user, root included: said as such, not as a permission.
+  The mount is made in a user and mount namespace of its own (`unshare -rm`: root there)."""
+  import shutil as sh  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  if sh.which("unshare") is None:
+    pytest.skip("no unshare(1) here to make a read-only mount")
+  ro = tmp_path / "ro"
+  ro.mkdir()
+  check = ("from launcher import run_dir, errors\n"
+           "try:\n"
+           f"  run_dir.check_writable(__import__('pathlib').Path('{ro}/run'))\n"
+           "except errors.UserError as e:\n"
+           "  print(e)\n")
+  done = subprocess.run(
+      ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro none {ro} && exec \"$0\" -c \"$1\"",
+       sys.executable, check], cwd=ROOT, capture_output=True, text=True, check=False)
+  if "mount" in done.stderr or "unshare" in done.stderr:
+    pytest.skip(f"no mount namespace here: {done.stderr.strip()[:200]}")
+  assert done.stdout == (f"--output_dir {ro}/run: {ro} is on a read-only filesystem (tmpfs "
+                         f"mounted on {ro}); choose a directory on a writable disk\n"), done
+
+
 @pytest.mark.parametrize("args,message", [
     (["--num_processes=2"], "--num_processes needs --coordinator_address"),
     (["--process_id=1"], "--process_id needs --coordinator_address"),
