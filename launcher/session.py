@@ -164,7 +164,12 @@ def _stop_handling(this: Run, finish, progress):
   goes to it, and a first SIGINT (Ctrl-C in one process's terminal) is passed on to it as a
   SIGTERM of this process (launcher/distributed.py:AgreedStop).
   """
-  second = lambda: finish("preempted", signal="second")  # pylint: disable=unnecessary-lambda-assignment
+  def second() -> str:
+    steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
+    finish("preempted", signal="second")
+    return (f"a checkpoint still being written is abandoned; the run resumes from its newest "
+            f"committed one, step {steps[-1]}" if steps else
+            "no checkpoint was committed yet: the run starts over")
   if not this.multi_process:
     stop = preemption.Preemption(on_second=second)
     return stop, stop.requested, this.callbacks

@@ -448,6 +448,27 @@ def test_full_tmpfs_at_a_metrics_write(small_disk, ref, cache, capfd):
   assert_same_params(ref, run_dir)
 
 
+def test_a_second_ctrl_c_names_the_checkpoint_the_run_resumes_from(tmp_path, cache):
+  """Two Ctrl-Cs 20 ms apart, paused after step 12: the save of 12 is abandoned (its temporary
+  folder, if it began, is not a checkpoint) and the exit line names the newest committed step,
+  which is what the next run resumes from; no line claims a checkpoint that never committed."""
+  run_dir = tmp_path / "run"
+  proc = cu.start_paused(run_dir, cache, 12)
+  proc.send_signal(signal.SIGINT)
+  time.sleep(0.02)  # two deliveries (the kernel merges a signal sent while one is pending)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+  assert "saved a checkpoint" not in err, err[-3000:]
+  [line] = [l for l in err.splitlines() if "second SIGINT" in l]
+  committed = cu.steps(run_dir)  # step 10's save may not have committed yet either
+  assert line == "axtrain: second SIGINT: exiting now; " + (
+      f"a checkpoint still being written is abandoned; the run resumes from its newest "
+      f"committed one, step {committed[-1]}" if committed else
+      "no checkpoint was committed yet: the run starts over"), err[-3000:]
+  assert cu.status(run_dir) == "preempted"
+
+
 @pytest.mark.slow  # four interrupted runs and their resumes (make test-slow)
 @pytest.mark.parametrize("moment,pause,at,code,saved", [
     ("the first step", 1, "pause_after_step", EXIT_PREEMPTED, [1]),
