@@ -47,6 +47,7 @@ import numpy as np
 from launcher import hf_files
 from launcher.convert_config import choose_tokenizer, config_py
 from launcher.errors import UserError, suggest
+from trainer import disk
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
@@ -232,8 +233,8 @@ def _load_params(run_dir: pathlib.Path, abstract_params):
 
 def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
             tokenizer: str | None, argv: list[str]) -> None:
-  if not hf_dir.is_dir():
-    raise UserError(f"--from_hf {hf_dir} is not a directory")
+  if disk.not_a(hf_dir, "directory"):
+    raise UserError(f"--from_hf {hf_dir} {disk.not_a(hf_dir, 'directory')}")
   hf_cfg = hf_files.read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
   family = hf_files.family(hf_cfg, hf_dir)
   try:
@@ -306,8 +307,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
 
   from modules.hf_maps import (  # pylint: disable=import-outside-toplevel
       drop_vocab_padding, family_of_model)
-  if not run_dir.is_dir():
-    raise UserError(f"--to_hf {run_dir} is not a directory")
+  if disk.not_a(run_dir, "directory"):
+    raise UserError(f"--to_hf {run_dir} {disk.not_a(run_dir, 'directory')}")
   cfg = hf_files.read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")

@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 from launcher import config_loading
 from launcher.errors import ConfigError, UserError, suggest
+from trainer import disk
 
 USAGE = ("usage: axtrain eval --run_dir=DIR [--step=N] [--config.eval.FIELD=VALUE ...] "
          "[--config.data.FIELD=VALUE ...]")
@@ -136,8 +137,8 @@ def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
 def main(argv: list[str]) -> int:
   args, config_args = parse_args(argv)
   run_dir = args["run_dir"]
-  if not run_dir.is_dir():
-    raise UserError(f"eval: --run_dir={run_dir} is not a directory")
+  if disk.not_a(run_dir, "directory"):
+    raise UserError(f"eval: --run_dir={run_dir} {disk.not_a(run_dir, 'directory')}")
   cfg = load_config(run_dir, config_args)
   if not (run_dir / "checkpoints").is_dir():  # before anything compiles
     raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")

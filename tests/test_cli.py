@@ -71,6 +71,9 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),
+    (["--config=configs/tiny.py", "--config.data.kind=tokens", "--config.data.path=README.md"],
+     "data.path 'README.md' is a file, not a directory (data.kind=tokens reads the output "
+     "directory of `axtrain tokenize`)"),
     (["--config=configs/tiny.py", "--config.model.kind=decoder"], "registered: decoder_lm"),
     (["--config=configs/tiny.py", "--config.model.block.ffn.kind=mpl"], "did you mean 'mlp'"),
     (["--config=configs/tiny.py", "--config.model.dim=100"], "not divisible by num_heads 6"),

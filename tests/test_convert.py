@@ -124,7 +124,10 @@ def test_no_safetensors_and_not_a_directory(tmp_path, capsys, tensors):
   hf = _write_hf(tmp_path / "hf", tensors)
   (hf / "model.safetensors").unlink()
   assert "holds no *.safetensors" in _refused(tmp_path, capsys, hf)
-  assert "is not a directory" in _refused(tmp_path, capsys, tmp_path / "nowhere")
+  assert f"{tmp_path / 'nowhere'} does not exist" in _refused(tmp_path, capsys, tmp_path / "nowhere")
+  # A path that exists, as a file, is called a file.
+  assert f"{hf / 'config.json'} is a file, not a directory" in _refused(tmp_path, capsys,
+                                                                        hf / "config.json")
 
 
 def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
@@ -316,9 +319,10 @@ def test_tokenizer_flag_names_the_models_tokenizer_and_is_checked(tmp_path, caps
   for value, message in (
       ("bytes", "convert: --tokenizer=bytes has 256 ids but the model's vocabulary has 16; name "
                 "the tokenizer the model was trained with"),
-      (str(tmp_path / "nowhere.json"), f"convert: --tokenizer={tmp_path / 'nowhere.json'}: no "
-                                       f"such file; give the model's tokenizer.json (or "
+      (str(tmp_path / "nowhere.json"), f"convert: --tokenizer={tmp_path / 'nowhere.json'} does "
+                                       f"not exist; give the model's tokenizer.json (or "
                                        f"SentencePiece .model), or bytes"),
+      (str(hf), f"convert: --tokenizer={hf} is a directory, not a file; give the model's "),
       (str(hf / "config.json"), f"convert: --tokenizer={hf / 'config.json'}: tokenizer file "
                                 f"'{hf / 'config.json'}' is not a Hugging Face tokenizer.json")):
     err = _refused(tmp_path, capsys, hf, f"--tokenizer={value}")
