@@ -60,6 +60,13 @@ BAD_INPUTS = [
     (["--config=configs/llama.py:sise=1b"], "unknown key 'sise' (did you mean 'size'?); keys: "
                                             "size"),
     (["--config=configs/tiny.py:oops"], "takes no argument"),
+    # A config whose argument has no sensible default asks for it (core/config_args.py:Needed).
+    (["--config=configs/llama.py"], "config file 'configs/llama.py': this config needs its "
+                                    "argument size (one of test, tiny, 125m, 1b, 3b, 7b, 8b, "
+                                    "70b): add :size=VALUE after the file name"),
+    (["--config=configs/tiny_mixture.py:weight=0.5"],
+     "config file 'configs/tiny_mixture.py:weight=0.5': this config needs its argument path "
+     "(your JSON Lines corpus, field text): add :path=VALUE after the file name"),
     (["--config=configs/gpt2.py:oops"], "expected key=value"),
     (["--config=README.md"], "config file 'README.md' is not a Python file: a config is a .py "
                              "file whose get_config(arg=None) returns the config"),
