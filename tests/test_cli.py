@@ -133,6 +133,14 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.data.kind=jsonl", "--config.data.path",
       "--print_config"], "--config.data.path is given no value (the next argument, "
                          "--print_config, is a flag)"),
+    # ... a number's field too, which absl parses as it reads the flags (its type error showed
+    # the next flag as the value).
+    (["--config=configs/tiny.py", "--config.trainer.max_steps", "--config.trainer.max_steps=5"],
+     "--config.trainer.max_steps is given no value (the next argument, "
+     "--config.trainer.max_steps=5, is a flag); write --config.trainer.max_steps=VALUE"),
+    (["--config=configs/tiny.py", "--config.optimizer.learning_rate", "--print_config"],
+     "--config.optimizer.learning_rate is given no value (the next argument, --print_config, "
+     "is a flag)"),
     (["--config=configs"], "--config=configs: 'configs' is a directory; give a config file; its "
                            f"config files: {', '.join(_CONFIG_FILES[:2])}, "),
     # Ranges name the field and the value, one field at a time.
