@@ -37,7 +37,7 @@ from trainer import config as config_lib, disk, run_files
 LAUNCH_DIR = "launch"
 KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
-COMPILER_LOG = "compiler.log"
+COMPILER_LOG = run_files.COMPILER_LOG
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 RUN_FILES = frozenset({"config.json", "run.json", "metrics.jsonl", "tensorboard", "profile",
                        "wandb", "checkpoints", "superseded_checkpoints", "corrupt_checkpoints",

@@ -259,6 +259,9 @@ def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: 
           f"{', '.join(run_dir_lib.LOST)} (restarts are counted from 0 and the first start is "
           f"this one; run.json's `rebuilt` says so); the config, checkpoints and metrics are "
           f"intact", file=sys.stderr)
+  if not fresh and rd.manifest.path.exists() and rd.manifest.files() is None:
+    print(f"axtrain: note: {rd.manifest.path} is empty or damaged: written again from the files "
+          f"the run's layout shows to be axtrain's", file=sys.stderr)
   relaid = [] if fresh or rd.stored_config() is None else rd.relaid_changes(this.resolved)
   if relaid:
     print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "

@@ -251,6 +251,28 @@ def test_a_run_written_before_manifests_is_overwritten_by_its_layout(copied, cap
   assert code == 0, err
 
 
+def test_an_emptied_manifest_is_the_runs_own_and_written_again(copied, capsys):
+  """manifest.json emptied (a crash, a full disk, a user): in a directory whose run.json is
+  axtrain's it is still the run's own, not a foreign file to 'move out'; the run resumes with a
+  note and a manifest rebuilt from its layout (compiler.log recognised by its heading), and
+  --overwrite deletes what that layout shows."""
+  run = copied
+  (run / "compiler.log").write_text(
+      "# 2026-12-06T10:00:00+00:00: compiling the train and eval steps\nW0000 a line\n")
+  (run / run_files.MANIFEST).write_text("")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert code == 0, err
+  assert (f"axtrain: note: {(run / run_files.MANIFEST).absolute()} is empty or damaged: written "
+          f"again from the files the run's layout shows to be axtrain's") in err, err
+  listed = json.loads((run / run_files.MANIFEST).read_text())["files"]
+  assert {"config.json", "run.json", "metrics.jsonl", "compiler.log"} <= set(listed)
+  (run / run_files.MANIFEST).write_text("")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2", "--overwrite")
+  assert code == 0, err
+  log = run / "compiler.log"  # the old one deleted (a new one only if XLA logs again)
+  assert not log.exists() or "W0000 a line" not in log.read_text()
+
+
 def test_run_files_contents_by_manifest_and_by_layout(completed, tmp_path):
   run = copy_of(completed, tmp_path / "run")
   names = ["checkpoints", "tensorboard", "config.json", "run.json", "metrics.jsonl",
