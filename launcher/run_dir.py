@@ -187,6 +187,16 @@ def extension(stored: dict, resolved: dict, differ: list[str]) -> str | None:
   return ""
 
 
+def _changes(old: dict, new: dict, keys: list[str]) -> str:
+  """`key old -> new` for the first three of `keys` (flat configs `old`, `new`), and a count of
+  the rest."""
+  def show(key, flat):
+    text = "unset" if key not in flat else json.dumps(flat[key])
+    return text if len(text) <= 40 else text[:37] + "..."
+  listed = ", ".join(f"{k} {show(k, old)} -> {show(k, new)}" for k in keys[:3])
+  return listed + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
 def _keys(keys: list[str]) -> str:
   return ", ".join(keys[:4]) + (" ..." if len(keys) > 4 else "")
 
@@ -291,8 +301,28 @@ class RunDir:
     hint = (f"choose another --output_dir (it also holds files that axtrain did not write: "
             f"{self._names(unproven)})" if unproven
             else "choose another --output_dir or pass --overwrite")
-    what = reason or f"{_keys(differ)} differ"
-    raise UserError(f"{self.path} holds a run with a different config ({what}); {hint}")
+    raise UserError(self._another_run(identity(existing), identity(resolved), differ, reason)
+                    + f"; {hint}")
+
+  def _another_run(self, stored: dict, resolved: dict, differ: list[str],
+                   reason: str | None) -> str:
+    """What the stored run is to this command, in words: another model (the config file that
+    trained it, and how its model differs) or another config (how it differs). A raised
+    trainer.max_steps is not listed: alone it would extend the run."""
+    if reason:
+      return f"{self.path} holds a run with a different config ({reason})"
+    old, new = flatten(stored), flatten(resolved)
+    raised = isinstance(old.get(EXTENDS), int) and isinstance(new.get(EXTENDS), int) and (
+        new[EXTENDS] >= old[EXTENDS])
+    shown = [k for k in differ if not (raised and k in (EXTENDS, *_FOLLOWS))] or differ
+    model = sorted((k for k in shown if k.startswith("model.")),  # kinds, then the outermost
+                   key=lambda k: (not k.endswith(".kind"), k.count("."), k))
+    if not model:
+      return f"{self.path} holds a run with a different config ({_changes(old, new, shown)})"
+    command = str(self.info().get("command", ""))
+    file = next((a for a in command.split() if a.startswith("--config=")), None)
+    return (f"{self.path} holds a run of another model ({f'trained with {file}: ' if file else ''}"
+            f"{_changes(old, new, model)})")
 
   def _damaged_config(self, *, overwrite: bool, rewrite_config: bool) -> State:
     """The state of a run whose config.json is missing or unreadable: started over

@@ -218,5 +218,6 @@ def test_a_new_field_with_a_default_changes_no_golden_file_and_no_old_run(monkey
       "versions": {"axtrain": "0.1.0"}}))
   assert run.prepare(after, overwrite=False) == "completed"
   after["model"]["block"]["attention"]["added_later"] = 2.0
-  with pytest.raises(UserError, match="model.block.attention.added_later differ"):
+  with pytest.raises(UserError, match=r"another model \(.*model.block.attention.added_later "
+                                      r"unset -> 2.0\)"):
     run.prepare(after, overwrite=False)

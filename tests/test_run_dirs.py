@@ -196,7 +196,7 @@ def test_overwrite_refuses_files_axtrain_did_not_write(copied, capsys):
     assert snapshot(run) == before
   # A different config: refused without suggesting --overwrite, which could not delete them.
   err = refused(capsys, "--output_dir=run", "--config.trainer.seed=3")
-  assert "holds a run with a different config (trainer.seed differ)" in err
+  assert "holds a run with a different config (trainer.seed 0 -> 3)" in err
   assert "it also holds files that axtrain did not write: checkpoints/myweights.bin" in err
   code, err = axtrain(capsys, "--output_dir=run")
   assert code == 0 and "nothing to do (raise --config.trainer.max_steps to extend it)" in err
@@ -341,7 +341,7 @@ def test_a_refused_command_leaves_the_lock_file_alone(copied, capsys):
   run = copied
   (run / ".lock").write_text("12345\n")
   code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=5")
-  assert code == 2 and "holds a run with a different config (trainer.seed differ)" in err, err
+  assert code == 2 and "holds a run with a different config (trainer.seed 0 -> 5)" in err, err
   assert (run / ".lock").read_text() == "12345\n"
 
 
@@ -398,7 +398,7 @@ def test_raising_max_steps_extends_a_finished_run(copied, capsys):
                        "trainer.max_steps 2 is below the run's 3: a run can be extended (raise "
                        "it), not shortened"),
                       (["--config.trainer.max_steps=5", "--config.trainer.seed=4"],
-                       "trainer.max_steps, trainer.seed differ")):
+                       "different config (trainer.seed 0 -> 4); ")):  # not the raised max_steps
     code, err = axtrain(capsys, "--output_dir=run", *args)
     assert code == 2 and words in err and "pass --overwrite" in err, err
 
@@ -590,7 +590,18 @@ def test_the_same_run_on_another_mesh_resumes_with_a_note(copied, capsys):
   # A field that changes what the steps compute is another run: refused, as before.
   err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
                 "--config.trainer.seed=9")[1]
-  assert "holds a run with a different config (trainer.seed differ)" in err
+  # trainer.max_steps, raised (which alone extends a run), is not among the differences.
+  assert "holds a run with a different config (trainer.seed 0 -> 9); choose another" in err
+  # Another model, by another config file: said so, with the file that trained the run.
+  model = json.loads((copied / "config.json").read_text())["model"]
+  (copied.parent / "wider.py").write_text(QUICK.replace(
+      "  return cfg", f"  cfg.model.dim = {2 * model['dim']}\n"
+                     f"  cfg.model.num_layers = {model['num_layers'] + 1}\n  return cfg"))
+  assert main_lib.main(["axtrain", "--config=wider.py", "--output_dir=run"]) == 2
+  assert capsys.readouterr().err.startswith(
+      f"axtrain: error: run holds a run of another model (trained with --config=quick.py: "
+      f"model.dim {model['dim']} -> {2 * model['dim']}, model.num_layers {model['num_layers']} -> "
+      f"{model['num_layers'] + 1}")
 
 
 def _legacy(quick, capsys, name: str, *args: str) -> pathlib.Path:
