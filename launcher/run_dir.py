@@ -298,8 +298,12 @@ class RunDir:
     reason = extension(identity(existing), identity(resolved), differ)
     if reason == "":
       return "extend"
+    saved = max((int(p.name) for p in (self.path / "checkpoints").glob("*") if p.name.isdigit()),
+                default=0)
     hint = (f"choose another --output_dir (it also holds files that axtrain did not write: "
             f"{self._names(unproven)})" if unproven
+            else f"choose another --output_dir, or pass --overwrite to delete that run (its "
+                 f"checkpoints reach step {saved}) and start this one there" if saved
             else "choose another --output_dir or pass --overwrite")
     raise UserError(self._another_run(identity(existing), identity(resolved), differ, reason)
                     + f"; {hint}")

@@ -51,6 +51,7 @@ class Run:
   main_process: bool
   multi_process: bool  # joined jax.distributed: stops are agreed between the processes
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
+  notes: tuple = ()  # what to say of the config once the run is accepted (axtrain: note: ...)
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
@@ -68,12 +69,12 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
   exp = experiment_lib.build(run_cfg, entry)
-  _schedule_note(run_cfg)
   platform = exp.mesh.devices.flat[0].platform
-  for note in (kernel_note(run_cfg.model, platform=platform),
-               quantization.emulation_note(run_cfg.model.quantization, platform=platform)):
-    if note and jax.process_index() == 0:
-      print(f"axtrain: note: {note}", file=sys.stderr)
+  # Said once the run is accepted (_train), not before a refusal of its directory or memory.
+  notes = tuple(n for n in (
+      schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps),
+      kernel_note(run_cfg.model, platform=platform),
+      quantization.emulation_note(run_cfg.model.quantization, platform=platform)) if n)
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
@@ -87,7 +88,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
-             main_process=main_process,
+             main_process=main_process, notes=notes,
              multi_process=multi_process, callbacks=tuple(callbacks))
   try:
     if not main_process:
@@ -109,6 +110,7 @@ def kernel_note(model, *, platform: str) -> str | None:
 
 
 def _schedule_note(run_cfg) -> None:
+  """--print_config's note of a warm-up that does not fit (a run says it in _train)."""
   note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
   if note and jax.process_index() == 0:
     print(f"axtrain: note: {note}", file=sys.stderr)
@@ -200,6 +202,8 @@ def _train(this: Run) -> int:
     if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
         rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
       exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
+  for note in this.notes if this.main_process else ():
+    print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
     with preemption.held():  # a signal lets the run directory's files be written whole first
       _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)

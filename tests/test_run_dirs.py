@@ -337,6 +337,16 @@ def test_refusals_say_what_a_folder_is(quick, capsys):
     assert snapshot(quick / out.split("/")[0]) == before
 
 
+def test_a_refusal_is_the_only_line_and_says_what_overwrite_would_delete(copied, capsys):
+  """A config whose warm-up does not fit (a note when it runs) refused by the directory: the
+  refusal alone, no note before it; its --overwrite names the trained steps it would delete."""
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=3",
+                      "--config.optimizer.schedule.warmup_steps=50")
+  assert code == 2 and err.count("\n") == 1, err
+  assert err.endswith("; choose another --output_dir, or pass --overwrite to delete that run "
+                      "(its checkpoints reach step 1) and start this one there\n"), err
+
+
 def test_a_refused_command_leaves_the_lock_file_alone(copied, capsys):
   run = copied
   (run / ".lock").write_text("12345\n")
