@@ -22,7 +22,7 @@ from absl import flags
 
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
-from launcher.errors import EXIT_NO_SPACE, UserError
+from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import quantization
 from trainer import checkpoint, checkpoint_files, config as config_lib, disk
 from trainer import experiment as experiment_lib
@@ -82,7 +82,8 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   nested = folders.enclosing_run(rd.path)
   if nested is not None:
     raise UserError(folders.nested_message(rd.path, nested))
-  check_init_from(run_cfg.init.from_run, exp.abstract_state.params)
+  check_init_from(run_cfg.init.from_run, exp.abstract_state.params,
+                  scan_layers=getattr(run_cfg.model, "scan_layers", None))
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
@@ -150,12 +151,25 @@ def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, 
   return run_names.directory(config_value, items, resolved=cfg, mesh=mesh)
 
 
-def check_init_from(run_dir: str, abstract_params) -> None:
+def check_init_from(run_dir: str, abstract_params, *, scan_layers: bool | None = None) -> None:
+  """Refuses an init.from_run whose checkpoint this model's parameters cannot read; a converted
+  model whose layers are stacked the other way than this model's (`scan_layers`) is also told
+  the conversion with this model's layout."""
   if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
     raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
                     f"axtrain or of `axtrain convert`")
-  if run_dir:
+  if not run_dir:
+    return
+  try:
     checkpoint.check_params_compatible(run_dir, abstract_params)
+  except ConfigError as e:
+    source = run_dir_lib.RunDir(pathlib.Path(run_dir))
+    model = (source.stored_config() or {}).get("model") or {}
+    if "converted_from" not in source.info() or model.get("scan_layers") in (None, scan_layers):
+      raise
+    raise ConfigError(f"{e}, or convert the model again with this model's layout: axtrain "
+                      f"convert --from_hf={source.info()['converted_from']} --scan_layers="
+                      f"{str(scan_layers).lower()} --output_dir=NEW_DIR") from None
 
 
 def _stop_handling(this: Run, finish, progress):

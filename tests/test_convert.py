@@ -130,6 +130,24 @@ def test_no_safetensors_and_not_a_directory(tmp_path, capsys, tensors):
                                                                         hf / "config.json")
 
 
+def test_fine_tuning_a_converted_model_in_the_other_layout_names_both_fixes(tmp_path, capsys,
+                                                                           tensors):
+  """A converted model (scanned layers, convert's default) fine-tuned by a config with unrolled
+  layers: the refusal names the setting that reads it and the conversion that fits the
+  config (README's `init.from_run` fine-tune)."""
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  code = main_lib.main(["axtrain", f"--config={run}/config.py", "--config.model.scan_layers=false",
+                        f"--config.init.from_run={run}", f"--output_dir={tmp_path / 'tuned'}"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert err.endswith("; set --config.model.scan_layers=true to read it, or convert the model "
+                      f"again with this model's layout: axtrain convert --from_hf={hf.resolve()} "
+                      "--scan_layers=false --output_dir=NEW_DIR\n"), err
+  assert not (tmp_path / "tuned").exists()
+
+
 def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
   hf = _write_hf(tmp_path / "hf", tensors)
   out = tmp_path / "out"
