@@ -241,7 +241,8 @@ def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
-  from trainer import checkpoint, sharding  # pylint: disable=import-outside-toplevel
+  from launcher.eval_run import warn  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_files, sharding  # pylint: disable=import-outside-toplevel
   from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
   from trainer.step import cast_floats  # pylint: disable=import-outside-toplevel
 
@@ -251,6 +252,7 @@ def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on a read-only manager
   try:
+    step = checkpoint_files.readable_step(run_dir / "checkpoints", step, warn=warn)
     params = checkpoint.load_params(run_dir, nn.meta.unbox(abstract), shardings, step=step)
   except checkpoint.CheckpointError as e:
     raise UserError(f"generate: {e}") from None

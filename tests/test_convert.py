@@ -86,7 +86,10 @@ def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
   for args, message in ((["--scan_layers=no"], "--scan_layers=no: expected true or false"),
                         (["--no_scan_layers=true"], "--no_scan_layers takes no value"),
                         ([f"--to_hf={tmp_path / 'run'}", "--scan_layers=false"],
-                         "--scan_layers goes with --from_hf")):
+                         "--scan_layers goes with --from_hf"),
+                        (["--step=3"], "--step goes with --to_hf (the checkpoint to export)"),
+                        ([f"--to_hf={tmp_path / 'run'}", "--step=last"],
+                         "--step=last: expected a whole number >= 0")):
     if "--to_hf" not in args[0]:
       args = [f"--from_hf={hf}", *args]
     code, err = _convert(capsys, *args, f"--output_dir={tmp_path / 'out'}")

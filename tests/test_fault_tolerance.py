@@ -161,6 +161,37 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
 
 
+def test_readers_of_a_run_fall_back_past_a_damaged_newest_checkpoint(tmp_path, ref, cache, capfd):
+  """convert --to_hf, generate and eval read the newest checkpoint that reads, with a warning
+  naming the damaged one, which they leave in place (only training moves checkpoints); an
+  explicit --step of the damaged one is refused, naming the steps that read."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "run"
+  shutil.copytree(ref, run_dir)
+  _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
+  commands = {"convert": ["convert", f"--to_hf={run_dir}", f"--output_dir={tmp_path / 'hf'}"],
+              "generate": ["generate", f"--run_dir={run_dir}", "--prompt=def", "--max_new_tokens=2"],
+              "eval": ["eval", f"--run_dir={run_dir}"]}
+  for name, args in commands.items():
+    capfd.readouterr()
+    with cu.compile_cache(cache):
+      code = main_lib.main(["axtrain", *args])
+    out, err = capfd.readouterr()
+    assert code == 0, (name, err[-3000:])
+    [warning] = [l for l in err.splitlines() if l.startswith("axtrain: warning:")]
+    assert warning.startswith(f"axtrain: warning: checkpoint {run_dir / 'checkpoints' / '30'} is "
+                              f"unreadable (state/"), (name, warning)
+    assert warning.endswith("; using step 20, the newest that reads (--step=N chooses another)")
+  assert out.startswith("step 20: eval_loss") and cu.steps(run_dir) == [10, 20, 30]
+  for args in (commands["convert"][:2] + [f"--output_dir={tmp_path / 'hf2'}"],
+               commands["eval"]):
+    with cu.compile_cache(cache):
+      code = main_lib.main(["axtrain", *args, "--step=30"])
+    [error] = capfd.readouterr().err.splitlines()
+    assert code != 0 and error.endswith("; the steps that read: 10, 20 (--step=20)"), error
+  assert not (tmp_path / "hf2").exists()
+
+
 def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
