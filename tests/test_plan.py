@@ -471,6 +471,29 @@ def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):
   assert report["mode"] == "memory: one device" and len(report["ranked"]) == 1
   assert report["best"]["flags"] == report["ranked"][0]["flags"] and report["eval"] is None
   assert "  compiled " in result.stderr
+  # Each stage and candidate is said as it starts (a sweep of a large model runs for minutes).
+  said = [l for l in result.stderr.splitlines() if l.startswith("axtrain: plan: ")]
+  assert said[0] == ("axtrain: plan: configs/llama.py:size=test on tpu-v5e-1: screening the "
+                     "settings by the analytic model"), said
+  assert said[1].startswith("axtrain: plan: sweep (memory: one device): ") and said[2].startswith(
+      "axtrain: plan: compiling --config."), said
+
+
+def test_a_plan_says_what_it_compiles_as_it_goes(capsys):
+  """A plan prints nothing on stdout until its report; on stderr it says what compiles, as each
+  compile starts and ends (llm_1b on one v5e compiled for 8 minutes in silence)."""
+  code = main_lib.main(["axtrain", "plan", "--config=configs/llama.py:size=test",
+                        "--mesh=tpu-v5e-1"])
+  out, err = capsys.readouterr()
+  assert code == 0 and out.startswith("plan: configs/llama.py:size=test on tpu-v5e-1"), err
+  said = [l for l in err.splitlines() if l.startswith("axtrain: plan: ")]
+  assert [l.split(" in ")[0] for l in said] == [
+      "axtrain: plan: configs/llama.py:size=test on tpu-v5e-1: 1 device(s), TPU compiler (libtpu)",
+      "axtrain: plan: compiling the train step",
+      "axtrain: plan: compiled the train step",
+      "axtrain: plan: compiling the eval step",
+      "axtrain: plan: compiled the eval step"], err
+  assert said[2].endswith(" s; reading its HLO (ops, collectives)"), said
 
 
 @pytest.mark.parametrize("args, error", [
