@@ -156,8 +156,10 @@ def check_init_from(run_dir: str, abstract_params, *, scan_layers: bool | None =
   model whose layers are stacked the other way than this model's (`scan_layers`) is also told
   the conversion with this model's layout."""
   if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
-    raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
-                    f"axtrain or of `axtrain convert`")
+    kind = disk.not_a(run_dir, "directory")
+    where = f"{run_dir} {kind}" if kind else f"{run_dir}: no checkpoints/ there"
+    raise UserError(f"init.from_run={where}; give a run directory of axtrain or of `axtrain "
+                    f"convert`")
   if not run_dir:
     return
   try:

@@ -78,6 +78,11 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),
+    (["--config=configs/tiny.py", "--config.init.from_run=README.md"],
+     "init.from_run=README.md is a file, not a directory; give a run directory of axtrain or of "
+     "`axtrain convert`"),
+    (["--config=configs/tiny.py", "--config.init.from_run=configs"],
+     "init.from_run=configs: no checkpoints/ there; give a run directory of axtrain or of "),
     (["--config=configs/tiny.py", "--config.data.kind=tokens", "--config.data.path=README.md"],
      "data.path 'README.md' is a file, not a directory (data.kind=tokens reads the output "
      "directory of `axtrain tokenize`)"),
