@@ -154,6 +154,18 @@ def check_step(step_dir: pathlib.Path | str, *, items=(STATE, DATA)) -> dict[str
   return out
 
 
+def steps_holding(directory: pathlib.Path, step: int | None) -> list[int]:
+  """The committed steps of `directory`; CheckpointError where there is none, or `step` (None:
+  any) is not one of them."""
+  steps = committed_steps(directory)
+  if not steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint")
+  if step is not None and step not in steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
+                          f"{', '.join(map(str, steps))}")
+  return steps
+
+
 def readable_step(directory: pathlib.Path | str, step: int | None = None, *,
                   warn: Callable[[str], None]) -> int:
   """The step a reader of a run (convert --to_hf, generate, eval) loads from `directory`:
@@ -162,12 +174,7 @@ def readable_step(directory: pathlib.Path | str, step: int | None = None, *,
   CheckpointError when there is none, or `step` is not committed or does not pass: it names the
   steps that do."""
   directory = pathlib.Path(directory)
-  steps = committed_steps(directory)
-  if not steps:
-    raise CheckpointError(f"{directory} holds no committed checkpoint")
-  if step is not None and step not in steps:
-    raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
-                          f"{', '.join(map(str, steps))}")
+  steps = steps_holding(directory, step)
   broken: dict[int, str] = {}
   for candidate in [step] if step is not None else reversed(steps):
     try:
