@@ -66,9 +66,10 @@ def unknown_field(key: str, where: str, fields, *, kind: str | None = None,
                   elsewhere: list[str] = ()) -> str:
   """How every unknown config key is told, on the command line or in a config file: the key,
   the node (and its kind), a did-you-mean and the node's fields. `elsewhere`: the full paths
-  of fields named `key` in other nodes of the config, which the did-you-mean names first."""
-  if elsewhere:
-    shown = ", ".join(f"'{p}'" for p in elsewhere[:3]) + (" ..." if len(elsewhere) > 3 else "")
+  of fields named `key` in other nodes of the config, which the did-you-mean names first when
+  they are few (a name that many nodes have, `kind`, points nowhere in particular)."""
+  if 0 < len(elsewhere) <= 3:
+    shown = ", ".join(f"'{p}'" for p in elsewhere)
     hint = f" (did you mean {'one of ' if len(elsewhere) > 1 else ''}{shown}?)"
   else:
     hint = suggest(key, fields)

@@ -507,6 +507,9 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
            (["--config=configs/tiny.py", "--config.model.eps=1e-5"],
             "--config.model.eps: unknown field 'eps' of model (kind 'decoder_lm') (did you mean "
             "one of 'model.final_norm.eps', 'model.block.norm.eps', 'optimizer.eps'?); "),
+           # A name that many nodes have points nowhere in particular: the node's own fields.
+           (["--config=configs/tiny.py", "--config.trainer.kind=x"],
+            "--config.trainer.kind: unknown field 'kind' of trainer; its fields: "),
            (["--config=configs/tiny.py", "--config.model.attention.kind=xla"],
             "--config.model.attention.kind: unknown field 'attention' of model (kind "
             "'decoder_lm') (did you mean 'model.block.attention'?); "),
