@@ -15,7 +15,7 @@ import dataclasses
 
 from configs import tiny
 from configs.base import lm_config
-from core.config_args import choice, parse_arg
+from core.config_args import Needed, choice, parse_arg
 from modules import llama
 
 
@@ -134,7 +134,7 @@ CHOICES = {"size": llama.SIZES}
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, size="tiny")
+  args = parse_arg(arg, size=Needed(f"one of {', '.join(CHOICES['size'])}"))
   size = choice("size", args["size"], CHOICES["size"])
   if size in DEMO_SIZES:
     cfg = tiny.get_config()

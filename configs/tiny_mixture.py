@@ -8,7 +8,7 @@ mixture sets seq_len and batch_size for all. See docs/data.md.
 """
 
 from configs.base import lm_config
-from core.config_args import parse_arg
+from core.config_args import Needed, parse_arg
 from core.registry import ConfigError
 from modules import llama
 from trainer.config import switch_kind
@@ -16,7 +16,7 @@ from trainer.data.mixture import component
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, path="corpus.jsonl", weight=0.3)
+  args = parse_arg(arg, path=Needed("your JSON Lines corpus, field text"), weight=0.3)
   if not 0 < args["weight"] < 1:  # else the stdlib share, 1 - weight, is what gets refused
     raise ConfigError(f"config argument weight={args['weight']}: the share of each batch drawn "
                       f"from path, in (0, 1)")

@@ -6,11 +6,30 @@ tests/test_golden_configs.py keeps a golden file for every value it declares."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from core.registry import ConfigError, suggest
 
 
+@dataclasses.dataclass(frozen=True)
+class Needed:
+  """A config argument without a default (`parse_arg(arg, size=Needed("one of test, tiny"))`):
+  the command line must give it, `what` says what it is. Its values are strings."""
+  what: str
+
+
 def parse_arg(arg: str | None, **defaults) -> dict:
-  """`key=value,key=value` -> dict; keys must be among `defaults`, values take their type."""
+  """`key=value,key=value` -> dict; keys must be among `defaults`, values take their type; a
+  `Needed` key that `arg` does not give is refused, saying how to give it."""
+  out = _parsed(arg, defaults)
+  for key, value in out.items():
+    if isinstance(value, Needed):
+      raise ConfigError(f"this config needs its argument {key} ({value.what}): add :{key}=VALUE "
+                        f"after the file name")
+  return out
+
+
+def _parsed(arg: str | None, defaults: dict) -> dict:
   out = dict(defaults)
   if not arg:
     return out
@@ -25,7 +44,7 @@ def parse_arg(arg: str | None, **defaults) -> dict:
     if key not in defaults:
       raise ConfigError(f"config argument: unknown key '{key}'{suggest(key, defaults)}; keys: "
                         f"{', '.join(defaults)}")
-    kind = type(defaults[key])
+    kind = str if isinstance(defaults[key], Needed) else type(defaults[key])
     try:
       out[key] = {bool: lambda v: {"true": True, "false": False}[v.lower()]}.get(kind, kind)(value)
     except (KeyError, ValueError):

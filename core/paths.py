@@ -2,8 +2,9 @@
 
 One walker serves the command line's overrides, the mesh rules and config files,
 so every unknown key is reported the same way (core/registry.py:unknown_field, which config
-files' nodes get too): the key, where, its kind in a component node, a did-you-mean and the
-fields there.
+files' nodes get too): the key, where, its kind in a component node, a did-you-mean (the whole
+paths of fields of that name elsewhere in the config, else a close name there) and the fields
+there.
 """
 
 from __future__ import annotations
@@ -21,9 +22,24 @@ def _keys(node: Any) -> list[str]:
   return list(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
 
 
-def _unknown(part: str, node: Any, walked: list[str]) -> str:
+def _unknown(part: str, node: Any, walked: list[str], root: Any) -> str:
   keys = _keys(node)
-  return unknown_field(part, ".".join(walked), keys, kind=node["kind"] if "kind" in keys else None)
+  return unknown_field(part, ".".join(walked), keys, kind=node["kind"] if "kind" in keys else None,
+                       elsewhere=named(root, part, near=walked))
+
+
+def named(root: Any, key: str, *, near: list[str] = ()) -> list[str]:
+  """The dotted paths in `root` whose last key is `key`: those below `near` first, then the
+  shortest."""
+  found = []
+  def walk(node, prefix):
+    for k in _keys(node):
+      if k == key:
+        found.append(prefix + [k])
+      walk(node[k], prefix + [k])
+  walk(root, [])
+  found.sort(key=lambda p: (p[:len(near)] != list(near), len(p), p))
+  return [".".join(p) for p in found]
 
 
 def parent_of(cfg: ml_collections.ConfigDict, path: str) -> tuple[ml_collections.ConfigDict, str]:
@@ -34,7 +50,7 @@ def parent_of(cfg: ml_collections.ConfigDict, path: str) -> tuple[ml_collections
     if not isinstance(node, (ml_collections.ConfigDict, dict)):
       raise ConfigError(f"'{'.'.join(walked)}' is a value, not a section")
     if part not in _keys(node):
-      raise ConfigError(_unknown(part, node, walked))
+      raise ConfigError(_unknown(part, node, walked, cfg))
     if i == len(parts) - 1:
       return node, part
     node = node[part]
@@ -72,7 +88,7 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
     where = ".".join(parts[:i + 1])
     fields = {f.name: f for f in dataclasses.fields(schema)}
     if part not in fields or part not in _keys(node):
-      raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i]))
+      raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i], cfg))
     reg = child_registry(fields[part])
     if i == len(parts) - 1:
       if reg is None:

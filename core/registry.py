@@ -62,11 +62,19 @@ def suggest(name: str, choices) -> str:
   return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def unknown_field(key: str, where: str, fields, *, kind: str | None = None) -> str:
+def unknown_field(key: str, where: str, fields, *, kind: str | None = None,
+                  elsewhere: list[str] = ()) -> str:
   """How every unknown config key is told, on the command line or in a config file: the key,
-  the node (and its kind), a did-you-mean and the node's fields."""
+  the node (and its kind), a did-you-mean and the node's fields. `elsewhere`: the full paths
+  of fields named `key` in other nodes of the config, which the did-you-mean names first when
+  they are few (a name that many nodes have, `kind`, points nowhere in particular)."""
+  if 0 < len(elsewhere) <= 3:
+    shown = ", ".join(f"'{p}'" for p in elsewhere)
+    hint = f" (did you mean {'one of ' if len(elsewhere) > 1 else ''}{shown}?)"
+  else:
+    hint = suggest(key, fields)
   return (f"unknown field '{key}' of {where or 'the config'}"
-          + (f" (kind '{kind}')" if kind is not None else "") + suggest(key, fields)
+          + (f" (kind '{kind}')" if kind is not None else "") + hint
           + f"; its fields: {', '.join(sorted(fields))}")
 
 

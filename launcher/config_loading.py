@@ -354,6 +354,9 @@ def translate(error: BaseException, argv: list[str]) -> UserError:
       message = None
     return UserError(message or f"bad config override: {_last_line(text)}")
   m = re.match(r"flag (--\S+?)=(.*?): (.*)$", text, re.S)
+  if m and _FLAG.match(m[2]) and [m[1], m[2]] in map(list, zip(argv, argv[1:])):
+    return UserError(f"{m[1]} is given no value (the next argument, {m[2]}, is a flag); write "
+                     f"{m[1]}=VALUE")  # a number's flag, whose parse took the next flag
   if m:
     reason = m[3].splitlines()[0]
     kind = re.match(r"invalid literal for (\w+)\(\)", reason) or re.match(

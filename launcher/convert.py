@@ -2,7 +2,7 @@
 
     axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes]
                     [--scan_layers=true|false]
-    axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR
+    axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--step=N]
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
 index) of a LlamaForCausalLM, Qwen3ForCausalLM or GPT2LMHeadModel and writes a
@@ -25,8 +25,9 @@ bytes tokenizer's: a note says so, and a text kind or generate then refuses,
 naming the fix. config.py's docstring says which tokenizer it holds and gives
 the command that trains on a corpus.
 
---to_hf writes config.json + model.safetensors from the latest checkpoint of a
-run directory. The vocabulary rows that pad the embedding and LM head to
+--to_hf writes config.json + model.safetensors from the newest checkpoint of a
+run directory that reads (a newer one that does not is named in a warning and left
+where it is), or --step's. The vocabulary rows that pad the embedding and LM head to
 model.vocab_multiple are added (zeros) on import and dropped on export. Output
 goes to a temporary directory that is renamed into place at the end, so a
 mistake writes nothing; a disk without room for it is one line, exit 74, and
@@ -51,8 +52,9 @@ from trainer import disk
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
-         "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR")
-_FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers")
+         "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR "
+         "[--step=N]")
+_FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers", "step")
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -77,6 +79,12 @@ def parse_args(argv: list[str]) -> dict:
                      ("scan_layers", "the layer layout to write; --to_hf reads either")):
     if name in out and "to_hf" in out:
       raise UserError(f"convert: --{name} goes with --from_hf ({what}); {USAGE}")
+  if "step" in out:
+    if "from_hf" in out:
+      raise UserError(f"convert: --step goes with --to_hf (the checkpoint to export); {USAGE}")
+    if not out["step"].isdigit():
+      raise UserError(f"convert: --step={out['step']}: expected a whole number >= 0; {USAGE}")
+    out["step"] = int(out["step"])
   out.setdefault("scan_layers", True)
   return out
 
@@ -108,7 +116,7 @@ def main(argv: list[str]) -> int:
     from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
             tokenizer=args.get("tokenizer"), argv=argv)
   else:
-    to_hf(pathlib.Path(args["to_hf"]), output)
+    to_hf(pathlib.Path(args["to_hf"]), output, step=args.get("step"))
   print(f"axtrain: wrote {output}", file=sys.stderr)
   return 0
 
@@ -188,13 +196,17 @@ def _write_initial(run_dir: pathlib.Path, state) -> None:
   write_initial(run_dir, state)
 
 
-def _load_params(run_dir: pathlib.Path, abstract_params):
+def _load_params(run_dir: pathlib.Path, abstract_params, step: int | None = None):
+  """The parameters of `step`'s checkpoint, or of the newest that reads (a warning names a newer
+  one that does not)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  from launcher.eval_run import warn  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_files  # pylint: disable=import-outside-toplevel
   shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
                            abstract_params)
   try:
-    return checkpoint.load_params(run_dir, abstract_params, shardings)
+    step = checkpoint_files.readable_step(run_dir / "checkpoints", step, warn=warn)
+    return checkpoint.load_params(run_dir, abstract_params, shardings, step=step)
   except checkpoint.CheckpointError as e:
     raise UserError(str(e)) from None
 
@@ -203,8 +215,8 @@ def _load_params(run_dir: pathlib.Path, abstract_params):
 
 def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
             tokenizer: str | None, argv: list[str]) -> None:
-  if not hf_dir.is_dir():
-    raise UserError(f"--from_hf {hf_dir} is not a directory")
+  if disk.not_a(hf_dir, "directory"):
+    raise UserError(f"--from_hf {hf_dir} {disk.not_a(hf_dir, 'directory')}")
   hf_cfg = hf_files.read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
   family = hf_files.family(hf_cfg, hf_dir)
   try:
@@ -274,14 +286,14 @@ def on_one_device(cfg: dict) -> dict:
 _NUMPY_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
-def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
+def to_hf(run_dir: pathlib.Path, output: pathlib.Path, *, step: int | None = None) -> None:
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   import ml_dtypes  # pylint: disable=import-outside-toplevel
 
   from modules.hf_maps import (  # pylint: disable=import-outside-toplevel
       drop_vocab_padding, family_of_model)
-  if not run_dir.is_dir():
-    raise UserError(f"--to_hf {run_dir} is not a directory")
+  if disk.not_a(run_dir, "directory"):
+    raise UserError(f"--to_hf {run_dir} {disk.not_a(run_dir, 'directory')}")
   cfg = hf_files.read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
@@ -303,7 +315,7 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape),
                            abstract)
   export(family, split_layers(stand_ins, run.model.num_layers), run.model)
-  params = jax.tree.map(np.asarray, _load_params(run_dir, abstract))
+  params = jax.tree.map(np.asarray, _load_params(run_dir, abstract, step))
   tensors = export(family, drop_vocab_padding(split_layers(params, run.model.num_layers),
                                               run.model.vocab_size), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}

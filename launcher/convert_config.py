@@ -15,6 +15,7 @@ import pathlib
 import textwrap
 
 from launcher.errors import ConfigError, UserError
+from trainer import disk
 from trainer.data.tokenizers import BytesTokenizer
 
 CONFIG_PY = '''"""Run config written by `axtrain convert --from_hf={source}`.
@@ -126,8 +127,8 @@ def _named(value: str, vocab_size: int) -> dict:
   to check that it is one and that its ids fit the model's vocabulary."""
   if value == BytesTokenizer.name:
     node = {"kind": BytesTokenizer.name}
-  elif not pathlib.Path(value).is_file():
-    raise UserError(f"convert: --tokenizer={value}: no such file; give the model's "
+  elif disk.not_a(value, "file"):
+    raise UserError(f"convert: --tokenizer={value} {disk.not_a(value, 'file')}; give the model's "
                     f"tokenizer.json (or SentencePiece .model), or {BytesTokenizer.name}")
   else:
     node = {"kind": "huggingface" if value.endswith(".json") else "sentencepiece",

@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 from launcher import config_loading
 from launcher.errors import ConfigError, UserError, suggest
+from trainer import disk
 
 USAGE = ("usage: axtrain eval --run_dir=DIR [--step=N] [--config.eval.FIELD=VALUE ...] "
          "[--config.data.FIELD=VALUE ...]")
@@ -106,8 +107,13 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
   return fv["config"].value
 
 
+def warn(text: str) -> None:
+  print(f"axtrain: warning: {text}", file=sys.stderr, flush=True)
+
+
 def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
-  """(step, parameters) of a committed checkpoint: `step`, or the latest."""
+  """(step, parameters) of a committed checkpoint: `step`, or the newest that reads (a newer
+  one that does not is named in a warning)."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
   from trainer import checkpoint, checkpoint_files  # pylint: disable=import-outside-toplevel
@@ -115,11 +121,10 @@ def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
   steps = checkpoint_files.committed_steps(directory)
   if not steps:
     raise UserError(f"eval: {directory} holds no committed checkpoint; nothing to evaluate")
-  if step is None:
-    step = steps[-1]
-  elif step not in steps:
+  if step is not None and step not in steps:
     raise UserError(f"eval: --step={step} is not a committed checkpoint in {directory} "
                     f"(committed: {', '.join(map(str, steps))})")
+  step = checkpoint_files.readable_step(directory, step, warn=warn)
   abstract = nn.meta.unbox(exp.abstract_state.params)  # outside context(): no constraints
   try:
     with exp.context():
@@ -136,8 +141,8 @@ def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
 def main(argv: list[str]) -> int:
   args, config_args = parse_args(argv)
   run_dir = args["run_dir"]
-  if not run_dir.is_dir():
-    raise UserError(f"eval: --run_dir={run_dir} is not a directory")
+  if disk.not_a(run_dir, "directory"):
+    raise UserError(f"eval: --run_dir={run_dir} {disk.not_a(run_dir, 'directory')}")
   cfg = load_config(run_dir, config_args)
   if not (run_dir / "checkpoints").is_dir():  # before anything compiles
     raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")

@@ -22,6 +22,7 @@ import pathlib
 import sys
 
 from launcher.errors import UserError, suggest
+from trainer import disk
 
 USAGE = ("usage: axtrain generate --run_dir=DIR (--prompt=TEXT | --prompt_file=FILE) [--step=N] "
          "[--max_new_tokens=64] [--temperature=1.0] [--top_k=0] [--top_p=1.0] [--seed=0] [--json]")
@@ -66,8 +67,8 @@ def read_prompts(args: dict) -> list[str]:
       raise UserError("generate: --prompt is empty; give some text to continue")
     return [args["prompt"]]
   path = pathlib.Path(os.path.expanduser(args["prompt_file"]))
-  if not path.is_file():
-    raise UserError(f"generate: --prompt_file {path} does not exist")
+  if disk.not_a(path, "file"):
+    raise UserError(f"generate: --prompt_file {path} {disk.not_a(path, 'file')}")
   lines = path.read_text(encoding="utf-8").splitlines()
   if not lines:
     raise UserError(f"generate: --prompt_file {path} is empty; write one prompt per line")
@@ -79,8 +80,8 @@ def read_prompts(args: dict) -> list[str]:
 
 
 def read_run_config(run_dir: pathlib.Path) -> dict:
-  if not run_dir.is_dir():
-    raise UserError(f"generate: --run_dir {run_dir} is not a directory")
+  if disk.not_a(run_dir, "directory"):
+    raise UserError(f"generate: --run_dir {run_dir} {disk.not_a(run_dir, 'directory')}")
   from launcher import folders  # pylint: disable=import-outside-toplevel
   if folders.hf_model(run_dir):
     raise UserError(f"generate: {run_dir} is a Hugging Face model, not a run directory; convert "
@@ -240,7 +241,8 @@ def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
-  from trainer import checkpoint, sharding  # pylint: disable=import-outside-toplevel
+  from launcher.eval_run import warn  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_files, sharding  # pylint: disable=import-outside-toplevel
   from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
   from trainer.step import cast_floats  # pylint: disable=import-outside-toplevel
 
@@ -250,6 +252,7 @@ def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on a read-only manager
   try:
+    step = checkpoint_files.readable_step(run_dir / "checkpoints", step, warn=warn)
     params = checkpoint.load_params(run_dir, nn.meta.unbox(abstract), shardings, step=step)
   except checkpoint.CheckpointError as e:
     raise UserError(f"generate: {e}") from None

@@ -196,7 +196,8 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
     return _sweep(fv, run, entry, name)
   options = plan_lib.WINDOWED_EINSUM_OFF if (
       not fv.windowed_einsum and entry.hardware.platform == "tpu") else None
-  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval, compiler_options=options)
+  p = plan_lib.plan(run, entry, config_name=name, margin=fv.margin, with_eval=fv.eval,
+                    compiler_options=options, say=say)
   if fv.json:
     out = dict(plan_report.to_json(p), mesh_rule=rule)
     if fv.ops:
@@ -208,6 +209,11 @@ def _plan(fv: flags.FlagValues, argv: list[str], entry: meshes.Entry) -> int:
   return 0
 
 
+def say(text: str) -> None:
+  """A progress line of a plan on stderr, as it goes (a large model's compile takes minutes)."""
+  print(f"axtrain: plan: {text}", file=sys.stderr, flush=True)
+
+
 def _sweep(fv: flags.FlagValues, run, entry: meshes.Entry, name: str) -> int:
   """`plan --sweep`: the ranking as text (the best one's flags last) or JSON."""
   from planner import plan_report, plan_sweep  # pylint: disable=import-outside-toplevel
@@ -215,10 +221,10 @@ def _sweep(fv: flags.FlagValues, run, entry: meshes.Entry, name: str) -> int:
   def progress(cand, p):
     verdict = "fits" if p.fits else "does not fit"
     print(f"  compiled {plan_sweep.label(cand)}: {verdict} ({p.train.seconds:.0f} s)",
-          file=sys.stderr)
+          file=sys.stderr, flush=True)
   result = plan_sweep.sweep(run, entry, config_name=name, budget_s=fv.sweep_budget_s,
                             limit=fv.sweep_limit, margin=fv.margin, progress=progress,
-                            with_eval=fv.eval, recipe=fv.sweep_recipe)
+                            with_eval=fv.eval, recipe=fv.sweep_recipe, say=say)
   if not fv.json:
     sys.stdout.write(plan_sweep.sweep_text(result))
     return 0

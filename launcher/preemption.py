@@ -56,9 +56,11 @@ def _wakeups(fd: int):
 
 class Preemption:
   """`signals`: the signals this handles (a multi-process run leaves SIGTERM to JAX's preemption
-  service, launcher/distributed.py); `on_first(signum)` runs after the first one's message."""
+  service, launcher/distributed.py); `on_first(signum)` runs after the first one's message;
+  `on_second()` before the second one's exit, which says what it returns (where the run will
+  resume) or that the last committed checkpoint is kept."""
 
-  def __init__(self, *, on_second: Callable[[], None] = lambda: None,
+  def __init__(self, *, on_second: Callable[[], str | None] = lambda: None,
                signals: tuple[int, ...] = _SIGNALS,
                on_first: Callable[[int], None] = lambda signum: None):
     self.signum: int | None = None
@@ -78,11 +80,12 @@ class Preemption:
             f"(send it again to exit at once)", file=sys.stderr, flush=True)
       self._on_first(signum)
       return
-    print(f"axtrain: second {name}: exiting now; the last committed checkpoint is kept",
-          file=sys.stderr, flush=True)
+    said = None
     try:
-      self._on_second()
+      said = self._on_second()
     finally:
+      print(f"axtrain: second {name}: exiting now; "
+            f"{said or 'the last committed checkpoint is kept'}", file=sys.stderr, flush=True)
       os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
   def _read(self, fd: int) -> None:

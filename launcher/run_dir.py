@@ -38,7 +38,7 @@ from trainer import config as config_lib, disk, run_files
 LAUNCH_DIR = "launch"
 KEPT = frozenset({LOCK_NAME, LAUNCH_DIR})
 # XLA's own log of a run's compiles (launcher/session.py), rather than on the console.
-COMPILER_LOG = "compiler.log"
+COMPILER_LOG = run_files.COMPILER_LOG
 # What a training run writes (checkpoints/ and its siblings: trainer/checkpoint.py).
 # (metrics.jsonl.cut: lines of metrics.jsonl cut off by a killed run, trainer/writers.py;
 # runtime/: the JAX runtime's log of each process of a multi-process run, distributed.py.)
@@ -83,6 +83,14 @@ def names_directory(key: str) -> bool:
   return key != EXTENDS and not relaid(key)
 
 
+def rewinds(resolved: dict) -> bool:
+  """Whether checkpoint.restore_step names a step before trainer.max_steps: the run trains again
+  from there, a completed one too (its newer checkpoints are set aside, trainer/loop.py)."""
+  flat = flatten(resolved)
+  step, end = flat.get("checkpoint.restore_step"), flat.get(EXTENDS)
+  return isinstance(step, int) and isinstance(end, int) and 0 < step < end
+
+
 def identity(resolved: dict) -> dict:
   """`resolved` with the TRANSIENT fields at their defaults: what makes two runs the same run."""
   out = json.loads(json.dumps(resolved))
@@ -106,6 +114,11 @@ def check_writable(path: pathlib.Path, *, flag: str = "--output_dir") -> None:
   if fstype in _PSEUDO_FS or existing.resolve().parts[1:2] in (("proc",), ("sys",)):
     raise UserError(f"{flag} {path} is on the kernel's {fstype or 'pseudo'} filesystem; choose a "
                     f"directory on a disk")
+  if os.statvfs(existing).f_flag & os.ST_RDONLY:  # refused to every user, root too
+    found = disk.mount(existing)
+    where = f" ({found[2]} mounted on {found[1]})" if found else ""
+    raise UserError(f"{flag} {path}: {existing} is on a read-only filesystem{where}; choose a "
+                    f"directory on a writable disk")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserError(f"{flag} {path}: {existing} is not writable by this user")
 
@@ -177,6 +190,16 @@ def extension(stored: dict, resolved: dict, differ: list[str]) -> str | None:
       if not isinstance(before, int) or not isinstance(after, int) or after < before:
         return None
   return ""
+
+
+def _changes(old: dict, new: dict, keys: list[str]) -> str:
+  """`key old -> new` for the first three of `keys` (flat configs `old`, `new`), and a count of
+  the rest."""
+  def show(key, flat):
+    text = "unset" if key not in flat else json.dumps(flat[key])
+    return text if len(text) <= 40 else text[:37] + "..."
+  listed = ", ".join(f"{k} {show(k, old)} -> {show(k, new)}" for k in keys[:3])
+  return listed + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def _keys(keys: list[str]) -> str:
@@ -273,17 +296,42 @@ class RunDir:
                         f"another --output_dir")
       return "overwrite"
     if not differ:
-      return "completed" if self.status() == "completed" else "incomplete"
+      return "completed" if self.status() == "completed" and not rewinds(resolved) else (
+          "incomplete")
     if self.status() == "converted":
       return "incomplete"  # never trained: its first run may set anything but the model
     reason = extension(identity(existing), identity(resolved), differ)
     if reason == "":
       return "extend"
+    saved = max((int(p.name) for p in (self.path / "checkpoints").glob("*") if p.name.isdigit()),
+                default=0)
     hint = (f"choose another --output_dir (it also holds files that axtrain did not write: "
             f"{self._names(unproven)})" if unproven
+            else f"choose another --output_dir, or pass --overwrite to delete that run (its "
+                 f"checkpoints reach step {saved}) and start this one there" if saved
             else "choose another --output_dir or pass --overwrite")
-    what = reason or f"{_keys(differ)} differ"
-    raise UserError(f"{self.path} holds a run with a different config ({what}); {hint}")
+    raise UserError(self._another_run(identity(existing), identity(resolved), differ, reason)
+                    + f"; {hint}")
+
+  def _another_run(self, stored: dict, resolved: dict, differ: list[str],
+                   reason: str | None) -> str:
+    """What the stored run is to this command, in words: another model (the config file that
+    trained it, and how its model differs) or another config (how it differs). A raised
+    trainer.max_steps is not listed: alone it would extend the run."""
+    if reason:
+      return f"{self.path} holds a run with a different config ({reason})"
+    old, new = flatten(stored), flatten(resolved)
+    raised = isinstance(old.get(EXTENDS), int) and isinstance(new.get(EXTENDS), int) and (
+        new[EXTENDS] >= old[EXTENDS])
+    shown = [k for k in differ if not (raised and k in (EXTENDS, *_FOLLOWS))] or differ
+    model = sorted((k for k in shown if k.startswith("model.")),  # kinds, then the outermost
+                   key=lambda k: (not k.endswith(".kind"), k.count("."), k))
+    if not model:
+      return f"{self.path} holds a run with a different config ({_changes(old, new, shown)})"
+    command = str(self.info().get("command", ""))
+    file = next((a for a in command.split() if a.startswith("--config=")), None)
+    return (f"{self.path} holds a run of another model ({f'trained with {file}: ' if file else ''}"
+            f"{_changes(old, new, model)})")
 
   def _damaged_config(self, *, overwrite: bool, rewrite_config: bool) -> State:
     """The state of a run whose config.json is missing or unreadable: started over

@@ -40,6 +40,7 @@ from launcher import folders
 from launcher.errors import UserError, suggest
 from launcher.flat import flatten
 from trainer import disk
+from launcher.runs_table import cut_text, fitted, show_value, table  # noqa: F401  (runs_lib.table)
 
 USAGE = "usage: axtrain runs PATH... [--json] [--plot=FILE.png|.svg|.pdf] [--columns=KEY,...]"
 _FLAGS = ("json", "plot", "columns")
@@ -57,13 +58,17 @@ class Run:
   train: list[dict]  # metrics records with a train loss, in file order
   evals: list[dict]  # training's own evaluation records, in file order
   name: str = ""
+  records_lost: bool = False  # trained (completed, or checkpoints) but no train record reads
 
   @property
   def status(self) -> str:
     return str(self.info.get("status", "unknown"))
 
   @property
-  def steps(self) -> int:
+  def steps(self) -> int | None:
+    """The last step recorded; None where the records are lost (`records_lost`)."""
+    if self.records_lost:
+      return None
     return max((int(r["step"]) for r in self.train), default=0)
 
   @property
@@ -170,10 +175,27 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
 
 def read(path: pathlib.Path) -> Run:
   records = [r for r in read_metrics(path / "metrics.jsonl") if "source" not in r]
-  return Run(path=path, config=flatten(_read_json(path / "config.json")),
-             info=_read_json(path / "run.json"),
-             train=[r for r in records if "loss" in r],
-             evals=[r for r in records if "eval_loss" in r])
+  run = Run(path=path, config=flatten(_read_json(path / "config.json")),
+            info=_read_json(path / "run.json"),
+            train=[r for r in records if "loss" in r],
+            evals=[r for r in records if "eval_loss" in r])
+  trained = _trained(run)
+  if not run.train and trained:
+    metrics = path / "metrics.jsonl"
+    state = ("is missing" if not metrics.is_file() else "is empty"
+             if metrics.stat().st_size == 0 else "holds no train record")
+    _warn(f"{metrics} {state}, although the run {trained}: its steps, losses and throughput "
+          f"are unknown (steps shown as ?)")
+    run.records_lost = True
+  return run
+
+
+def _trained(run: Run) -> str | None:
+  """What shows that `run` trained steps (so its metrics.jsonl should hold records), or None."""
+  if run.status == "completed":
+    return "completed"
+  saved = [int(p.name) for p in (run.path / "checkpoints").glob("*") if p.name.isdigit()]
+  return f"has checkpoints up to step {max(saved)}" if saved and max(saved) > 0 else None
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
@@ -207,27 +229,6 @@ def collect(patterns: list[str]) -> tuple[list[Run], list[str]]:
 
 # -- output ---------------------------------------------------------------------------------
 
-def show_value(value) -> str:
-  if value is None:
-    return "-"
-  if isinstance(value, float):
-    return f"{value:g}"
-  if isinstance(value, (list, dict)):
-    return json.dumps(value, separators=(",", ":"))
-  return str(value)
-
-
-def _duration(seconds: float | None) -> str:
-  if seconds is None:
-    return ""
-  seconds = int(round(seconds))
-  hours, rest = divmod(seconds, 3600)
-  return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def _num(value: float | None, fmt: str) -> str:
-  return "" if value is None else format(value, fmt)
-
 
 def as_dict(run: Run, keys: list[str]) -> dict:
   return {"name": run.name, "path": str(run.path), "config": {k: run.config.get(k) for k in keys},
@@ -247,72 +248,6 @@ def table_keys(runs: list[Run], keys: list[str]) -> list[str]:
   return [k for k in keys if not follows_kind(k)]
 
 
-def short_names(keys: list[str]) -> dict[str, str]:
-  """Each key's shortest end (whole dotted parts) that no other of `keys` ends with."""
-  out = {}
-  for key in keys:
-    parts = key.split(".")
-    for n in range(1, len(parts) + 1):
-      end = ".".join(parts[-n:])
-      if not any(k != key and (k == end or k.endswith("." + end)) for k in keys):
-        break
-    out[key] = end
-  return out
-
-
-_CELL_CHARS = 24  # a config value or run name cut to fit a narrow table ...
-_NAME_CHARS = 12  # ... and a run name at the narrowest
-# The columns after the config keys: heading -> the cell of a run.
-STATS = {
-    "status": lambda r: r.status,
-    "steps": lambda r: f"{r.steps}/{show_value(r.max_steps)}",
-    "loss": lambda r: _num(r.final_loss, ".4f"),
-    "best eval": lambda r: _num(r.best_eval_loss, ".4f"),
-    "final eval": lambda r: _num(r.final_eval_loss, ".4f"),
-    "tokens/s": lambda r: _num(r.median("tokens_per_sec"), ",.0f"),
-    "MFU": lambda r: _num(r.median("mfu"), ".2%"),
-    "wall": lambda r: _duration(r.wall_time_s),
-}
-# What a narrow table leaves out first, in this order, before any config column; and the
-# headings it shortens to their figures' width.
-SPARE = ("wall", "MFU", "tokens/s", "best eval")
-_NARROW = {"final eval": "final"}
-
-
-def _cut(text: str, limit: int | None) -> str:
-  return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
-
-
-def fitted(runs: list[Run], keys: list[str], width: int | None) -> tuple[str, list[str]]:
-  """(the table within `width` characters a line, the columns left out of it). None: any
-  width. Too wide: the config columns take the shortest unique ends of their keys, config
-  values are cut to _CELL_CHARS and run names to what is left (_NAME_CHARS at least); then the
-  SPARE columns are left out, then config columns (the `.kind` ones last, else from the last),
-  until it fits (or none is left)."""
-  text = table(runs, keys)
-  if width is None or _widest(text) <= width:
-    return text, []
-  names = {**short_names(keys), **_NARROW}
-  tries = [(keys, [s for s in STATS if s not in SPARE[:n]]) for n in range(len(SPARE) + 1)]
-  kept = sorted(keys, key=lambda k: (not (k == "kind" or k.endswith(".kind")), keys.index(k)))
-  tries += [([k for k in keys if k in kept[:n]], [s for s in STATS if s not in SPARE])
-            for n in range(len(keys) - 1, -1, -1)]
-  for shown, stats in tries:
-    text = table(runs, shown, stats=stats, names=names, cut=_CELL_CHARS)
-    excess = _widest(text) - width
-    name_width = max(len(_cut(r.name, _CELL_CHARS)) for r in runs)
-    if 0 < excess <= name_width - _NAME_CHARS:
-      text = table(runs, shown, stats=stats, names=names, cut=_CELL_CHARS,
-                   name_cut=name_width - excess)
-    if _widest(text) <= width:
-      break
-  return text, [s for s in STATS if s not in stats] + [k for k in keys if k not in shown]
-
-
-def _widest(text: str) -> int:
-  return max(map(len, text.splitlines()), default=0)
-
-
 def chosen_columns(runs: list[Run], wanted: list[str]) -> list[str]:
   """The config keys --columns names (whole keys, or an end of one that names one key)."""
   known = sorted({k for r in runs for k in r.config})
@@ -330,27 +265,6 @@ def chosen_columns(runs: list[Run], wanted: list[str]) -> list[str]:
       raise UserError(f"runs: --columns: '{name}' is no config key of these runs"
                       f"{suggest(name, known) or suggest(name, ends)}")
   return out
-
-
-def table(runs: list[Run], keys: list[str], *, stats=tuple(STATS),
-          names: dict[str, str] | None = None, cut: int | None = None,
-          name_cut: int | None = None) -> str:
-  """The runs as a table: their names, the config `keys`, the `stats` columns; `names`:
-  headings other than the keys and column names; `cut`: the most characters of a config value
-  (and of a run's name, unless `name_cut`)."""
-  names = names or {}
-  header = ["run", *(names.get(k, k) for k in keys), *(names.get(c, c) for c in stats)]
-  rows = [header]
-  for r in runs:
-    rows.append([_cut(r.name, name_cut or cut),
-                 *(_cut(show_value(r.config.get(k)), cut) for k in keys),
-                 *(STATS[c](r) for c in stats)])
-  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-  status = len(keys) + 1 if "status" in stats else None
-  numeric = set(range(len(keys) + 1, len(header))) - {status}  # the figures: right-aligned
-  return "".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
-                           for i, (cell, w) in enumerate(zip(row, widths))).rstrip() + "\n"
-                 for row in rows)
 
 
 def label(run: Run, keys: list[str]) -> str:
@@ -486,7 +400,7 @@ def main(argv: list[str]) -> int:
     sys.stdout.write(text)
     if left:
       print(f"axtrain: note: runs: left out to fit {width} characters: "
-            f"{_cut(', '.join(left), 100)}; --columns=KEY,... chooses the config columns, --json "
+            f"{cut_text(', '.join(left), 100)}; --columns=KEY,... chooses the config columns, --json "
             f"lists everything", file=sys.stderr)
   if target is not None:
     plot(runs, keys, target, title="axtrain runs " + " ".join(paths))

@@ -22,7 +22,8 @@ from absl import flags
 
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
-from launcher.errors import EXIT_NO_SPACE, UserError
+from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
+from modules import quantization
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import host_memory
 from trainer import experiment as experiment_lib
@@ -53,6 +54,7 @@ class Run:
   multi_process: bool  # joined jax.distributed: stops are agreed between the processes
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
   startup: startup_lib.Startup  # when the phases before the first step ended
+  notes: tuple = ()  # what to say of the config once the run is accepted (axtrain: note: ...)
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
@@ -73,10 +75,12 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   exp = experiment_lib.build(run_cfg, entry)
   startup = startup_lib.Startup()
   startup.note("to_experiment_s")
-  _schedule_note(run_cfg)
-  note = kernel_note(run_cfg.model, platform=exp.mesh.devices.flat[0].platform)
-  if note and jax.process_index() == 0:
-    print(f"axtrain: note: {note}", file=sys.stderr)
+  platform = exp.mesh.devices.flat[0].platform
+  # Said once the run is accepted (_train), not before a refusal of its directory or memory.
+  notes = tuple(n for n in (
+      schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps),
+      kernel_note(run_cfg.model, platform=platform),
+      quantization.emulation_note(run_cfg.model.quantization, platform=platform)) if n)
 
   config_value = config_loading.config_file_arg(argv)
   rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
@@ -84,13 +88,14 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   nested = folders.enclosing_run(rd.path)
   if nested is not None:
     raise UserError(folders.nested_message(rd.path, nested))
-  check_init_from(run_cfg.init.from_run, exp.abstract_state.params)
+  check_init_from(run_cfg.init.from_run, exp.abstract_state.params,
+                  scan_layers=getattr(run_cfg.model, "scan_layers", None))
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
              resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
-             main_process=main_process,
+             main_process=main_process, notes=notes,
              multi_process=multi_process, callbacks=tuple(callbacks), startup=startup)
   try:
     if not main_process:
@@ -112,6 +117,7 @@ def kernel_note(model, *, platform: str) -> str | None:
 
 
 def _schedule_note(run_cfg) -> None:
+  """--print_config's note of a warm-up that does not fit (a run says it in _train)."""
   note = schedules.fit_note(run_cfg.optimizer.schedule, total_steps=run_cfg.trainer.max_steps)
   if note and jax.process_index() == 0:
     print(f"axtrain: note: {note}", file=sys.stderr)
@@ -151,12 +157,27 @@ def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, 
   return run_names.directory(config_value, items, resolved=cfg, mesh=mesh)
 
 
-def check_init_from(run_dir: str, abstract_params) -> None:
+def check_init_from(run_dir: str, abstract_params, *, scan_layers: bool | None = None) -> None:
+  """Refuses an init.from_run whose checkpoint this model's parameters cannot read; a converted
+  model whose layers are stacked the other way than this model's (`scan_layers`) is also told
+  the conversion with this model's layout."""
   if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
-    raise UserError(f"init.from_run={run_dir}: no checkpoints/ there; give a run directory of "
-                    f"axtrain or of `axtrain convert`")
-  if run_dir:
+    kind = disk.not_a(run_dir, "directory")
+    where = f"{run_dir} {kind}" if kind else f"{run_dir}: no checkpoints/ there"
+    raise UserError(f"init.from_run={where}; give a run directory of axtrain or of `axtrain "
+                    f"convert`")
+  if not run_dir:
+    return
+  try:
     checkpoint.check_params_compatible(run_dir, abstract_params)
+  except ConfigError as e:
+    source = run_dir_lib.RunDir(pathlib.Path(run_dir))
+    model = (source.stored_config() or {}).get("model") or {}
+    if "converted_from" not in source.info() or model.get("scan_layers") in (None, scan_layers):
+      raise
+    raise ConfigError(f"{e}, or convert the model again with this model's layout: axtrain "
+                      f"convert --from_hf={source.info()['converted_from']} --scan_layers="
+                      f"{str(scan_layers).lower()} --output_dir=NEW_DIR") from None
 
 
 def _stop_handling(this: Run, finish, progress):
@@ -167,7 +188,12 @@ def _stop_handling(this: Run, finish, progress):
   goes to it, and a first SIGINT (Ctrl-C in one process's terminal) is passed on to it as a
   SIGTERM of this process (launcher/distributed.py:AgreedStop).
   """
-  second = lambda: finish("preempted", signal="second")  # pylint: disable=unnecessary-lambda-assignment
+  def second() -> str:
+    steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
+    finish("preempted", signal="second")
+    return (f"a checkpoint still being written is abandoned; the run resumes from its newest "
+            f"committed one, step {steps[-1]}" if steps else
+            "no checkpoint was committed yet: the run starts over")
   if not this.multi_process:
     stop = preemption.Preemption(on_second=second)
     return stop, stop.requested, this.callbacks
@@ -202,6 +228,8 @@ def _train(this: Run) -> int:
   # more RAM in use (24.7 GB) after compiling than after reading the programs from the cache.
   host_memory.release()
   this.startup.note("to_compiled_s")
+  for note in this.notes if this.main_process else ():
+    print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
     with preemption.held():  # a signal lets the run directory's files be written whole first
       _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
@@ -279,6 +307,9 @@ def _start(this: Run, *, fresh: bool, extension: "_Extension | None", compiled: 
           f"{', '.join(run_dir_lib.LOST)} (restarts are counted from 0 and the first start is "
           f"this one; run.json's `rebuilt` says so); the config, checkpoints and metrics are "
           f"intact", file=sys.stderr)
+  if not fresh and rd.manifest.path.exists() and rd.manifest.files() is None:
+    print(f"axtrain: note: {rd.manifest.path} is empty or damaged: written again from the files "
+          f"the run's layout shows to be axtrain's", file=sys.stderr)
   relaid = [] if fresh or rd.stored_config() is None else rd.relaid_changes(this.resolved)
   if relaid:
     print(f"axtrain: note: {rd.path} continues with {', '.join(relaid)} (where and how its "

@@ -123,3 +123,13 @@ def check_hardware(cfg, hardware, *, mesh: str) -> None:
     return
   raise ConfigError(f"model.quantization.kind=fp8: the chips of mesh {mesh} have no fp8 matmul "
                     "units (XLA would upcast each dot); use int8, or fp8 on H100 and later")
+
+
+def emulation_note(cfg, *, platform: str) -> str | None:
+  """What to say when fp8 trains on a CPU, which has no fp8 units: XLA emulates its dots
+  (check_hardware lets it, for tests)."""
+  if cfg.kind != "fp8" or platform != "cpu":
+    return None
+  return ("model.quantization.kind=fp8 on cpu: the CPU has no fp8 matmul units, so XLA emulates "
+          "the fp8 dots (fp8's rounding, at float speed or slower: for tests); they run in fp8 "
+          "on H100 and later")

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 
 # What XLA logs while it compiles, in its own words ("[SPMD] Involuntary full rematerialization
 # ... Contact Shardy or XLA team"; XLA:GPU's "Can't reduce memory use below 56.71GiB (...) by
@@ -24,7 +25,21 @@ _REMAT_LIMIT = re.compile(r"Can't reduce memory use below ([\d.]+\w+) .*only red
 def compiler_log(notes: list[str], rest: list[str] | None = None):
   """Captures file descriptor 2 (where XLA's C++ logging goes) for one compile: lines it
   recognises become `notes`; the others are written back to stderr unchanged, or, with `rest`,
-  every line is kept there instead (a run writes them to its compiler.log)."""
+  every line is kept there instead (a run writes them to its compiler.log). Python's warnings
+  of the same time (numpy's, while the step is traced) are not XLA's: they are shown on stderr
+  as ever, after the capture."""
+  said: list = []
+  try:
+    with warnings.catch_warnings(record=True) as said, _fd2_lines(notes, rest):
+      yield
+  finally:
+    for w in said:
+      warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+@contextlib.contextmanager
+def _fd2_lines(notes: list[str], rest: list[str] | None):
+  """compiler_log's capture of file descriptor 2."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as log:

@@ -22,6 +22,7 @@ import dataclasses
 import os
 import re
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -290,9 +291,12 @@ def abstract_inputs(exp: experiment_lib.Experiment, batch_size: int):
 
 
 def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
-             compiler_options: dict | None = None) -> Compiled:
-  """One compile's figures, with the per-op report (`hardware`'s peaks time its roofline)."""
+             compiler_options: dict | None = None, what: str = "step",
+             say: Callable[[str], None] = lambda _: None) -> Compiled:
+  """One compile's figures, with the per-op report (`hardware`'s peaks time its roofline);
+  `say` is told when the compile ends and the HLO has been read."""
   start, notes = time.perf_counter(), []
+  say(f"compiling the {what}")
   with exp.context(), compiler_log(notes):
     lowered = fn.lower(*args)
     try:
@@ -302,11 +306,13 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
       temp = refused_bytes(str(e))[0]
       if "RESOURCE_EXHAUSTED" not in str(e) or temp is None:
         raise
+      say(f"the compiler refused the {what} for memory after {time.perf_counter() - start:.0f} s")
       return Compiled(argument=0, output=0, alias=0, temp=temp, code=0,
                       flops=0.0, bytes_accessed=0.0, seconds=time.perf_counter() - start,
                       collectives=hlo_collectives.Collectives(bytes_by_kind={}, count=0),
                       refused=" ".join(str(e).split())[:300], notes=tuple(notes))
   seconds = time.perf_counter() - start
+  say(f"compiled the {what} in {seconds:.0f} s; reading its HLO (ops, collectives)")
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -404,10 +410,12 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
-         with_eval: bool = True, compiler_options: dict | None = None) -> Plan:
+         with_eval: bool = True, compiler_options: dict | None = None,
+         say: Callable[[str], None] = lambda _: None) -> Plan:
   """Compiles `run`'s train (and eval) step for `entry`'s devices and reports per device.
 
-  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF)."""
+  `compiler_options`: XLA / libtpu options for these compiles (e.g. WINDOWED_EINSUM_OFF).
+  `say`: told what compiles, as it starts and ends (a large model's compile takes minutes)."""
   if devices is None:
     devices, compiler = target_devices(entry)
   else:
@@ -424,14 +432,14 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
     per_host = entry.hardware.devices_per_host
   else:
     per_host = n // entry.num_slices if entry.num_slices > 1 else None
-  train = _compile(exp.step_fn, (state, batch), exp=exp, num_devices=n, per_host=per_host,
-                   hardware=entry.hardware, compiler_options=compiler_options)
+  where = dict(exp=exp, num_devices=n, per_host=per_host, hardware=entry.hardware,
+               compiler_options=compiler_options, say=say)
+  say(f"{config_name} on {entry.name}: {n} device(s), {compiler}")
+  train = _compile(exp.step_fn, (state, batch), what="train step", **where)
   evaluated = None
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
-    evaluated = _compile(exp.eval_fn, (state.params, eval_batch), exp=exp, num_devices=n,
-                         per_host=per_host, hardware=entry.hardware,
-                         compiler_options=compiler_options)
+    evaluated = _compile(exp.eval_fn, (state.params, eval_batch), what="eval step", **where)
   analytic = memory_model.analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
   traffic = memory_model.hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
   tokens = exp.source.batch_size * exp.source.seq_len

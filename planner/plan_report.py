@@ -53,6 +53,13 @@ def _head(p: Plan) -> list[str]:
   ]
 
 
+# With the state in host memory the compiler's temporaries count the host transfers' buffers
+# over again (trainer/metrics.py:device_bytes), so they may exceed the peak: said on the lines.
+_OVER_COUNTED = (" (as the compiler counts them: host transfers' buffers over again, not all "
+                 "live at once; the peak is what device memory holds)")
+_PEAK_LESS_HOST = " (the compiler's peak less its host-memory bytes)"
+
+
 def _memory(p: Plan) -> list[str]:
   src, a, t = p.source, p.analytic, p.train
   offloaded = (" (compute dtype; float32 in host memory)", " (one piece in flight)") if (
@@ -69,9 +76,9 @@ def _memory(p: Plan) -> list[str]:
       f"    train arguments    [{src}]  {gib(t.argument)}",
       f"    train outputs      [{src}]  {gib(t.output)} (aliased to arguments: "
       f"{gib(t.alias)})",
-      f"    train temporaries  [{src}]  {gib(t.temp)}",
+      f"    train temporaries  [{src}]  {gib(t.temp)}{_OVER_COUNTED if t.device_peak else ''}",
       f"    train code         [{src}]  {gib(t.code)}",
-      f"    train peak         [{src}]  {gib(t.peak)}",
+      f"    train peak         [{src}]  {gib(t.peak)}{_PEAK_LESS_HOST if t.device_peak else ''}",
   ]
   if t.refused:
     lines.append(f"    the {src} refused: {t.refused}")

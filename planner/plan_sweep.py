@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -115,7 +116,8 @@ def twin_next(queue: list[Candidate], cand: Candidate, run: RunConfig) -> list[C
 
 def compile_in_order(order: list[Candidate], run: RunConfig, entry: Entry, devices, *,
                      config_name: str, budget_s: float, limit: int, margin: float,
-                     progress=None) -> tuple[list, list, list, int]:
+                     progress=None, say: Callable[[str], None] = lambda _: None
+                     ) -> tuple[list, list, list, int]:
   """(fitting [(Candidate, Plan)], rejected, implied, skipped): compiles `order` until `limit`
   compiles or `budget_s` seconds, leaving out what earlier compiles imply (`implied`), the
   twin of each that fits next (`twin_next`)."""
@@ -129,9 +131,11 @@ def compile_in_order(order: list[Candidate], run: RunConfig, entry: Entry, devic
     if why:
       left_out.append((cand, why))
       continue
+    say(f"compiling {label(cand)} ({compiled + 1} of at most {limit})")
     p = _compile_plan(cand, run, entry, devices, config_name=config_name, margin=margin)
     compiled += 1
     if isinstance(p, str):
+      say(f"{label(cand)} did not compile: {p}")
       rejected.append((cand, p))
       missed.append(cand)
       continue
@@ -210,19 +214,24 @@ def search(run: RunConfig, entry: Entry, devices, *, usable: float, recipe: bool
 
 def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
           budget_s: float = 1800.0, limit: int = 12, margin: float = 0.05, progress=None,
-          with_eval: bool = True, recipe: bool = False) -> SweepResult:
+          with_eval: bool = True, recipe: bool = False,
+          say: Callable[[str], None] = lambda _: None) -> SweepResult:
   """Ranks the settings that fit by the plan's estimate (overlapped, then serial, then fewest
   changes): `search` orders them, at most `limit` compile within `budget_s` seconds (what
   earlier compiles imply is left out), and with `with_eval` the best gets the fewest
-  eval passes that its eval step fits in (`eval_fit`; after the budget)."""
+  eval passes that its eval step fits in (`eval_fit`; after the budget). `say` is told each
+  stage and candidate as it starts; `progress(candidate, plan)` each compile that ends."""
   if devices is None:
     devices, _ = plan_lib.target_devices(entry)
   run = normalized(run)
   usable = (entry.hardware.hbm_bytes or 0) * (1 - margin)
+  say(f"{config_name} on {entry.name}: screening the settings by the analytic model")
   mode, order, rejected = search(run, entry, devices, usable=usable, recipe=recipe)
+  say(f"sweep ({mode}): {len(order)} candidate(s) to compile, likeliest first; at most {limit} "
+      f"compiles within {budget_s:.0f} s")
   fitting, failed, left_out, skipped = compile_in_order(
       order, run, entry, devices, config_name=config_name, budget_s=budget_s, limit=limit,
-      margin=margin, progress=progress)
+      margin=margin, progress=progress, say=say)
   inf = float("inf")
   fitting.sort(key=lambda cp: ((cp[1].estimate.step_s, cp[1].estimate.serial_s)
                                if cp[1].estimate else (inf, inf)) + (len(cp[0].knobs),))
@@ -230,6 +239,7 @@ def sweep(run: RunConfig, entry: Entry, *, config_name: str, devices=None,
   if fitting:
     best = fitting[0][0]
     if with_eval:
+      say(f"fitting the eval step of the best, {label(best)}")
       evaluated = eval_fit(best.apply(run), entry, devices, usable=usable)
       if evaluated.rows != run.eval.microbatch_rows:
         best = best.with_knob(EVAL_ROWS, evaluated.rows)

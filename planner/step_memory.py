@@ -78,8 +78,15 @@ def fix(exp, *, what: str, need: int | None, memory: int | None, entry=None) -> 
   within the device (each compiled: `verified`), at most three with its figure; where none
   compiles within it, those the analytic model puts there, labelled unverified (its figures
   scaled by need / its figure for the step: planner/sweep_screen.py:fixes); else the last
-  resort, which changes the recipe. `entry`: the mesh entry, to name the sweep."""
+  resort, which changes the recipe. Where the parameters alone exceed the device, none of
+  these can fit: it says so, and names a smaller model or more devices. `entry`: the mesh
+  entry, to name the sweep."""
   eval_step = what == "eval step"
+  params = sweep_screen.state_bytes(exp, eval_step=True)  # the parameters alone (exact)
+  if memory and params > memory:  # no layout or recipe of this model and mesh fits
+    return (f"its parameters alone take {plan_report.gib(params)} per device (float32), more "
+            f"than the device has, so no setting of this run fits: a smaller model "
+            f"(model.dim, model.num_layers), or more devices to shard them over (mesh.fsdp)")
   now = sweep_screen.model_bytes(exp, eval_step=eval_step)
   # The model's figures are compared at its own scale: the device's memory times now / need.
   within = memory * now / (need or now) if memory else 0

@@ -62,6 +62,13 @@ BAD_INPUTS = [
     (["--config=configs/llama.py:sise=1b"], "unknown key 'sise' (did you mean 'size'?); keys: "
                                             "size"),
     (["--config=configs/tiny.py:oops"], "takes no argument"),
+    # A config whose argument has no sensible default asks for it (core/config_args.py:Needed).
+    (["--config=configs/llama.py"], "config file 'configs/llama.py': this config needs its "
+                                    "argument size (one of test, tiny, 125m, 1b, 3b, 7b, 8b, "
+                                    "70b): add :size=VALUE after the file name"),
+    (["--config=configs/tiny_mixture.py:weight=0.5"],
+     "config file 'configs/tiny_mixture.py:weight=0.5': this config needs its argument path "
+     "(your JSON Lines corpus, field text): add :path=VALUE after the file name"),
     (["--config=configs/gpt2.py:oops"], "expected key=value"),
     (["--config=README.md"], "config file 'README.md' is not a Python file: a config is a .py "
                              "file whose get_config(arg=None) returns the config"),
@@ -73,6 +80,14 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.optimizer.learnig_rate=1e-3"],
      "did you mean 'learning_rate'"),
     (["--config=configs/tiny.py", "--config.trainer.max_steps=ten"], "expected a value of type int"),
+    (["--config=configs/tiny.py", "--config.init.from_run=README.md"],
+     "init.from_run=README.md is a file, not a directory; give a run directory of axtrain or of "
+     "`axtrain convert`"),
+    (["--config=configs/tiny.py", "--config.init.from_run=configs"],
+     "init.from_run=configs: no checkpoints/ there; give a run directory of axtrain or of "),
+    (["--config=configs/tiny.py", "--config.data.kind=tokens", "--config.data.path=README.md"],
+     "data.path 'README.md' is a file, not a directory (data.kind=tokens reads the output "
+     "directory of `axtrain tokenize`)"),
     (["--config=configs/tiny.py", "--config.model.kind=decoder"], "registered: decoder_lm"),
     (["--config=configs/tiny.py", "--config.model.block.ffn.kind=mpl"], "did you mean 'mlp'"),
     (["--config=configs/tiny.py", "--config.model.dim=100"], "not divisible by num_heads 6"),
@@ -125,6 +140,14 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--config.data.kind=jsonl", "--config.data.path",
       "--print_config"], "--config.data.path is given no value (the next argument, "
                          "--print_config, is a flag)"),
+    # ... a number's field too, which absl parses as it reads the flags (its type error showed
+    # the next flag as the value).
+    (["--config=configs/tiny.py", "--config.trainer.max_steps", "--config.trainer.max_steps=5"],
+     "--config.trainer.max_steps is given no value (the next argument, "
+     "--config.trainer.max_steps=5, is a flag); write --config.trainer.max_steps=VALUE"),
+    (["--config=configs/tiny.py", "--config.optimizer.learning_rate", "--print_config"],
+     "--config.optimizer.learning_rate is given no value (the next argument, --print_config, "
+     "is a flag)"),
     (["--config=configs"], "--config=configs: 'configs' is a directory; give a config file; its "
                            f"config files: {', '.join(_CONFIG_FILES[:2])}, "),
     # Ranges name the field and the value, one field at a time.
@@ -345,6 +368,30 @@ def test_output_dir_without_write_permission(capsys, tmp_path):
   assert not (locked / "run").exists()
 
 
+def test_output_dir_on_a_read_only_mount_says_so_even_as_root(tmp_path):
+  """A read-only mount refuses every user, root included: said as such, not as a permission.
+  The mount is made in a user and mount namespace of its own (`unshare -rm`: root there)."""
+  import shutil as sh  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  if sh.which("unshare") is None:
+    pytest.skip("no unshare(1) here to make a read-only mount")
+  ro = tmp_path / "ro"
+  ro.mkdir()
+  check = ("from launcher import run_dir, errors\n"
+           "try:\n"
+           f"  run_dir.check_writable(__import__('pathlib').Path('{ro}/run'))\n"
+           "except errors.UserError as e:\n"
+           "  print(e)\n")
+  done = subprocess.run(
+      ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro none {ro} && exec \"$0\" -c \"$1\"",
+       sys.executable, check], cwd=ROOT, capture_output=True, text=True, check=False)
+  if "mount" in done.stderr or "unshare" in done.stderr:
+    pytest.skip(f"no mount namespace here: {done.stderr.strip()[:200]}")
+  assert done.stdout == (f"--output_dir {ro}/run: {ro} is on a read-only filesystem (tmpfs "
+                         f"mounted on {ro}); choose a directory on a writable disk\n"), done
+
+
 @pytest.mark.parametrize("args,message", [
     (["--num_processes=2"], "--num_processes needs --coordinator_address"),
     (["--process_id=1"], "--process_id needs --coordinator_address"),
@@ -452,6 +499,22 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
             "trainer\n"),
            (["--config=configs/tiny.py", "--config.optimizer.b3=0.1"],
             "--config.optimizer.b3: unknown field 'b3' of optimizer (kind 'adamw'); its fields: "),
+           # A field of that name elsewhere in the tree is named by its whole path, first.
+           (["--config=configs/tiny.py", "--config.model.num_heads=4"],
+            "--config.model.num_heads: unknown field 'num_heads' of model (kind 'decoder_lm') "
+            "(did you mean 'model.block.attention.num_heads'?); its fields: block, "),
+           (["--config=configs/tiny.py", "--config.optimizer.max_steps=4"],
+            "--config.optimizer.max_steps: unknown field 'max_steps' of optimizer (kind 'adamw') "
+            "(did you mean 'trainer.max_steps'?); its fields: "),
+           (["--config=configs/tiny.py", "--config.model.eps=1e-5"],
+            "--config.model.eps: unknown field 'eps' of model (kind 'decoder_lm') (did you mean "
+            "one of 'model.final_norm.eps', 'model.block.norm.eps', 'optimizer.eps'?); "),
+           # A name that many nodes have points nowhere in particular: the node's own fields.
+           (["--config=configs/tiny.py", "--config.trainer.kind=x"],
+            "--config.trainer.kind: unknown field 'kind' of trainer; its fields: "),
+           (["--config=configs/tiny.py", "--config.model.attention.kind=xla"],
+            "--config.model.attention.kind: unknown field 'attention' of model (kind "
+            "'decoder_lm') (did you mean 'model.block.attention'?); "),
            ([f"--config={bad_file}"],
             "trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
             "'max_steps'?); its fields: compute_dtype, ")]

@@ -86,7 +86,10 @@ def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
   for args, message in ((["--scan_layers=no"], "--scan_layers=no: expected true or false"),
                         (["--no_scan_layers=true"], "--no_scan_layers takes no value"),
                         ([f"--to_hf={tmp_path / 'run'}", "--scan_layers=false"],
-                         "--scan_layers goes with --from_hf")):
+                         "--scan_layers goes with --from_hf"),
+                        (["--step=3"], "--step goes with --to_hf (the checkpoint to export)"),
+                        ([f"--to_hf={tmp_path / 'run'}", "--step=last"],
+                         "--step=last: expected a whole number >= 0")):
     if "--to_hf" not in args[0]:
       args = [f"--from_hf={hf}", *args]
     code, err = _convert(capsys, *args, f"--output_dir={tmp_path / 'out'}")
@@ -124,7 +127,28 @@ def test_no_safetensors_and_not_a_directory(tmp_path, capsys, tensors):
   hf = _write_hf(tmp_path / "hf", tensors)
   (hf / "model.safetensors").unlink()
   assert "holds no *.safetensors" in _refused(tmp_path, capsys, hf)
-  assert "is not a directory" in _refused(tmp_path, capsys, tmp_path / "nowhere")
+  assert f"{tmp_path / 'nowhere'} does not exist" in _refused(tmp_path, capsys, tmp_path / "nowhere")
+  # A path that exists, as a file, is called a file.
+  assert f"{hf / 'config.json'} is a file, not a directory" in _refused(tmp_path, capsys,
+                                                                        hf / "config.json")
+
+
+def test_fine_tuning_a_converted_model_in_the_other_layout_names_both_fixes(tmp_path, capsys,
+                                                                           tensors):
+  """A converted model (scanned layers, convert's default) fine-tuned by a config with unrolled
+  layers: the refusal names the setting that reads it and the conversion that fits the
+  config (README's `init.from_run` fine-tune)."""
+  hf = _write_hf(tmp_path / "hf", tensors)
+  run = tmp_path / "run"
+  assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+  code = main_lib.main(["axtrain", f"--config={run}/config.py", "--config.model.scan_layers=false",
+                        f"--config.init.from_run={run}", f"--output_dir={tmp_path / 'tuned'}"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert err.endswith("; set --config.model.scan_layers=true to read it, or convert the model "
+                      f"again with this model's layout: axtrain convert --from_hf={hf.resolve()} "
+                      "--scan_layers=false --output_dir=NEW_DIR\n"), err
+  assert not (tmp_path / "tuned").exists()
 
 
 def test_output_dir_not_empty_is_left_alone(tmp_path, capsys, tensors):
@@ -386,9 +410,10 @@ def test_tokenizer_flag_names_the_models_tokenizer_and_is_checked(tmp_path, caps
   for value, message in (
       ("bytes", "convert: --tokenizer=bytes has 256 ids but the model's vocabulary has 16; name "
                 "the tokenizer the model was trained with"),
-      (str(tmp_path / "nowhere.json"), f"convert: --tokenizer={tmp_path / 'nowhere.json'}: no "
-                                       f"such file; give the model's tokenizer.json (or "
+      (str(tmp_path / "nowhere.json"), f"convert: --tokenizer={tmp_path / 'nowhere.json'} does "
+                                       f"not exist; give the model's tokenizer.json (or "
                                        f"SentencePiece .model), or bytes"),
+      (str(hf), f"convert: --tokenizer={hf} is a directory, not a file; give the model's "),
       (str(hf / "config.json"), f"convert: --tokenizer={hf / 'config.json'}: tokenizer file "
                                 f"'{hf / 'config.json'}' is not a Hugging Face tokenizer.json")):
     err = _refused(tmp_path, capsys, hf, f"--tokenizer={value}")
@@ -575,7 +600,8 @@ def test_readme_commands_continue_training_from_the_converted_weights(tmp_path, 
 
   code = main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
                                  "--config.optimizer.schedule.warmup_steps=0"])
-  assert code == 2 and "different config (optimizer.schedule.warmup_steps, trainer.max_steps differ)" in (
+  assert code == 2 and ("different config (optimizer.schedule.warmup_steps 100 -> 0, "
+                        "trainer.max_steps 1000 -> 2)") in (
       capfd.readouterr().err)
   assert main_lib.main(readme + ["--config.trainer.max_steps=2", "--config.trainer.log_every=1",
                                  "--config.optimizer.schedule.warmup_steps=0",

@@ -137,7 +137,10 @@ def test_bad_input_via_tokenize(capsys, tmp_path):
       f"tokenizer file '{bad_json}' is not a Hugging Face tokenizer.json")
   assert tokenize_error(capsys, tmp_path, f"--input={good}", "--tokenizer=sentencepiece",
                         f"--tokenizer_path={tmp_path / 'none.model'}") == \
-      f"tokenizer file '{tmp_path / 'none.model'}' not found"
+      f"tokenizer file '{tmp_path / 'none.model'}' does not exist"
+  assert tokenize_error(capsys, tmp_path, f"--input={good}", "--tokenizer=sentencepiece",
+                        f"--tokenizer_path={tmp_path}") == \
+      f"tokenizer file '{tmp_path}' is a directory, not a file"
   assert tokenize_error(capsys, tmp_path, f"--input={good}", "--kind=text", "--field=body") == \
       f"--field is not read by --kind=text (only by {' and '.join(_kinds_with('field'))})"
   # policy skip: the bad lines are skipped and counted, the rest is tokenized

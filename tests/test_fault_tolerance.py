@@ -199,6 +199,37 @@ def test_a_killed_runs_leftovers_are_set_aside_not_written_over(tmp_path, ref, c
   assert capfd.readouterr().err == ""  # no line skipped
 
 
+def test_readers_of_a_run_fall_back_past_a_damaged_newest_checkpoint(tmp_path, ref, cache, capfd):
+  """convert --to_hf, generate and eval read the newest checkpoint that reads, with a warning
+  naming the damaged one, which they leave in place (only training moves checkpoints); an
+  explicit --step of the damaged one is refused, naming the steps that read."""
+  from launcher import main as main_lib  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "run"
+  shutil.copytree(ref, run_dir)
+  _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
+  commands = {"convert": ["convert", f"--to_hf={run_dir}", f"--output_dir={tmp_path / 'hf'}"],
+              "generate": ["generate", f"--run_dir={run_dir}", "--prompt=def", "--max_new_tokens=2"],
+              "eval": ["eval", f"--run_dir={run_dir}"]}
+  for name, args in commands.items():
+    capfd.readouterr()
+    with cu.compile_cache(cache):
+      code = main_lib.main(["axtrain", *args])
+    out, err = capfd.readouterr()
+    assert code == 0, (name, err[-3000:])
+    [warning] = [l for l in err.splitlines() if l.startswith("axtrain: warning:")]
+    assert warning.startswith(f"axtrain: warning: checkpoint {run_dir / 'checkpoints' / '30'} is "
+                              f"unreadable (state/"), (name, warning)
+    assert warning.endswith("; using step 20, the newest that reads (--step=N chooses another)")
+  assert out.startswith("step 20: eval_loss") and cu.steps(run_dir) == [10, 20, 30]
+  for args in (commands["convert"][:2] + [f"--output_dir={tmp_path / 'hf2'}"],
+               commands["eval"]):
+    with cu.compile_cache(cache):
+      code = main_lib.main(["axtrain", *args, "--step=30"])
+    [error] = capfd.readouterr().err.splitlines()
+    assert code != 0 and error.endswith("; the steps that read: 10, 20 (--step=20)"), error
+  assert not (tmp_path / "hf2").exists()
+
+
 def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
@@ -210,6 +241,25 @@ def test_restore_step_that_does_not_exist_is_refused(tmp_path, ref, cache, capfd
   fresh = tmp_path / "fresh"
   error = cu.one_error_line(cu.run_here(capfd, fresh, cache, "--config.checkpoint.restore_step=7"))
   assert "(committed steps: none)" in error and not fresh.exists()
+
+
+def test_restore_step_on_a_completed_run_trains_again_from_it(tmp_path, ref, cache, capfd):
+  """An explicit restore_step before the end rewinds a completed run: the newer checkpoints are
+  set aside and steps 21-30 are trained again, equal to the first time bit for bit."""
+  run_dir = tmp_path / "run"
+  shutil.copytree(ref, run_dir)
+  result = cu.run_here(capfd, run_dir, cache, "--config.checkpoint.restore_step=20")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "already completed" not in result.stderr
+  assert "resuming from step 20; newer checkpoints [30] moved to" in result.stderr
+  assert (run_dir / "superseded_checkpoints" / "30").is_dir() and cu.steps(run_dir) == [10, 20, 30]
+  assert cu.status(run_dir) == "completed"
+  records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [*range(1, 31), *range(21, 31)]
+  assert cu.losses(run_dir) == cu.losses(ref)
+  # restore_step at the end trains nothing: the run is complete there.
+  result = cu.run_here(capfd, run_dir, cache, "--config.checkpoint.restore_step=30")
+  assert result.returncode == 0 and "already completed; nothing to do" in result.stderr
 
 
 def test_init_from_run_of_another_shape_is_refused(tmp_path, ref, cache, capfd):
@@ -457,6 +507,27 @@ def test_full_tmpfs_at_a_metrics_write(small_disk, ref, cache, capfd):
   assert result.returncode == 0, result.stderr[-3000:]
   assert cu.losses(run_dir) == cu.losses(ref)
   assert_same_params(ref, run_dir)
+
+
+def test_a_second_ctrl_c_names_the_checkpoint_the_run_resumes_from(tmp_path, cache):
+  """Two Ctrl-Cs 20 ms apart, paused after step 12: the save of 12 is abandoned (its temporary
+  folder, if it began, is not a checkpoint) and the exit line names the newest committed step,
+  which is what the next run resumes from; no line claims a checkpoint that never committed."""
+  run_dir = tmp_path / "run"
+  proc = cu.start_paused(run_dir, cache, 12)
+  proc.send_signal(signal.SIGINT)
+  time.sleep(0.02)  # two deliveries (the kernel merges a signal sent while one is pending)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+  assert "saved a checkpoint" not in err, err[-3000:]
+  [line] = [l for l in err.splitlines() if "second SIGINT" in l]
+  committed = cu.steps(run_dir)  # step 10's save may not have committed yet either
+  assert line == "axtrain: second SIGINT: exiting now; " + (
+      f"a checkpoint still being written is abandoned; the run resumes from its newest "
+      f"committed one, step {committed[-1]}" if committed else
+      "no checkpoint was committed yet: the run starts over"), err[-3000:]
+  assert cu.status(run_dir) == "preempted"
 
 
 @pytest.mark.slow  # four interrupted runs and their resumes (make test-slow)

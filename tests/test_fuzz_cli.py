@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 SEED = 20261203
 CASES = 200
 BASES = ["configs/tiny.py", "configs/llama.py:size=test", "configs/moe_tiny.py",
-         "configs/gpt2.py:size=small", "configs/tiny_mixture.py"]
+         "configs/gpt2.py:size=small", "configs/tiny_mixture.py:path=corpus.jsonl"]
 VALUES = ["0", "-1", "1", "2", "3", "7", "1e9", "1e-3", "-0.5", "0.999", "1.0", "nan", "inf",
           "-inf", "abc", "", " ", "True", "false", "None", "()", "(1, 2)", "[1]", "{}", "1.5",
           "x" * 300, "'", '"', "\\", "%s", "--", "=", "../up", "/proc/x", "\u00e9\u4e2d",

@@ -23,6 +23,7 @@ import re
 
 import pytest
 
+from core.registry import ConfigError
 from launcher import config_loading, flat
 from tests.conftest import ROOT
 from trainer import config as config_lib
@@ -56,13 +57,30 @@ def _variants(path: pathlib.Path) -> list[str]:
   return [f"{key}={value}" for key, values in choices.items() for value in values]
 
 
+def _needs_argument(path: pathlib.Path) -> bool:
+  """Whether the config refuses to load without its argument (core/config_args.py:Needed)."""
+  try:
+    importlib.import_module(f"configs.{path.stem}").get_config()
+  except ConfigError as e:
+    return "this config needs its argument" in str(e)
+  return False
+
+
+def _example(path: pathlib.Path) -> str:
+  """The argument of the command in the config's docstring (`--config=configs/NAME.py:ARG`)."""
+  doc = importlib.import_module(f"configs.{path.stem}").__doc__ or ""
+  return re.search(rf"--config=configs/{path.name}:(\S+)", doc)[1]
+
+
 def _cases():
-  """Every config file of configs/, with no argument and with each declared variant."""
+  """Every config file of configs/, with no argument (or, for one that needs an argument, the
+  one its docstring's command gives) and with each declared variant."""
   for path in sorted((ROOT / "configs").glob("*.py")):
     if "def get_config" not in path.read_text():
       continue
-    yield path.name, None
-    for arg in _variants(path):
+    first = _example(path) if _needs_argument(path) else None
+    variants = _variants(path)
+    for arg in ([first] if first not in variants else []) + variants:
       yield path.name, arg
 
 
@@ -200,5 +218,6 @@ def test_a_new_field_with_a_default_changes_no_golden_file_and_no_old_run(monkey
       "versions": {"axtrain": "0.1.0"}}))
   assert run.prepare(after, overwrite=False) == "completed"
   after["model"]["block"]["attention"]["added_later"] = 2.0
-  with pytest.raises(UserError, match="model.block.attention.added_later differ"):
+  with pytest.raises(UserError, match=r"another model \(.*model.block.attention.added_later "
+                                      r"unset -> 2.0\)"):
     run.prepare(after, overwrite=False)

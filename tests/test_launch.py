@@ -232,6 +232,8 @@ def test_a_step_that_does_not_fit_its_mesh_is_refused_before_anything_is_written
   forced, where = batch["too-big-forced"]
   assert forced.returncode == 0, forced.stderr
   assert "axtrain launch: warning: the step does not fit tpu-v5e-1: it needs " in forced.stderr
+  # The plan's compile says what it compiles as it goes, through launch's own lines.
+  assert "axtrain launch: plan: compiling the train step\n" in forced.stderr, forced.stderr
   assert [p.name for p in where.iterdir()] == ["001-tpu-vm.sh"]
 
 

@@ -239,6 +239,25 @@ def test_the_device_peak_counts_a_tpu_steps_reserved_scratch():
   assert metrics.device_peak({"bytes_in_use": 1}) is None
 
 
+def test_python_warnings_during_a_compile_are_not_counted_as_xlas_lines():
+  """A warning of Python's own (numpy's, while a step is traced) is shown on stderr as ever,
+  not kept among XLA's C++ lines (a run's compiler.log and its "XLA logged N lines"). In a
+  process of its own: pytest records every warning of its tests instead of printing it."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  script = ("import os, warnings\n"
+            "from planner import compiler_output\n"
+            "notes, rest = [], []\n"
+            "with compiler_output.compiler_log(notes, rest=rest):\n"
+            "  os.write(2, b'W0000 some_pass.cc:1] an XLA line\\n')\n"
+            "  warnings.warn('overflow encountered in cast', RuntimeWarning)\n"
+            "print(rest, notes)\n")
+  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                        check=True)
+  assert done.stdout == "['W0000 some_pass.cc:1] an XLA line'] []\n"
+  assert "RuntimeWarning: overflow encountered in cast" in done.stderr
+
+
 def test_xlas_own_log_of_the_compile_goes_to_the_runs_compiler_log(tmp_path):
   """XLA logs from C++ to the process's stderr; during the steps' compile (init, train, eval)
   that goes to <run_dir>/compiler.log, with one axtrain note on the console. XLA's per-compile

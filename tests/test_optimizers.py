@@ -270,6 +270,11 @@ def test_fifty_steps_of_tiny_lower_the_loss(kind):
     ("adafactor", dict(momentum=-0.5), "optimizer.momentum: -0.5 is outside"),
     ("muon", dict(beta=1.5), "optimizer.beta: 1.5 is outside the allowed range [0, 1)"),
     ("adamw", dict(clip_norm=0.0), "optimizer.clip_norm: 0.0 is outside the allowed range"),
+    # Finite in Python, out of range as float32, the precision the steps compute in.
+    ("adamw", dict(learning_rate=1e308), "optimizer.learning_rate: 1e+308 is inf in float32, "
+     "the precision the steps compute in, outside the allowed range (0, inf)"),
+    ("adamw", dict(learning_rate=1e-50), "optimizer.learning_rate: 1e-50 is 0 in float32"),
+    ("adamw", dict(b2=0.99999999999), "optimizer.b2: 0.99999999999 is 1 in float32"),
 ])
 def test_bad_hyperparameters_are_refused(kind, fields, words):
   node = registry("optimizer").node(

@@ -471,6 +471,27 @@ def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):
   assert report["mode"] == "memory: one device" and len(report["ranked"]) == 1
   assert report["best"]["flags"] == report["ranked"][0]["flags"] and report["eval"] is None
   assert "  compiled " in result.stderr
+  # Each stage and candidate is said as it starts (a sweep of a large model runs for minutes).
+  said = [l for l in result.stderr.splitlines() if l.startswith("axtrain: plan: ")]
+  assert said[0] == ("axtrain: plan: configs/llama.py:size=test on tpu-v5e-1: screening the "
+                     "settings by the analytic model"), said
+  assert said[1].startswith("axtrain: plan: sweep (memory: one device): ") and said[2].startswith(
+      "axtrain: plan: compiling --config."), said
+
+
+def test_a_plan_says_what_it_compiles_as_it_goes(capsys):
+  """A plan prints nothing on stdout until its report; on stderr it says what compiles, as each
+  compile starts and ends (llm_1b on one v5e compiled for 8 minutes in silence)."""
+  code = main_lib.main(["axtrain", "plan", "--config=configs/llama.py:size=test",
+                        "--mesh=tpu-v5e-1", "--noeval"])  # the eval step's compile says the same
+  out, err = capsys.readouterr()
+  assert code == 0 and out.startswith("plan: configs/llama.py:size=test on tpu-v5e-1"), err
+  said = [l for l in err.splitlines() if l.startswith("axtrain: plan: ")]
+  assert [l.split(" in ")[0] for l in said] == [
+      "axtrain: plan: configs/llama.py:size=test on tpu-v5e-1: 1 device(s), TPU compiler (libtpu)",
+      "axtrain: plan: compiling the train step",
+      "axtrain: plan: compiled the train step"], err
+  assert said[2].endswith(" s; reading its HLO (ops, collectives)"), said
 
 
 @pytest.mark.parametrize("args, error", [
@@ -480,3 +501,18 @@ def test_sweep_through_the_cli_ends_with_the_best_flags(tmp_path):
 def test_sweep_flags_are_checked_before_compiling(capsys, args, error):
   code, out = _main(capsys, "--config=configs/tiny.py", "--mesh=tpu-v5e-1", *args)
   assert code == 2 and out.err == f"axtrain: error: {error}\n"
+
+
+def test_temporaries_above_the_peak_say_why():
+  """With the state in host memory (llm_1b on one v5e, stored report) the compiler's
+  temporaries (16.2 GiB) exceed the device peak (11.9 GiB): both lines say what they count.
+  Without host-resident state the peak includes the temporaries: no such words."""
+  from planner import plan_docs  # pylint: disable=import-outside-toplevel
+  offloaded = plan_docs.report_text(plan_docs.BY_NAME["llm_1b@tpu-v5e-1"]).splitlines()
+  [temps] = [l for l in offloaded if "train temporaries" in l]
+  [peak] = [l for l in offloaded if "train peak" in l]
+  assert temps.endswith("16.2 GiB (as the compiler counts them: host transfers' buffers over "
+                        "again, not all live at once; the peak is what device memory holds)")
+  assert peak.endswith("11.9 GiB (the compiler's peak less its host-memory bytes)")
+  plain = plan_docs.report_text(plan_docs.BY_NAME["llama_125m@tpu-v5e-1"])
+  assert "train temporaries" in plain and "host transfers' buffers" not in plain

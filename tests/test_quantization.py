@@ -98,6 +98,18 @@ def test_fp8_is_refused_where_the_chip_has_no_fp8_units(capsys):
   assert code == 2 and err.count("\n") == 1 and err.startswith("axtrain: error: "), err
 
 
+def test_fp8_on_cpu_trains_with_a_note_that_it_is_emulated(capfd, tmp_path):
+  code = main_lib.main(["axtrain", f"--config={ckpt_util.CONFIG}", "--config.trainer.max_steps=1",
+                        "--config.model.quantization.kind=fp8", f"--output_dir={tmp_path / 'r'}",
+                        "--noprogress"])
+  err = capfd.readouterr().err
+  assert code == 0, err[-3000:]
+  notes = [l for l in err.splitlines() if "quantization" in l]
+  assert notes == ["axtrain: note: model.quantization.kind=fp8 on cpu: the CPU has no fp8 matmul "
+                   "units, so XLA emulates the fp8 dots (fp8's rounding, at float speed or "
+                   "slower: for tests); they run in fp8 on H100 and later"], err[-3000:]
+
+
 def test_one_override_chooses_it_and_print_config_shows_it(capsys):
   code = main_lib.main(["axtrain", "--config=configs/tiny.py", "--print_config",
                         "--config.model.quantization.kind=int8"])

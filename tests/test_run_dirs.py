@@ -196,7 +196,7 @@ def test_overwrite_refuses_files_axtrain_did_not_write(copied, capsys):
     assert snapshot(run) == before
   # A different config: refused without suggesting --overwrite, which could not delete them.
   err = refused(capsys, "--output_dir=run", "--config.trainer.seed=3")
-  assert "holds a run with a different config (trainer.seed differ)" in err
+  assert "holds a run with a different config (trainer.seed 0 -> 3)" in err
   assert "it also holds files that axtrain did not write: checkpoints/myweights.bin" in err
   code, err = axtrain(capsys, "--output_dir=run")
   assert code == 0 and "nothing to do (raise --config.trainer.max_steps to extend it)" in err
@@ -249,6 +249,28 @@ def test_a_run_written_before_manifests_is_overwritten_by_its_layout(copied, cap
   assert sum(f.startswith("tensorboard/events.out.tfevents.") for f in listed) == 2
   code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2", "--overwrite")
   assert code == 0, err
+
+
+def test_an_emptied_manifest_is_the_runs_own_and_written_again(copied, capsys):
+  """manifest.json emptied (a crash, a full disk, a user): in a directory whose run.json is
+  axtrain's it is still the run's own, not a foreign file to 'move out'; the run resumes with a
+  note and a manifest rebuilt from its layout (compiler.log recognised by its heading), and
+  --overwrite deletes what that layout shows."""
+  run = copied
+  (run / "compiler.log").write_text(
+      "# 2026-12-06T10:00:00+00:00: compiling the train and eval steps\nW0000 a line\n")
+  (run / run_files.MANIFEST).write_text("")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert code == 0, err
+  assert (f"axtrain: note: {(run / run_files.MANIFEST).absolute()} is empty or damaged: written "
+          f"again from the files the run's layout shows to be axtrain's") in err, err
+  listed = json.loads((run / run_files.MANIFEST).read_text())["files"]
+  assert {"config.json", "run.json", "metrics.jsonl", "compiler.log"} <= set(listed)
+  (run / run_files.MANIFEST).write_text("")
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2", "--overwrite")
+  assert code == 0, err
+  log = run / "compiler.log"  # the old one deleted (a new one only if XLA logs again)
+  assert not log.exists() or "W0000 a line" not in log.read_text()
 
 
 def test_run_files_contents_by_manifest_and_by_layout(completed, tmp_path):
@@ -315,11 +337,21 @@ def test_refusals_say_what_a_folder_is(quick, capsys):
     assert snapshot(quick / out.split("/")[0]) == before
 
 
+def test_a_refusal_is_the_only_line_and_says_what_overwrite_would_delete(copied, capsys):
+  """A config whose warm-up does not fit (a note when it runs) refused by the directory: the
+  refusal alone, no note before it; its --overwrite names the trained steps it would delete."""
+  code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=3",
+                      "--config.optimizer.schedule.warmup_steps=50")
+  assert code == 2 and err.count("\n") == 1, err
+  assert err.endswith("; choose another --output_dir, or pass --overwrite to delete that run "
+                      "(its checkpoints reach step 1) and start this one there\n"), err
+
+
 def test_a_refused_command_leaves_the_lock_file_alone(copied, capsys):
   run = copied
   (run / ".lock").write_text("12345\n")
   code, err = axtrain(capsys, "--output_dir=run", "--config.trainer.seed=5")
-  assert code == 2 and "holds a run with a different config (trainer.seed differ)" in err, err
+  assert code == 2 and "holds a run with a different config (trainer.seed 0 -> 5)" in err, err
   assert (run / ".lock").read_text() == "12345\n"
 
 
@@ -376,7 +408,7 @@ def test_raising_max_steps_extends_a_finished_run(copied, capsys):
                        "trainer.max_steps 2 is below the run's 3: a run can be extended (raise "
                        "it), not shortened"),
                       (["--config.trainer.max_steps=5", "--config.trainer.seed=4"],
-                       "trainer.max_steps, trainer.seed differ")):
+                       "different config (trainer.seed 0 -> 4); ")):  # not the raised max_steps
     code, err = axtrain(capsys, "--output_dir=run", *args)
     assert code == 2 and words in err and "pass --overwrite" in err, err
 
@@ -568,7 +600,18 @@ def test_the_same_run_on_another_mesh_resumes_with_a_note(copied, capsys):
   # A field that changes what the steps compute is another run: refused, as before.
   err = axtrain(capsys, "--output_dir=run", "--config.trainer.max_steps=2",
                 "--config.trainer.seed=9")[1]
-  assert "holds a run with a different config (trainer.seed differ)" in err
+  # trainer.max_steps, raised (which alone extends a run), is not among the differences.
+  assert "holds a run with a different config (trainer.seed 0 -> 9); choose another" in err
+  # Another model, by another config file: said so, with the file that trained the run.
+  model = json.loads((copied / "config.json").read_text())["model"]
+  (copied.parent / "wider.py").write_text(QUICK.replace(
+      "  return cfg", f"  cfg.model.dim = {2 * model['dim']}\n"
+                     f"  cfg.model.num_layers = {model['num_layers'] + 1}\n  return cfg"))
+  assert main_lib.main(["axtrain", "--config=wider.py", "--output_dir=run"]) == 2
+  assert capsys.readouterr().err.startswith(
+      f"axtrain: error: run holds a run of another model (trained with --config=quick.py: "
+      f"model.dim {model['dim']} -> {2 * model['dim']}, model.num_layers {model['num_layers']} -> "
+      f"{model['num_layers'] + 1}")
 
 
 def _legacy(quick, capsys, name: str, *args: str) -> pathlib.Path:

@@ -205,6 +205,31 @@ def test_corrupt_line_is_skipped_with_a_warning_and_status_shows(sweep, capsys, 
   assert cells(row)[7] == f"{100 * mfu:.2f}%"
 
 
+def test_a_completed_run_without_records_is_said_not_shown_as_0_steps(sweep, capsys, tmp_path):
+  run = tmp_path / "emptied"
+  shutil.copytree(sweep / "tiny" / "lr=1e-3", run)
+  (run / "metrics.jsonl").write_text("")
+  code, out, err = axtrain(capsys, run)
+  assert code == 0
+  assert err == (f"axtrain: warning: {run / 'metrics.jsonl'} is empty, although the run "
+                 f"completed: its steps, losses and throughput are unknown (steps shown as ?)\n")
+  assert cells(out.splitlines()[1])[1:3] == ["completed", "?/6"]
+  (run / "metrics.jsonl").unlink()
+  code, out, err = axtrain(capsys, run, "--json")
+  assert "metrics.jsonl is missing, although the run completed" in err
+  assert json.loads(out)[0]["steps"] is None
+  # Its checkpoints show it trained too; a run that failed before its first record and
+  # checkpoint trained nothing: no warning.
+  info = json.loads((run / "run.json").read_text())
+  (run / "run.json").write_text(json.dumps({**info, "status": "failed"}))
+  code, out, err = axtrain(capsys, run)
+  assert "metrics.jsonl is missing, although the run has checkpoints up to step 6:" in err
+  shutil.rmtree(run / "checkpoints")
+  (run / "run.json").write_text(json.dumps({**info, "status": "failed"}))
+  code, out, err = axtrain(capsys, run)
+  assert err == "" and cells(out.splitlines()[1])[1:3] == ["failed", "0/6"]
+
+
 def test_no_runs_is_one_line_exit_2(capsys, tmp_path):
   (tmp_path / "empty").mkdir()
   for path in (tmp_path / "empty", tmp_path / "missing*"):

@@ -10,7 +10,7 @@ import pytest
 import configs.llama
 from core.registry import ConfigError
 from launcher import main as main_lib
-from planner import compiler_output, plan, step_memory, sweep_space
+from planner import compiler_output, plan, plan_report, step_memory, sweep_screen, sweep_space
 from tests.test_run_dirs import QUICK, snapshot
 from trainer import config as config_lib, experiment, meshes, metrics
 
@@ -93,15 +93,17 @@ def test_check_compares_the_compiled_bytes_with_the_device():
   step_memory.check({"total_bytes": 10 ** 15}, exp=exp, what="eval step", memory=None)
 
 
-def _refusal(exp, *, share: float, what: str = "train step", entry=None) -> str:
-  """The refusal of `exp`'s compiled step on a device with `share` of the memory it needs."""
+def _refusal(exp, *, share: float, what: str = "train step", entry=None, least: int = 0) -> str:
+  """The refusal of `exp`'s compiled step on a device with `share` of the memory it needs (at
+  least `least` bytes)."""
   if what == "train step":
     fn, args = exp.step_fn, (exp.abstract_state_inputs(), _abstract_batch(exp, exp.source.batch_size))
   else:
     fn, args = exp.eval_fn, (exp.abstract_state_inputs().params,
                              _abstract_batch(exp, exp.run.eval.batch_size))
   stats = metrics.compiled_stats(step_memory.compile_step(fn, args, exp=exp, what=what))
-  memory = step_memory.DeviceMemory(bytes=int(stats["total_bytes"] * share), source="test")
+  memory = step_memory.DeviceMemory(bytes=max(int(stats["total_bytes"] * share), least),
+                                    source="test")
   with pytest.raises(ConfigError) as refused:
     step_memory.check(stats, exp=exp, what=what, memory=memory, entry=entry)
   text = str(refused.value)
@@ -179,13 +181,29 @@ def test_nothing_to_change_says_the_recipe_changes_that_remain():
                      "trainer.loss_chunk_size": 8,
                      "model.block.attention.implementation": "chunked",
                      "model.block.attention.query_chunk_size": 32})
-  text = _refusal(exp, share=0.05)
+  params = sweep_screen.state_bytes(exp, eval_step=True)  # the device holds them, at least
+  text = _refusal(exp, share=0.05, least=2 * params)
   assert "no change of gradient accumulation, remat, loss chunks or attention fits" in text
   assert text.endswith("lower data.batch_size or data.seq_len, or optimizer.state_dtype="
                        "bfloat16, or optimizer.kind=adafactor (these change the training recipe)")
   entry = meshes.lookup("tpu-v5e-1")
-  assert _refusal(exp, share=0.05, entry=entry).endswith(
+  assert _refusal(exp, share=0.05, entry=entry, least=2 * params).endswith(
       "; `axtrain plan --sweep --sweep_recipe --mesh=tpu-v5e-1` compiles them")
+
+
+def test_parameters_larger_than_the_device_get_no_recipe_that_cannot_fit():
+  """A device smaller than the parameters alone (model.dim=49152 on a CPU's host memory: 617 GiB
+  against 21 GiB): no batch, sequence, accumulation or optimizer change can fit, so none is
+  offered; the refusal says why and names what can (a smaller model, more devices)."""
+  exp = _test_exp()
+  params = sweep_screen.state_bytes(exp, eval_step=True)
+  assert params == 4 * exp.num_params  # float32, one device: independent of the model's count
+  text = _refusal(exp, share=0.0, least=params // 2, entry=meshes.lookup("tpu-v5e-1"))
+  assert text.endswith(f"; its parameters alone take {plan_report.gib(params)} per device "
+                       f"(float32), more than the device has, so no setting of this run fits: "
+                       f"a smaller model (model.dim, model.num_layers), or more devices to "
+                       f"shard them over (mesh.fsdp)"), text
+  assert "data.batch_size" not in text and "--config." not in text
 
 
 def test_lean_attention_is_the_platforms_own_and_not_one_already_set():

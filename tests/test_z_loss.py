@@ -75,4 +75,9 @@ def test_a_bad_coefficient_is_refused_in_one_line(tmp_path, capsys):
                         "--config.trainer.z_loss=-1e-4", f"--output_dir={out}"]) == 2
   assert capsys.readouterr().err.strip() == (
       "axtrain: error: trainer.z_loss must be a finite number >= 0 (0 = off), got -0.0001")
+  assert main_lib.main(["axtrain", "--config=configs/llama.py:size=test",
+                        "--config.trainer.z_loss=1e300", f"--output_dir={out}"]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "axtrain: error: trainer.z_loss must be a finite number >= 0 (0 = off), got 1e+300, inf "
+      "in float32 (the precision the steps compute in)")
   assert not out.exists()

@@ -42,7 +42,7 @@ from core.registry import ConfigError
 from trainer import disk
 from trainer.checkpoint_bounded import Transfers, handlers
 from trainer.checkpoint_files import (DATA, STATE, CheckpointError, check_step, committed_steps,
-                                      move_aside, strays)
+                                      move_aside, steps_holding, strays)
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
 
@@ -400,12 +400,7 @@ def _step_dir(run_dir: pathlib.Path | str, step: int | None = None) -> pathlib.P
   directory = pathlib.Path(run_dir) / "checkpoints"
   if not directory.is_dir():
     raise CheckpointError(f"{run_dir} holds no checkpoints/ directory")
-  steps = committed_steps(directory)
-  if not steps:
-    raise CheckpointError(f"{directory} holds no committed checkpoint")
-  if step is not None and step not in steps:
-    raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
-                          f"{', '.join(map(str, steps))}")
+  steps = steps_holding(directory, step)
   return (directory / str(steps[-1] if step is None else step)).absolute()
 
 

@@ -17,7 +17,7 @@ import json
 import math
 import pathlib
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import orbax.checkpoint as ocp
 import tensorstore as ts
@@ -176,3 +176,51 @@ def check_step(step_dir: pathlib.Path | str, *, items=(STATE, DATA)) -> dict[str
       raise CheckpointError(f"array {name} has {found} of its {expected} chunks")
     out[name] = ArrayInfo(shape=shape, dtype=str(spec.get("dtype", spec.get("data_type", ""))))
   return out
+
+
+def steps_holding(directory: pathlib.Path, step: int | None) -> list[int]:
+  """The committed steps of `directory`; CheckpointError where there is none, or `step` (None:
+  any) is not one of them."""
+  steps = committed_steps(directory)
+  if not steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint")
+  if step is not None and step not in steps:
+    raise CheckpointError(f"{directory} holds no committed checkpoint of step {step}; steps: "
+                          f"{', '.join(map(str, steps))}")
+  return steps
+
+
+def readable_step(directory: pathlib.Path | str, step: int | None = None, *,
+                  warn: Callable[[str], None]) -> int:
+  """The step a reader of a run (convert --to_hf, generate, eval) loads from `directory`:
+  `step`, or with None the newest committed step that passes check_step, each newer one that
+  does not reported through `warn` and left in place (only training moves checkpoints).
+  CheckpointError when there is none, or `step` is not committed or does not pass: it names the
+  steps that do."""
+  directory = pathlib.Path(directory)
+  steps = steps_holding(directory, step)
+  broken: dict[int, str] = {}
+  for candidate in [step] if step is not None else reversed(steps):
+    try:
+      check_step(directory / str(candidate), items=(STATE,))
+    except CheckpointError as e:
+      broken[candidate] = str(e)
+      continue
+    for bad, why in broken.items():
+      warn(f"checkpoint {directory / str(bad)} is unreadable ({why}); using step {candidate}, "
+           f"the newest that reads (--step=N chooses another)")
+    return candidate
+  others = [s for s in steps if s not in broken and _reads(directory / str(s))]
+  first = next(iter(broken))
+  then = (f"the steps that read: {', '.join(map(str, others))} (--step={others[-1]})" if others
+          else "no other step reads either")
+  raise CheckpointError(f"checkpoint {directory / str(first)} is unreadable ({broken[first]}); "
+                        f"{then}")
+
+
+def _reads(step_dir: pathlib.Path) -> bool:
+  try:
+    check_step(step_dir, items=(STATE,))
+  except CheckpointError:
+    return False
+  return True

@@ -23,7 +23,7 @@ import ml_collections
 from core import choices, paths
 from core.registry import ConfigError, child, child_registry, parse_dataclass, suggest
 from trainer.mesh_match import check_rule
-from trainer.ranges import NON_NEGATIVE, Interval, check_ranges
+from trainer.ranges import NON_NEGATIVE, Interval, check_ranges, float32
 
 
 MAX_STEP = 2 ** 31 - 1  # the train state counts steps in int32
@@ -78,9 +78,10 @@ class TrainerConfig:
     if not 0 <= self.seed < 2 ** 63:
       raise ConfigError(f"trainer.seed must be a whole number in [0, 2**63), got {self.seed}")
     check_ranges(self, "trainer")
-    if not 0 <= self.z_loss < math.inf:
+    if not 0 <= float32(self.z_loss) < math.inf:
       raise ConfigError(f"trainer.z_loss must be a finite number >= 0 (0 = off), got "
-                        f"{self.z_loss}")
+                        f"{self.z_loss}" + (", inf in float32 (the precision the steps compute "
+                                            "in)" if 0 < self.z_loss < math.inf else ""))
     if self.profile_steps and (len(self.profile_steps) != 2
                                or not 1 <= self.profile_steps[0] <= self.profile_steps[1]
                                <= self.max_steps):

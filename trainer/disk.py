@@ -75,6 +75,18 @@ def mount(path: pathlib.Path | str) -> tuple[str, str, str] | None:
   return best
 
 
+def not_a(path: pathlib.Path | str, want: str) -> str | None:
+  """Why `path` is not the `want` ("file" or "directory") a flag or field names, in words (it
+  does not exist, or it is the other kind), or None when it is one."""
+  path = pathlib.Path(path)
+  if (path.is_file() if want == "file" else path.is_dir()):
+    return None
+  if not path.exists():
+    return "is a broken symbolic link" if path.is_symlink() else "does not exist"
+  found = "directory" if path.is_dir() else "file" if path.is_file() else "special file"
+  return f"is a {found}, not a {want}"
+
+
 def device_text(path: pathlib.Path | str) -> str:
   """`tmpfs mounted on /scratch`: the device that holds `path`, as a user finds it in `df`."""
   found = mount(path)

@@ -353,7 +353,7 @@ class _Loop:
     self.save(step, force=True)
     self.flush_log()
     self.s.preempted = True
-    self.progress.message(f"axtrain: stop requested; saved a checkpoint at step {step}")
+    self.progress.message(f"axtrain: stop requested; writing a checkpoint of step {step}")
     return True
 
   def _eval_due(self, step: int) -> bool:

@@ -2,13 +2,16 @@
 
 A config class lists its ranges in a ClassVar `RANGES: {field: Interval}`; `check_ranges`
 refuses a value outside its interval (NaN and infinities included) with one line that names
-the field, the value and the range.
+the field, the value and the range; a float also as float32, the precision the steps compute
+in (1e308 is inf there, b2=0.99999999999 is 1.0).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 
 from core.registry import ConfigError
 
@@ -39,9 +42,21 @@ UNIT = Interval(0, 1)  # [0, 1): decay rates of moving averages
 FRACTION = Interval(0, 1, high_closed=True)  # [0, 1]
 
 
+def float32(value: float) -> float:
+  """`value` rounded to float32 (inf where it overflows, 0 where it underflows)."""
+  with np.errstate(over="ignore", under="ignore"):
+    return float(np.float32(value))
+
+
 def check_ranges(cfg, path: str) -> None:
-  """ConfigError for the first field of `cfg` outside its interval (None = off, not checked)."""
+  """ConfigError for the first field of `cfg` outside its interval, as given or (a float) as
+  float32 (None = off, not checked)."""
   for name, interval in type(cfg).RANGES.items():
     value = getattr(cfg, name)
-    if value is not None and value not in interval:
+    if value is None:
+      continue
+    if value not in interval:
       raise ConfigError(f"{path}.{name}: {value} is outside the allowed range {interval}")
+    if isinstance(value, float) and float32(value) not in interval:
+      raise ConfigError(f"{path}.{name}: {value} is {float32(value):g} in float32, the precision "
+                        f"the steps compute in, outside the allowed range {interval}")

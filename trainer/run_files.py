@@ -12,7 +12,8 @@
 A run written before the manifest existed (no manifest.json) is recognised by its layout: an
 axtrain run.json, a config.json with the run config's sections, metrics records, TensorBoard
 event files named and framed as TensorBoardWriter writes them, profiler captures that run.json
-lists, Orbax step folders. `adopt` records those in a new manifest the first time a newer
+lists, compiler.log, Orbax step folders. So is a run whose manifest was damaged (emptied):
+its manifest.json is still its own. `adopt` records those in a new manifest the first time a newer
 axtrain resumes the run. Whatever is neither listed nor recognised is someone else's
 (`Contents.unproven`): `--overwrite` refuses, naming it.
 """
@@ -30,6 +31,9 @@ from trainer import disk
 from trainer.config import RunConfig
 
 MANIFEST = "manifest.json"
+# XLA's log of a run's compiles (launcher/session.py writes it), each start's part headed so.
+COMPILER_LOG = "compiler.log"
+_COMPILER_LOG_HEAD = re.compile(r"^# \S+: compiling the train and eval steps$")
 _TAG = "axtrain"
 _STEP = re.compile(r"^\d+(\.\d+)?$")  # checkpoints/<step>, or <step>.<n> once moved aside twice
 _ORBAX_TMP = re.compile(r"^\d+\.orbax-checkpoint-tmp(-\d+)?$")
@@ -173,6 +177,14 @@ def _metrics_file(path: pathlib.Path) -> bool:
   return True
 
 
+def _first_line(path: pathlib.Path) -> str | None:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.readline().rstrip("\n")
+  except (OSError, UnicodeDecodeError):
+    return None
+
+
 def _by_layout(run_dir: pathlib.Path, rel: str, info: dict | None) -> bool:
   """Whether a run written before manifests existed made the file `rel` (see module doc)."""
   path = run_dir / rel
@@ -186,6 +198,8 @@ def _by_layout(run_dir: pathlib.Path, rel: str, info: dict | None) -> bool:
     return isinstance(config, dict) and _SECTIONS <= set(config)
   if rel == "metrics.jsonl":
     return _metrics_file(path)
+  if rel == COMPILER_LOG:
+    return _first_line(path) is not None and bool(_COMPILER_LOG_HEAD.match(_first_line(path)))
   if parts[0] == "tensorboard" and len(parts) == 2:
     return _event_file(path)
   if parts[0] == "profile" and info.get("profiles"):
@@ -222,8 +236,8 @@ def contents(run_dir: pathlib.Path, names: Iterable[str]) -> Contents:
       if any(s in file.parents for s in steps):
         continue
       rel = file.relative_to(run_dir).as_posix()
-      if rel == MANIFEST:
-        mine = listed is not None
+      if rel == MANIFEST:  # ours, or damaged (emptied) in a run directory of ours
+        mine = listed is not None or info is not None
       elif rel in _OWN:  # write_json's temporary files, left by a crash
         mine = listed is not None or info is not None
       else:

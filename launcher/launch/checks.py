@@ -23,6 +23,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import threading
 from typing import Any, Callable, Iterator
 
 from absl import flags
@@ -151,17 +152,17 @@ class Fit:
   command: str  # the plan command, to run by hand
 
 
-def fit(train: Train) -> Fit:
+def fit(train: Train, *, say: Callable[[str], None] = lambda _: None) -> Fit:
   """Compiles the train and eval steps for the mesh entry, in a subprocess of `axtrain plan
   --json` (which restarts itself with what a GPU or Trainium entry's compile needs): the same
-  compile and verdict as the plan. UserError when the plan cannot compile here."""
+  compile and verdict as the plan, its progress lines passed to `say` as they come. UserError
+  when the plan cannot compile here."""
   from planner import plan_report  # pylint: disable=import-outside-toplevel
   args = [f"--config={config_loading.config_file_arg(list(train.args))}",
           *(f"--config.{path}={value}" for path, value in config_loading.overrides(
               list(train.args))), f"--mesh={train.mesh}"]
   command = shlex.join(["axtrain", "plan", *args])
-  result = subprocess.run([sys.executable, "-m", "launcher", "plan", "--json", *args],
-                          capture_output=True, text=True, check=False)
+  result = _plan_json([sys.executable, "-m", "launcher", "plan", "--json", *args], say=say)
   if result.returncode != 0:
     lines = result.stderr.strip().splitlines() or [f"exit {result.returncode}"]
     error = next((l for l in reversed(lines) if l.startswith("axtrain: error: ")), lines[-1])
@@ -175,6 +176,26 @@ def fit(train: Train) -> Fit:
                   f"{plan_report.gib(p['usable'])} usable ({basis})")
 
 
+def _plan_json(cmd: list[str], *, say: Callable[[str], None]) -> subprocess.CompletedProcess:
+  """Runs `axtrain plan --json`: its stdout, and its stderr with each progress line
+  (`axtrain: plan: ...`) also told to `say` as it comes."""
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True) as child:
+    out = []
+    reader = threading.Thread(target=lambda: out.append(child.stdout.read()), daemon=True)
+    reader.start()
+    err = []
+    for line in child.stderr:
+      err.append(line)
+      if line.startswith(_PROGRESS):
+        say(f"plan: {line[len(_PROGRESS):].rstrip()}")
+    reader.join()
+  return subprocess.CompletedProcess(cmd, child.returncode, "".join(out), "".join(err))
+
+
+_PROGRESS = "axtrain: plan: "  # launcher/plan.py:say
+
+
 def check_fit(train: Train, *, force: bool, say: Callable[[str], None]) -> None:
   """Refuses (UserError) a job whose step does not fit the named mesh entry's devices, unless
   `force` (then a warning); says what it found. Skipped for an entry without a fixed size and
@@ -185,7 +206,7 @@ def check_fit(train: Train, *, force: bool, say: Callable[[str], None]) -> None:
     return
   say(f"compiling the step for {train.mesh} as `axtrain plan` does, to check that it fits "
       f"(seconds for a small model, minutes for a large one; --nocheck_fit skips it)")
-  found = fit(train)
+  found = fit(train, say=say)
   if found.fits:
     say(f"the step fits {train.mesh}: it {found.text}")
     return

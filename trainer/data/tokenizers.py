@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import pathlib
 from typing import ClassVar
 
 import numpy as np
 
 from core.registry import REQUIRED, ConfigError, Registry
+from trainer import disk
 
 TOKENIZERS = Registry("tokenizer")
 
@@ -36,8 +36,8 @@ class ModelFileConfig:
   SHARED: ClassVar = ("add_bos", "add_eos")  # not path: a .model is not a tokenizer.json
 
   def check(self):
-    if not pathlib.Path(self.path).is_file():
-      raise ConfigError(f"tokenizer file '{self.path}' not found")
+    if disk.not_a(self.path, "file"):
+      raise ConfigError(f"tokenizer file '{self.path}' {disk.not_a(self.path, 'file')}")
 
 
 class Tokenizer(abc.ABC):

@@ -10,6 +10,7 @@ import pathlib
 import numpy as np
 
 from core.registry import REQUIRED, ConfigError
+from trainer import disk
 from trainer.data import arrayrecord, documents, tokenizers
 from trainer.data.base import DATA
 from trainer.data.config import DEFAULT_EVAL_PERCENT, HeldOutConfig
@@ -73,9 +74,9 @@ def read_tokens_meta(path: str, *, what: str) -> dict:
   """The metadata of a directory written by `axtrain tokenize` (shards, dtype, tokenizer)."""
   root = pathlib.Path(path).expanduser()
   meta_path = root / META
-  if not root.is_dir():
-    raise ConfigError(f"{what} '{path}': no such directory (data.kind=tokens reads the output "
-                      f"directory of `axtrain tokenize`)")
+  if disk.not_a(root, "directory"):
+    raise ConfigError(f"{what} '{path}' {disk.not_a(root, 'directory')} (data.kind=tokens reads "
+                      f"the output directory of `axtrain tokenize`)")
   if not meta_path.is_file():
     raise ConfigError(f"{what} '{path}': no {META}; is it an `axtrain tokenize` output directory?")
   try:
