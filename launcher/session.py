@@ -217,17 +217,8 @@ def _train(this: Run) -> int:
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
-  compiler_lines: list[str] = []  # XLA's own log of the compile, for the run's compiler.log
-  compiler_notes: list[str] = []
-  with compiler_output.compiler_log(compiler_notes, rest=compiler_lines):
-    compiled = _check_memory(exp, this.mesh)  # the one compile: refused here, nothing written
-    if state in ("new", "overwrite") or not checkpoint_files.committed_steps(
-        rd.path / "checkpoints"):  # the loop will initialise: its program compiled here too
-      exp.init_fn.lower(jax.random.key(exp.run.trainer.seed)).compile()
-  # The compiler's freed heap goes back to the system: llm_1b's steps on one v5e host kept 4 GB
-  # more RAM in use (24.7 GB) after compiling than after reading the programs from the cache.
-  host_memory.release()
-  this.startup.note("to_compiled_s")
+  compiled, compiler_lines, compiler_notes = _compile(this, initialises=state in (
+      "new", "overwrite") or not checkpoint_files.committed_steps(rd.path / "checkpoints"))
   for note in this.notes if this.main_process else ():
     print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
@@ -409,6 +400,22 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   elif this.main_process:  # --noprogress leaves out the progress lines, not the outcome
     print(done, file=sys.stderr)
   return 0
+
+
+def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str]]:
+  """The run's one compile (refused here for memory, nothing written) with XLA's log kept apart:
+  (the train step's compiled_stats, XLA's lines for compiler.log, the notes on them)."""
+  lines: list[str] = []
+  notes: list[str] = []
+  with compiler_output.compiler_log(notes, rest=lines):
+    compiled = _check_memory(this.exp, this.mesh)
+    if initialises:  # the loop will initialise: its program compiled here too
+      this.exp.init_fn.lower(jax.random.key(this.exp.run.trainer.seed)).compile()
+  # The compiler's freed heap goes back to the system: llm_1b's steps on one v5e host kept
+  # 3.9 GiB more RAM in use after compiling than after reading the programs from the cache.
+  host_memory.release()
+  this.startup.note("to_compiled_s")
+  return compiled, lines, notes
 
 
 def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry) -> dict:

@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT, xla_flags
 
@@ -177,3 +178,27 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
   assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr[-3000:])
   assert lines[0].startswith("axtrain: error: ") and "Traceback" not in result.stderr
   return lines[0]
+
+
+# The uninterrupted run every fault test compares with (a module fixture of the modules that
+# import it: tests/test_fault_tolerance.py, tests/test_fault_disk.py).
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory, cache):
+  """The uninterrupted run (in this process; it fills the compile cache for the others)."""
+  run_dir = tmp_path_factory.mktemp("ref") / "run"
+  assert run_here(None, run_dir, cache).returncode == 0
+  assert status(run_dir) == "completed"
+  assert sorted(losses(run_dir)) == list(range(1, 31))
+  assert steps(run_dir) == [10, 20, 30]
+  return run_dir
+
+
+def assert_same_params(a, b, *, step=30):
+  pa, pb = params(a, step), params(b, step)
+  assert pa.keys() == pb.keys() and pa
+  for key in pa:
+    np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
+
+
+def checkpoint_folders(run_dir) -> list[str]:
+  return sorted(p.name for p in (pathlib.Path(run_dir) / "checkpoints").iterdir())

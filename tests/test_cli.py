@@ -492,7 +492,7 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
                       "  cfg = tiny.get_config()\n  cfg.trainer.max_stepz = 3\n  return cfg\n")
   cases = [(["--config=configs/tiny.py", "--config.trainer.max_stepz=3"],
             "--config.trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
-            "'max_steps'?); its fields: compute_dtype, "),
+            "'max_steps'?); its fields: compile_cache, compute_dtype, "),
            (["--config=configs/tiny.py", "--config.trainr.max_steps=3"],
             "--config.trainr.max_steps: unknown field 'trainr' of the config (did you mean "
             "'trainer'?); its fields: checkpoint, data, eval, init, mesh, model, optimizer, "
@@ -517,7 +517,7 @@ def test_an_unknown_config_field_is_told_one_way_wherever_it_is(capsys, tmp_path
             "'decoder_lm') (did you mean 'model.block.attention'?); "),
            ([f"--config={bad_file}"],
             "trainer.max_stepz: unknown field 'max_stepz' of trainer (did you mean "
-            "'max_steps'?); its fields: compute_dtype, ")]
+            "'max_steps'?); its fields: compile_cache, compute_dtype, ")]
   for args, message in cases:
     code, _, err = run_main(capsys, *args, "--print_config")
     assert code == 2 and err.startswith(f"axtrain: error: {message}"), err
