@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from modules import context, pipeline
 from modules.block import BLOCKS
+from modules.block_group import depth
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
 from modules.quantization import QUANTIZATION
@@ -61,8 +62,8 @@ class DecoderLMConfig:
   # of the softmax), so the vocabulary splits over a tensor-parallel axis; 1 = no padding.
   vocab_multiple: int = 128
   dim: int = REQUIRED  # model width (residual stream)
-  num_layers: int = REQUIRED  # decoder blocks
-  scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
+  num_layers: int = REQUIRED  # decoder layers (a multiple of a block group's pattern length)
+  scan_layers: bool = True  # one compiled block (or group) scanned over layers, or unrolled
   # Microbatches per (accumulation) batch through the pipeline stages when the mesh splits the
   # layer stack (mesh.stage > 1; modules/pipeline.py); the idle fraction of a step is
   # (stages - 1) / (microbatches + stages - 1). 0 = as many as stages.
@@ -71,7 +72,7 @@ class DecoderLMConfig:
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
   embedding: Any = child("embedding")
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
-  block: Any = child("block")
+  block: Any = child("block")  # every layer's block, or a group of them (modules/block_group.py)
   final_norm: Any = child("norm")
   # Quantized training of the layers' dense projections (modules/quantization.py): none, int8
   # (TPU, GPU), fp8 (GPU); applied to the whole model where it is built, no layer sees it.
@@ -84,10 +85,19 @@ class DecoderLMConfig:
     if self.pipeline_microbatches < 0:
       raise ConfigError(f"model.pipeline_microbatches must be >= 0 (0 = as many as stages), got "
                         f"{self.pipeline_microbatches}")
+    if self.num_layers % depth(self.block):
+      raise ConfigError(f"model.num_layers ({self.num_layers}) must be a multiple of the "
+                        f"{depth(self.block)} layers of model.block.pattern "
+                        f"{self.block.pattern}")
     if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
       raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
                         f"{', '.join(CHECKPOINT_NAMES)}")
+
+  @property
+  def repeats(self) -> int:
+    """Blocks in the stack: the layers, or the repeats of a block group."""
+    return self.num_layers // depth(self.block)
 
   @property
   def padded_vocab_size(self) -> int:
@@ -168,11 +178,11 @@ class DecoderLM(nn.Module):
     elif cfg.scan_layers:
       stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "metrics": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
-                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                      length=cfg.repeats, metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg=cfg.block, dim=cfg.dim, decode=decode, name="layers")(
           x, positions_BxL, segment_ids_BxL)
     else:
-      for i in range(cfg.num_layers):
+      for i in range(cfg.repeats):
         x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
 
@@ -197,11 +207,11 @@ class DecoderLM(nn.Module):
 
   def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):
     """The scanned stack's layers as pipeline stages (modules/pipeline.py), on the parameters
-    that `nn.scan` made for it ("layers", [num_layers, ...])."""
+    that `nn.scan` made for it ("layers", [repeats, ...]: a block group's repeats stay whole)."""
     cfg = self.cfg
     microbatches = cfg.pipeline_microbatches or stages
-    pipeline.check(num_layers=cfg.num_layers, scan_layers=cfg.scan_layers, stage_count=stages,
-                   batch=x_BxLxD.shape[0], microbatches=microbatches)
+    pipeline.check(num_layers=cfg.num_layers, repeats=cfg.repeats, scan_layers=cfg.scan_layers,
+                   stage_count=stages, batch=x_BxLxD.shape[0], microbatches=microbatches)
     block = _Layer(cfg=cfg.block, dim=cfg.dim, parent=None)
     sows, names = [], {}
 
@@ -225,7 +235,7 @@ class DecoderLM(nn.Module):
     if any(sows):  # the layers' own losses (MoE load balancing), summed over layers
       self.sow("losses", "pipeline_layers", aux)
     for key, total in metrics.items():  # means over layers, as the scanned stack reports them
-      self.sow("metrics", names[key], total / cfg.num_layers)
+      self.sow("metrics", names[key], total / cfg.repeats)
     return x
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from core.registry import (REQUIRED, ConfigError, child_default_kind, child_registry,
-                           optional_child)
+                           map_registry, members, optional_child)
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -173,7 +173,7 @@ def _at(m, path: str) -> Any:
   """The value at dotted `path` of parsed model config `m` (None where a slot is off)."""
   node = m
   for part in path.split("."):
-    node = getattr(node, part, None)
+    node = members(node).get(part) if isinstance(node, tuple) else getattr(node, part, None)
   return node
 
 
@@ -225,6 +225,10 @@ class _Writer:
       if child_registry(f) is not None:
         if not known_only or path in self.map.kinds:
           self._slot(getattr(node, f.name), path, f)
+      elif map_registry(f) is not None:  # named nodes (a block group's): a slot each
+        for name, member in getattr(node, f.name):
+          if not known_only or f"{path}.{name}" in self.map.kinds:
+            self._slot(member, f"{path}.{name}", f)
       elif not known_only or path in self.map.fields:
         self._field(path, getattr(node, f.name), f)
 

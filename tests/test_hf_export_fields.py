@@ -20,8 +20,8 @@ import typing
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from core.registry import (REQUIRED, Component, ConfigError, child_registry, optional_child,
-                           registry)
+from core.registry import (REQUIRED, Component, ConfigError, child_registry, map_registry,
+                           optional_child, registry)
 from modules import hf_maps
 from modules.hf_maps import FAMILIES, Key, NotWritten
 
@@ -118,6 +118,8 @@ def _changed(value, hint):
   args = typing.get_args(hint)
   if typing.get_origin(hint) is typing.Literal:
     return next(a for a in args if a != value)
+  if typing.get_origin(hint) is tuple and args == (str, ...):
+    return (*(value or ()), "a")  # a block group's pattern: one layer more, of member "a"
   base = next((a for a in args if a is not type(None)), hint)
   if base is bool:
     return not value
@@ -138,7 +140,9 @@ def _switched(reg, node, kind):
   hints = typing.get_type_hints(_config_cls(reg, kind))
   for f in dataclasses.fields(_config_cls(reg, kind)):
     if out.get(f.name) is None and f.default is dataclasses.MISSING:
-      out[f.name] = _changed(None, hints[f.name])
+      # named nodes of the slot's own registry (a block group's): the node switched from, "a"
+      out[f.name] = ({"a": node} if map_registry(f) is reg
+                     else _changed(None, hints[f.name]))
   return out
 
 
@@ -167,7 +171,8 @@ def _changes(base: dict) -> list[Change]:
       current_fields = ({f.name for f in dataclasses.fields(_config_cls(reg, current))}
                         if current else set())
       for f in dataclasses.fields(_config_cls(reg, kind)):
-        if f.name == "kind" or f.name in current_fields or child_registry(f) is not None:
+        if f.name == "kind" or f.name in current_fields or child_registry(f) is not None or (
+            map_registry(f) is not None):
           continue  # a field the current kind has too is changed below
         path = _join(slot, f.name)
         out.append(Change(f"{slot}.kind={kind}, {f.name}",
@@ -183,6 +188,9 @@ def _changes(base: dict) -> list[Change]:
         continue
       if child_registry(f) is not None:
         visit(child_registry(f), path, node[f.name], optional_child(f))
+      elif map_registry(f) is not None:  # named nodes: each a slot of its own
+        for name, member in node[f.name].items():
+          visit(map_registry(f), _join(path, name), member, False)
       else:
         out.append(Change(path, _with(base, path, _changed(node[f.name], hints[f.name])),
                           (path,), path))
