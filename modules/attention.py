@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from modules import attn_registry, context
-from modules.attn_registry import Context, Mask, option
+from modules import attn_registry, context, masks
+from modules.attn_registry import Context, option
+from modules.masks import Mask
 from modules.norms import NORMS
 from modules.position import POSITIONS
 from core.registry import REQUIRED, ConfigError, Registry, child
@@ -64,6 +65,11 @@ class AttentionConfig:
   # before the mask, bounding it to (-cap, cap) (Gemma-2: 50.0); None = off. A per-layer option:
   # only the implementations that declare it run with it (xla, chunked, splash).
   logit_softcap: float | None = option(None)
+  # Sliding-window attention (Mistral; Gemma 2's local layers): a query sees itself and the
+  # sliding_window - 1 positions before it (Hugging Face's `sliding_window`); None = off. A mask
+  # option (modules/masks.py): training, the KV cache (of this many slots) and context shards
+  # all apply it; every implementation supports it.
+  sliding_window: int | None = option(None)
 
   def heads(self, dim: int) -> tuple[int, int, int]:
     kv = self.num_kv_heads or self.num_heads
@@ -90,6 +96,9 @@ class AttentionConfig:
     if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
       raise ConfigError(f"attention.logit_softcap must be a positive number (None = off), got "
                         f"{self.logit_softcap}")
+    if self.sliding_window is not None and self.sliding_window <= 0:
+      raise ConfigError(f"attention.sliding_window must be a positive number of positions "
+                        f"(None = off), got {self.sliding_window}")
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
@@ -98,11 +107,6 @@ class AttentionConfig:
 
 # The cache holds keys/values like the activations they come from (same logical axes).
 CACHE_AXES = ("act_batch", "act_length", "act_heads", None)
-
-
-def decode_mask(positions_BxL, cache_length: int):
-  """[B, 1, L, S] boolean: query at position p sees cache slots 0..p."""
-  return (jnp.arange(cache_length)[None, None, :] <= positions_BxL[:, :, None])[:, None]
 
 
 def write_cache(cache_BxSxGxK, new_BxLxGxK, start_B):
@@ -152,23 +156,26 @@ class Attention(nn.Module):
   def _attend(self, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, positions_BxL, segment_ids_BxL, *,
               decode: bool):
     """The configured implementation, chosen through the registry (attn_registry.choose), on
-    the mask of the call: a decode step's cache mask; under context parallelism, each shard's
-    mask over the gathered keys (context.attention) unless the implementation splits the work
-    itself; else causal by segment ids."""
+    the layer's mask options (masks.Spec) in the form of the call: a decode step's mask over the
+    cache; under context parallelism, each shard's mask over the gathered keys
+    (context.attention) unless the implementation splits the work itself; else over the row,
+    by segment ids."""
     cfg = self.cfg
+    spec = masks.Spec.of(cfg)
     shards = 1 if decode else context.shards()[1]
     impl = attn_registry.choose(cfg, segments=segment_ids_BxL is not None and not decode,
                                 context=shards, decode=decode)
     if decode:
       k_BxSxGxK, v_BxSxGxK = self._cached(k_BxLxGxK, v_BxLxGxK, positions_BxL)
-      mask = Mask(explicit_Bx1xLxS=decode_mask(positions_BxL, k_BxSxGxK.shape[1]))
+      slots_1xS = jnp.arange(k_BxSxGxK.shape[1])[None]
+      mask = Mask(explicit_Bx1xLxS=spec.dense(positions_BxL, slots_1xS))
       return impl.attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg)
     if shards > 1 and impl.supports.context is Context.GATHERED:
-      return context.attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL,
+      return context.attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, spec=spec,
                                attend=lambda q, k, v, mask: impl.attend(
                                    q, k, v, Mask(explicit_Bx1xLxS=mask), cfg))
-    return impl.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, Mask(segment_ids_BxL=segment_ids_BxL),
-                       cfg)
+    return impl.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
+                       Mask(spec=spec, segment_ids_BxL=segment_ids_BxL), cfg)
 
   def _cached(self, k_BxLxGxK, v_BxLxGxK, positions_BxL):
     """(keys, values) of the whole cache after writing this call's; made on first use.

@@ -7,12 +7,15 @@ Staats 2021). It supports what `xla` does: each block is an `xla` call with the 
 
 import jax
 
-from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
+from modules import masks
+from modules.attn_registry import IMPLEMENTATIONS, Context, Supports
 from modules.attn_xla import xla_attention
+from modules.masks import Mask
 
 
 @IMPLEMENTATIONS.register("chunked", Supports(segments=True, context=Context.GATHERED,
-                                              decode=True, options=("logit_softcap",)))
+                                              decode=True, options=("logit_softcap",),
+                                              masks=masks.DENSE))
 def chunked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   """`xla_attention` over blocks of `cfg.query_chunk_size` queries (lax.map), each block under
   jax.checkpoint. The result equals xla_attention's; a length that the chunk does not divide

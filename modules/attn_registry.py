@@ -5,23 +5,27 @@ An implementation is a function of one signature,
     attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg) -> [B, L, H, K]
 
 queries over G kv heads (kv head g serves query heads g*H/G .. (g+1)*H/G - 1), softmax scale
-K**-0.5, the keys each query sees given by `mask` (a `Mask`). `cfg` is the layer's
+K**-0.5, the keys each query sees given by `mask` (a modules/masks.py:Mask). `cfg` is the layer's
 AttentionConfig (modules/attention.py): every option reaches the kernel in that one node, read
 where it is used. Each file `modules/attn_<name>.py` registers one, with its declaration:
 
     @IMPLEMENTATIONS.register("xla", Supports(segments=True, context=Context.GATHERED,
-                                              decode=True))
+                                              decode=True, masks=masks.DENSE))
     def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg): ...
 
 The layer (modules/attention.py:Attention) dispatches through `choose`, which refuses in one
 line (ConfigError) what the implementation does not declare: packed documents, context
 parallelism, a per-layer option; a decode step of one that does not declare decoding runs
-REFERENCE (`xla`) instead, which supports everything. A per-layer option is a field of AttentionConfig made with
-`option(default)`, one that changes the attention's math; an implementation that supports it
-names it in `Supports.options` and reads `cfg.<name>`; the others refuse it when it is set
-away from its default, when the layer is built (AttentionConfig.check). Settings of one
-implementation (`query_chunk_size`, `splash_block_size`, `logits_dtype`) are plain fields that
-the others ignore.
+REFERENCE (`xla`) instead, which supports everything. A per-layer option is a field of
+AttentionConfig made with `option(default)`, one that changes the attention's math; the others
+refuse it when it is set away from its default, when the layer is built
+(AttentionConfig.check). An implementation supports an option either by reading `cfg.<name>`
+and naming it in `Supports.options` (`logit_softcap`), or, for a mask option (a sliding window:
+modules/masks.py, where each is defined once), by attending under `mask` and naming the mask
+options its form of the mask expresses in `Supports.masks`: masks.DENSE, every one, for those
+that take the mask as an array (`Mask.array`), masks.SPLASH for splash's own masks. Settings of
+one implementation (`query_chunk_size`, `splash_block_size`, `logits_dtype`) are plain fields
+that the others ignore.
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ import dataclasses
 import enum
 from collections.abc import Callable
 from typing import Any
-
-import jax.numpy as jnp
 
 from core.registry import ConfigError, suggest
 
@@ -52,6 +54,8 @@ class Supports:
   context: Context | None  # context parallelism, and how; None: refused
   decode: bool  # a KV cache's explicit mask (generation); False: REFERENCE decodes instead
   options: tuple[str, ...] = ()  # the per-layer options (AttentionConfig `option()` fields)
+  # the mask options it attends under (modules/masks.py): masks.DENSE, masks.SPLASH, or none
+  masks: tuple[str, ...] = ()
 
   def has(self, need: str) -> bool:
     """Whether it supports `need`: "segments", "context", "decode" or an option's name."""
@@ -59,7 +63,7 @@ class Supports:
       return getattr(self, need)
     if need == "context":
       return self.context is not None
-    return need in self.options
+    return need in self.options or need in self.masks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,33 +155,3 @@ def check_context(cfg, *, length: int, count: int) -> None:
   impl = choose(cfg, context=count)
   if impl.check_context is not None:
     impl.check_context(cfg, length=length, count=count)
-
-
-def causal_mask(segment_ids_BxL, length: int):
-  """[B, 1, L, L] boolean: attend to earlier-or-same positions of the same segment."""
-  causal_LxL = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-  if segment_ids_BxL is None:
-    return causal_LxL[None, None]
-  same_BxLxL = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-  return (causal_LxL[None] & same_BxLxL)[:, None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Mask:
-  """Which keys each query sees. Causal over one sequence (L = S), packed documents kept apart
-  by `segment_ids_BxL` (None: one document a row); or, where the caller has it as an array (a
-  decode step's cache, a context shard's gathered keys), `explicit_Bx1xLxS` ([B or 1, 1, L, S]
-  booleans), which only implementations that declare decode or Context.GATHERED are given."""
-  segment_ids_BxL: Any = None
-  explicit_Bx1xLxS: Any = None
-
-  @property
-  def causal_only(self) -> bool:
-    """Plain causal attention: no segments, no explicit mask."""
-    return self.segment_ids_BxL is None and self.explicit_Bx1xLxS is None
-
-  def array(self, length: int):
-    """The mask as [B or 1, 1, L, S] booleans (`length`: L, the queries')."""
-    if self.explicit_Bx1xLxS is not None:
-      return self.explicit_Bx1xLxS
-    return causal_mask(self.segment_ids_BxL, length)

@@ -1,8 +1,8 @@
 """`splash` attention: JAX's Pallas TPU flash-attention kernel, sharded over batch and heads.
 
 The kernel (jax.experimental.pallas.ops.tpu.splash_attention) computes causal attention of one
-sequence over [heads, length, head_dim], skipping the key blocks the causal mask hides, with
-packed documents as segment ids, and G < H kv heads served natively (query head h reads kv head
+sequence over [heads, length, head_dim], skipping the key blocks the mask hides (causal, or
+local with a sliding window: modules/masks.py:Spec.splash), with packed documents as segment ids, and G < H kv heads served natively (query head h reads kv head
 h // (H/G)). A Pallas kernel cannot be partitioned by the compiler, so it runs under
 `jax.shard_map`: each device gets its slice of the batch (`act_batch`) and heads (`act_heads`),
 mapped to mesh axes by flax's logical rules and the mesh set with `jax.set_mesh`, and loops
@@ -10,9 +10,10 @@ over its rows with vmap. Off TPU the kernel runs in Pallas interpret mode (slow:
 
 The kernel's whole setup is in this file: `block_sizes` (its tiles, from
 `attention.splash_block_size`) and `_kernel` (its mask and `make_splash_mha`), which gets the
-layer's AttentionConfig as every implementation does. It declares packed documents and context
-parallelism (its own: `_context_kernel`, laid out by `check_context`); it cannot attend under
-a KV cache's mask, so a decode step runs `xla` in its place (attn_registry.REFERENCE).
+layer's AttentionConfig as every implementation does. It declares packed documents, context
+parallelism (its own: `_context_kernel`, laid out by `check_context`) and the mask options its
+masks express (masks.SPLASH); it cannot attend under a KV cache's mask, so a decode step runs
+`xla` in its place (attn_registry.REFERENCE).
 """
 
 import functools
@@ -24,8 +25,9 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from core.registry import ConfigError
-from modules import context
-from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
+from modules import context, masks
+from modules.attn_registry import IMPLEMENTATIONS, Context, Supports
+from modules.masks import Mask
 
 LANES = 128  # the kernel's key blocks are multiples of the TPU's 128 lanes
 
@@ -70,13 +72,13 @@ def check_context(cfg, *, length: int, count: int) -> None:
 
 
 def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS, cfg, *,
-            interpret: bool, offset: int = 0):
-  """The kernel on local arrays: one causal mask per local head (query i sees keys up to
-  i + offset), vmapped over the rows; blocks of `cfg.splash_block_size`; `cfg.logit_softcap`
-  caps the (pre-scaled) logits, cap * tanh(logits / cap), inside the kernel."""
+            spec: masks.Spec, interpret: bool, offset: int = 0):
+  """The kernel on local arrays: `spec`'s mask for each local head (query i at index
+  i + offset among the keys), vmapped over the rows; blocks of `cfg.splash_block_size`;
+  `cfg.logit_softcap` caps the (pre-scaled) logits, cap * tanh(logits / cap), inside it."""
   _, h, q_length, _ = q_BxHxQxK.shape
   kv_length = k_BxGxSxK.shape[2]
-  mask = sa.MultiHeadMask([sa.CausalMask((q_length, kv_length), offset=offset)] * h)
+  mask = sa.MultiHeadMask([spec.splash((q_length, kv_length), offset=offset)] * h)
   blocks = block_sizes(q_length, cfg.splash_block_size, kv_length=kv_length)
   kernel = sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
                               attn_logits_soft_cap=cfg.logit_softcap, interpret=interpret)
@@ -86,13 +88,13 @@ def _kernel(q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS
       q_BxHxQxK, k_BxGxSxK, v_BxGxSxK, segment_ids_BxQ, kv_segment_ids_BxS)
 
 
-def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, axes,
+def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, spec, axes,
                     count: int, interpret: bool):
   """One context shard: its two chunks of queries (zig-zag layout) against the gathered keys.
 
   Keys, values and their segment ids are all-gathered and put back in the natural order; each
-  chunk of queries then sees the keys up to its own original index (a causal mask offset by
-  the chunk's start). The offsets are static per shard, so every shard's pair of kernels is
+  chunk of queries then sees the keys by `spec` from its own original index (the mask offset
+  by the chunk's start). The offsets are static per shard, so every shard's pair of kernels is
   built and the shard's own chosen by its index (lax.switch).
   """
   gather = lambda x, axis: jax.lax.all_gather(x, axes, axis=axis, tiled=True)
@@ -109,7 +111,7 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, ax
         part = slice(half * c, (half + 1) * c)
         outs.append(_kernel(q[:, :, part], k, v,
                             None if segments is None else segments[:, part], kv_segments, cfg,
-                            interpret=interpret, offset=chunk * c))
+                            spec=spec, interpret=interpret, offset=chunk * c))
       return jnp.concatenate(outs, axis=2)
     return run
 
@@ -118,15 +120,16 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, ax
 
 
 @IMPLEMENTATIONS.register("splash", Supports(segments=True, context=Context.OWN, decode=False,
-                                             options=("logit_softcap",)),
+                                             options=("logit_softcap",), masks=masks.SPLASH),
                           check_context=check_context)
 def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
-  """Causal attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads, packed
-  documents kept apart by `mask.segment_ids_BxL` ([B, L] ints, or None); returns [B, L, H, K].
-  Under context parallelism (modules/context.py) the inputs are in its layout."""
+  """Attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads under
+  `mask.spec`, packed documents kept apart by `mask.segment_ids_BxL` ([B, L] ints, or None);
+  returns [B, L, H, K]. Under context parallelism (modules/context.py) the inputs are in its
+  layout."""
   if mask.explicit_Bx1xLxS is not None:
-    raise ValueError("splash attends under causal masks by segment ids, not explicit masks")
-  segment_ids_BxL = mask.segment_ids_BxL
+    raise ValueError("splash attends under its own masks by segment ids, not explicit masks")
+  segment_ids_BxL, spec = mask.segment_ids_BxL, mask.spec
   b, _, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   mesh = jax.sharding.get_abstract_mesh()
@@ -136,7 +139,7 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   kk, v = k_BxLxGxK.transpose(0, 2, 1, 3), v_BxLxGxK.transpose(0, 2, 1, 3)
   interpret = platform != "tpu"
   if mesh.empty:
-    return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, cfg,
+    return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, cfg, spec=spec,
                    interpret=interpret).transpose(0, 2, 1, 3)
   batch = context.mesh_axes("act_batch", b, mesh)
   heads = context.mesh_axes("act_heads", h, mesh)
@@ -146,14 +149,15 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   axes, count = context.shards()
   if count > 1:
     check_context(cfg, length=q.shape[2], count=count)
-    attend = functools.partial(_context_kernel, cfg=cfg, axes=axes, count=count,
+    attend = functools.partial(_context_kernel, cfg=cfg, spec=spec, axes=axes, count=count,
                                interpret=interpret)
   else:
     axes = None
-    attend = lambda q, kk, v, s: _kernel(q, kk, v, s, s, cfg, interpret=interpret)
-  spec = jax.P(batch, heads, axes, None)
-  seg_spec = jax.P(batch, axes) if segment_ids_BxL is not None else None
-  out = jax.shard_map(attend, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
+    attend = lambda q, kk, v, s: _kernel(q, kk, v, s, s, cfg, spec=spec, interpret=interpret)
+  split_as = jax.P(batch, heads, axes, None)
+  segments_as = jax.P(batch, axes) if segment_ids_BxL is not None else None
+  out = jax.shard_map(attend, in_specs=(split_as, split_as, split_as, segments_as),
+                      out_specs=split_as,
                       axis_names=context.free_axes(mesh), check_vma=False)(
                           q, kk, v, segment_ids_BxL)
   return out.transpose(0, 2, 1, 3)

@@ -1,17 +1,20 @@
 """`xla` attention: the reference math in einsums, written for what XLA keeps in memory.
 
 It supports everything (attn_registry.REFERENCE): packed documents, context parallelism
-(explicit masks), decoding, and every per-layer option.
+(explicit masks), decoding, every per-layer option, and every mask option (modules/masks.py:
+it attends under the mask as an array).
 """
 
 import jax
 import jax.numpy as jnp
 
-from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
+from modules import masks
+from modules.attn_registry import IMPLEMENTATIONS, Context, Supports
+from modules.masks import Mask
 
 
 @IMPLEMENTATIONS.register("xla", Supports(segments=True, context=Context.GATHERED, decode=True,
-                                          options=("logit_softcap",)))
+                                          options=("logit_softcap",), masks=masks.DENSE))
 def xla_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask: Mask, cfg):
   """Reference math; softmax in float32. G kv heads each serve R = H/G query heads.
 

@@ -15,8 +15,9 @@ positions, and everything between the two is per position except attention.
 Attention. Each shard keeps its queries and all-gathers keys, values and segment ids over the
 context axes inside `jax.shard_map` (the gradient of the gather is a reduce-scatter), then
 attends with the implementation, if it declares `Context.GATHERED` (modules/attn_registry.py:
-`xla`, `chunked`, `dot_product`), under an explicit mask: a key is visible to a query at an
-earlier or equal original index of the same segment, exactly the mask of the unsplit sequence.
+`xla`, `chunked`, `dot_product`), under an explicit mask: the layer's mask options
+(modules/masks.py:Spec) over the original indices of the shard's queries and of the gathered
+keys, and their segments: exactly the mask of the unsplit sequence.
 An implementation that declares `Context.OWN` (`splash`) splits the work itself. Costs per
 layer and shard: the keys and values of the whole sequence (2 x L x kv_heads x head_dim), and
 [L/C, L] logits.
@@ -94,11 +95,12 @@ def unzigzag(x_BxL, count: int):
   return jnp.take(x_BxL, np.argsort(zigzag_order(x_BxL.shape[1], count)), axis=1)
 
 
-def attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, attend):
+def attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, spec, attend):
   """`attend(q, k, v, mask)` on each context shard's queries against the gathered keys.
 
   Inputs are in the layout of `zigzag`, positions split over the context axes; `attend` takes
-  [B, Q, H, K] queries, [B, S, G, K] keys and values and a [B or 1, 1, Q, S] boolean mask.
+  [B, Q, H, K] queries, [B, S, G, K] keys and values and a [B or 1, 1, Q, S] boolean mask,
+  `spec`'s (a modules/masks.py:Spec) over the original indices.
   """
   mesh = jax.sharding.get_abstract_mesh()
   axes, count = shards()
@@ -118,14 +120,13 @@ def attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, *, attend):
     v = jax.lax.all_gather(v, axes, axis=1, tiled=True)
     q_index = jax.lax.dynamic_slice_in_dim(jnp.asarray(order), jax.lax.axis_index(axes) * local,
                                            local)
-    mask = (order[None, :] <= q_index[:, None])[None, None]  # [1, 1, Q, L]
+    keys = None
     if segment_ids is not None:
       keys = jax.lax.all_gather(segment_ids, axes, axis=1, tiled=True)
-      mask = mask & (segment_ids[:, :, None] == keys[:, None, :])[:, None]
-    return attend(q, k, v, mask)
+    return attend(q, k, v, spec.dense(q_index[None], order[None], segment_ids, keys))
 
-  spec = jax.P(batch, axes, heads, None)
-  seg_spec = jax.P(batch, axes) if segment_ids_BxL is not None else None
-  return jax.shard_map(shard, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                       axis_names=free_axes(mesh), check_vma=False)(
+  split_as = jax.P(batch, axes, heads, None)
+  segments_as = jax.P(batch, axes) if segment_ids_BxL is not None else None
+  return jax.shard_map(shard, in_specs=(split_as, split_as, split_as, segments_as),
+                       out_specs=split_as, axis_names=free_axes(mesh), check_vma=False)(
                            q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL)

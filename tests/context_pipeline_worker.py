@@ -243,7 +243,7 @@ def splash_context(devices) -> dict:
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   from modules import context  # pylint: disable=import-outside-toplevel
   from modules.attention import AttentionConfig  # pylint: disable=import-outside-toplevel
-  from modules.attn_registry import Mask  # pylint: disable=import-outside-toplevel
+  from modules.masks import Mask  # pylint: disable=import-outside-toplevel
   from modules.attn_splash import splash_attention  # pylint: disable=import-outside-toplevel
   from modules.attn_xla import xla_attention  # pylint: disable=import-outside-toplevel
   from trainer import sharding  # pylint: disable=import-outside-toplevel

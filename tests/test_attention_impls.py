@@ -19,9 +19,10 @@ import pytest
 
 import modules  # noqa: F401  (registers the layer library and the implementations)
 from core.registry import ConfigError, registry
-from modules import attn_registry
+from modules import attn_registry, masks
 from modules.attention import ATTENTION, Attention, AttentionConfig
-from modules.attn_registry import IMPLEMENTATIONS, Context, Mask, Supports
+from modules.attn_registry import IMPLEMENTATIONS, Context, Supports
+from modules.masks import Mask
 from tests import tpu_tolerances
 from tests.conftest import ROOT, xla_flags
 from tests.test_modules import random_params
@@ -35,7 +36,8 @@ LENGTH = 128  # one block of `splash` (its blocks are multiples of 128)
 PREFILL = 96  # a decode test's prompt: 3 query chunks of `chunked`, then one token a step
 # A value that turns each per-layer option (an `option()` field of AttentionConfig) on, for the
 # test that every implementation declaring it agrees with `xla` and every other refuses it.
-OPTION_VALUES: dict = {"logit_softcap": 0.5}  # below the test's logits: the cap bites
+OPTION_VALUES: dict = {"logit_softcap": 0.5,  # below the test's logits: the cap bites
+                       "sliding_window": 16}  # shorter than the test's documents
 
 
 def _cfg(implementation: str, **fields) -> AttentionConfig:
@@ -107,14 +109,15 @@ def test_the_reference_supports_everything():
   options = set(attn_registry.option_names(AttentionConfig))
   xla = IMPLEMENTATIONS.get(attn_registry.REFERENCE).supports
   assert xla.segments and xla.decode and xla.context is Context.GATHERED
-  assert set(xla.options) == options
+  assert set(xla.options) | set(xla.masks) == options
 
 
 def test_every_option_has_a_value_to_test():
   options = set(attn_registry.option_names(AttentionConfig))
   assert set(OPTION_VALUES) == options
   for impl in NAMES:
-    assert set(IMPLEMENTATIONS.get(impl).supports.options) <= options, impl
+    supports = IMPLEMENTATIONS.get(impl).supports
+    assert set(supports.options) | set(supports.masks) <= options, impl
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -138,43 +141,48 @@ def test_declared_support_matches_what_it_does(name):
                              ref.apply(params, x, pos, None)[:, :PREFILL + 2], atol=1e-5)
   for option, value in OPTION_VALUES.items():
     on, ref_on = (Attention(_cfg(n, **{option: value}), dim=32) for n in (name, "xla"))
-    if option in supports.options:
+    if supports.has(option):
       _assert_agree(_value_and_grad(on, params, x, pos, seg),
                     _value_and_grad(ref_on, params, x, pos, seg), name=name)
     else:
       _one_line_refusal(lambda: on.cfg.check(dim=32), f"attention.{option}=", name)
 
 
-def _by_hand(q, k, v, segments, *, cap):
+def _by_hand(q, k, v, segments, *, cap, window):
   """Causal GQA attention in float64 NumPy, logits scaled by K**-0.5, then Gemma-2's soft cap
-  cap * tanh(logit / cap) (None: none), then the mask of causal positions in one segment."""
+  cap * tanh(logit / cap) (None: none), then the mask of causal positions in one segment, less
+  than `window` positions back (None: any)."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   b, length, h, dim = q.shape
   k, v = (np.repeat(a, h // a.shape[2], axis=2) for a in (k, v))
   logits = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(dim)
   if cap is not None:
     logits = cap * np.tanh(logits / cap)
-  seen = np.tril(np.ones((length, length), bool))[None] & (
-      segments[:, :, None] == segments[:, None, :])
+  seen = np.tril(np.ones((length, length), bool))
+  if window is not None:
+    seen &= ~np.tril(np.ones((length, length), bool), -window)
+  seen = seen[None] & (segments[:, :, None] == segments[:, None, :])
   logits = np.where(seen[:, None], logits, -np.inf)
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   return np.einsum("bhqs,bshk->bqhk", weights / weights.sum(-1, keepdims=True), v)
 
 
-@pytest.mark.parametrize("cap", [None, 3.0])
-def test_logit_softcap_by_hand(cap):
+@pytest.mark.parametrize("cap,window", [(None, None), (3.0, None), (None, 3), (3.0, 5)])
+def test_options_by_hand(cap, window):
   """`xla` (the reference the others are held to) against attention written out in NumPy, on
-  packed rows: the soft cap applies to the scaled logits, before the mask."""
+  packed rows: the soft cap applies to the scaled logits, before the mask; the window keeps the
+  query and the window - 1 positions before it."""
   keys = jax.random.split(jax.random.key(3), 3)
   q = jax.random.normal(keys[0], (2, 16, 4, 8)) * 3  # logits of a few units: the cap bites
   k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in keys[1:])
   segments = np.repeat(np.array([[0, 1], [0, 0]]), 8, axis=1)
-  got = IMPLEMENTATIONS.get("xla").attend(q, k, v, Mask(segment_ids_BxL=jnp.asarray(segments)),
-                                          _cfg("xla", logit_softcap=cap))
-  want = _by_hand(q, k, v, segments, cap=cap)
+  cfg = _cfg("xla", logit_softcap=cap, sliding_window=window)
+  got = IMPLEMENTATIONS.get("xla").attend(
+      q, k, v, Mask(spec=masks.Spec.of(cfg), segment_ids_BxL=jnp.asarray(segments)), cfg)
+  want = _by_hand(q, k, v, segments, cap=cap, window=window)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-  if cap is not None:  # not the uncapped attention
-    assert np.abs(want - _by_hand(q, k, v, segments, cap=None)).max() > 1e-2
+  if (cap, window) != (None, None):  # not the plain attention
+    assert np.abs(want - _by_hand(q, k, v, segments, cap=None, window=None)).max() > 1e-2
 
 
 def test_logit_softcap_refused_where_not_supported(tmp_path):

@@ -232,12 +232,12 @@ def _attention_cfg(**fields):
 @pytest.mark.usefixtures("highest_precision")  # on a TPU: float32 matmuls
 def test_xla_attention_gradients_equal_jax_dot_product_attention():
   """The softmax normalised after the second matmul, differentiated, against jax's own."""
-  from modules.attn_registry import Mask, causal_mask
   from modules.attn_xla import xla_attention
+  from modules.masks import Mask
   q, k, v = (jax.random.normal(key, (2, 16, heads, 8))
              for key, heads in zip(jax.random.split(jax.random.key(1), 3), (4, 2, 2)))
   segments = jnp.repeat(jnp.array([[0, 1, 1, 2]]), 4, axis=1).repeat(2, axis=0)
-  mask = causal_mask(segments, 16)
+  mask = Mask(segment_ids_BxL=segments).array(16)
   def loss(fn):
     return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)))
   cfg = _attention_cfg()
@@ -253,7 +253,7 @@ def test_xla_attention_gradients_equal_jax_dot_product_attention():
 def test_bfloat16_attention_with_float32_logits_on_request():
   """bfloat16 inputs: logits_dtype=float32 keeps the logits' float32 (closer to the float32
   result); the default writes them in bfloat16, within bfloat16's rounding of it."""
-  from modules.attn_registry import Mask
+  from modules.masks import Mask
   from modules.attn_xla import xla_attention
   q, k, v = (jax.random.normal(key, (2, 64, heads, 16)) * 2
              for key, heads in zip(jax.random.split(jax.random.key(2), 3), (4, 2, 2)))
@@ -301,7 +301,7 @@ def splash_against_xla(packed, *, mesh=False):
   `_splash_case(packed)`, splash in blocks of 128 (Pallas interpret mode off TPU, the native
   kernel on a TPU); with `mesh`, through shard_map on a one-device mesh with the trainer's
   logical rules. Also measured on the chip by tests/tpu_tolerances.py."""
-  from modules.attn_registry import Mask
+  from modules.masks import Mask
   from modules.attn_splash import splash_attention
   from modules.attn_xla import xla_attention
   from trainer import meshes

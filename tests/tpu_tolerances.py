@@ -152,7 +152,7 @@ def _layer_errors(precision: str) -> dict:
 def _splash_native() -> bool:
   """Whether splash compiles to the Pallas TPU kernel (a `tpu_custom_call`), not interpret mode."""
   # pylint: disable=import-outside-toplevel
-  from modules.attn_registry import Mask
+  from modules.masks import Mask
   from modules.attn_splash import splash_attention
   from tests.test_modules import _attention_cfg, _splash_case
   q, k, v, seg = _splash_case(True)
