@@ -11,6 +11,7 @@ parameter shapes, and so checkpoints, stay the same on every mesh; a mesh rule c
 """
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -70,6 +71,9 @@ class DecoderLMConfig:
   pipeline_microbatches: int = 0
   remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | offload_dots_with_no_batch_dims | offload_attn_out (saved to host memory) | tagged names, e.g. "qkv_proj,attn_out"
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
+  # Gemma-2's final logit soft-capping: each logit becomes cap * tanh(logit / cap), bounding it
+  # to (-cap, cap) (Gemma-2: 30.0); None = off
+  final_logit_softcap: float | None = None
   embedding: Any = child("embedding")
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
   block: Any = child("block")  # every layer's block, or a group of them (modules/block_group.py)
@@ -82,6 +86,9 @@ class DecoderLMConfig:
     for name in ("vocab_size", "vocab_multiple", "dim", "num_layers"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+    if self.final_logit_softcap is not None and not 0 < self.final_logit_softcap < math.inf:
+      raise ConfigError(f"model.final_logit_softcap must be a positive number (None = off), got "
+                        f"{self.final_logit_softcap}")
     if self.pipeline_microbatches < 0:
       raise ConfigError(f"model.pipeline_microbatches must be >= 0 (0 = as many as stages), got "
                         f"{self.pipeline_microbatches}")
@@ -105,6 +112,13 @@ class DecoderLMConfig:
     return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
+def softcap(logits_BxLxV, cap: float | None):
+  """cap * tanh(logits / cap), computed in float32 (None: the logits as they are)."""
+  if cap is None:
+    return logits_BxLxV
+  return (cap * jnp.tanh(logits_BxLxV.astype(jnp.float32) / cap)).astype(logits_BxLxV.dtype)
+
+
 def mask_padding(logits_BxLxV, vocab_size: int):
   """Logits with the pad ids (`vocab_size` and up) at the lowest float: out of the softmax."""
   if logits_BxLxV.shape[-1] == vocab_size:
@@ -118,10 +132,12 @@ class LmHead:
   """The LM head for a loss that computes logits chunk by chunk (`DecoderLM(head=False)`)."""
   weight_DxV: jax.Array  # [dim, padded_vocab_size]
   vocab_size: int  # ids from here up are padding
+  softcap: float | None = None  # model.final_logit_softcap
 
   def logits(self, x_BxLxD):
-    """x @ head, the pad ids masked."""
-    return mask_padding(jnp.einsum("bld,dv->blv", x_BxLxD, self.weight_DxV), self.vocab_size)
+    """x @ head, soft-capped, the pad ids masked."""
+    return mask_padding(softcap(jnp.einsum("bld,dv->blv", x_BxLxD, self.weight_DxV),
+                                self.softcap), self.vocab_size)
 
 
 class _Layer(nn.Module):
@@ -192,17 +208,18 @@ class DecoderLM(nn.Module):
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
     if cfg.tie_embeddings:
       if not head:
-        return x, LmHead(embed.embedding.T.astype(x.dtype), cfg.vocab_size)
+        return x, LmHead(embed.embedding.T.astype(x.dtype), cfg.vocab_size,
+                         cfg.final_logit_softcap)
       with jax.named_scope("head"):  # names its ops in profiles and `axtrain plan --ops`
-        logits = mask_padding(embed.attend(x), cfg.vocab_size)
+        logits = mask_padding(softcap(embed.attend(x), cfg.final_logit_softcap), cfg.vocab_size)
     else:
       w = self.param("head", nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
           (cfg.dim, vocab))
       if not head:
-        return x, LmHead(w.astype(x.dtype), cfg.vocab_size)
+        return x, LmHead(w.astype(x.dtype), cfg.vocab_size, cfg.final_logit_softcap)
       with jax.named_scope("head"):
-        logits = LmHead(w.astype(x.dtype), cfg.vocab_size).logits(x)
+        logits = LmHead(w.astype(x.dtype), cfg.vocab_size, cfg.final_logit_softcap).logits(x)
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
 
   def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):

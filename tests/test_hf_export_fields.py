@@ -251,9 +251,14 @@ def _refusal(tree: dict) -> str:
   return str(e.value)
 
 
+def _parallel(block: dict) -> dict:
+  """A pre_norm block node as a parallel one (its own fields dropped)."""
+  return {**{k: v for k, v in block.items() if k != "post_norms"}, "kind": "parallel"}
+
+
 def test_a_qwen3_refusal_names_qwen3():
   base = _base("Qwen3ForCausalLM")
-  parallel = _with(base, "block", {**base["block"], "kind": "parallel", "separate_norms": False})
+  parallel = _with(base, "block", {**_parallel(base["block"]), "separate_norms": False})
   assert _refusal(parallel) == ("the model cannot be written as Qwen3ForCausalLM: model.block.kind"
                                 " is 'parallel' (Qwen3ForCausalLM takes only 'pre_norm')")
   assert _refusal(_with(base, "block.ffn.use_bias", True)) == (
@@ -265,7 +270,7 @@ def test_a_refusal_names_each_field_also_under_a_kind_the_family_lacks():
   """A parallel block with layernorm and a soft-cap: every refused field by its path, not only
   the block's kind (the fields under it that the map knows are still checked)."""
   base = _base("LlamaForCausalLM")
-  block = {**base["block"], "kind": "parallel", "separate_norms": False,
+  block = {**_parallel(base["block"]), "separate_norms": False,
            "norm": {"kind": "layernorm", "eps": 1e-5, "use_bias": True},
            "attention": {**base["block"]["attention"], "logit_softcap": 30.0}}
   assert _refusal(_with(base, "block", block)) == (
