@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -395,9 +396,10 @@ def _parse_map(reg: Registry, value: Any, path: str) -> tuple[tuple[str, Any], .
     raise ConfigError(f"{path}: expected named {reg.name} nodes {{name: node, ...}}, got "
                       f"{value!r}")
   for name in value:
-    if not (isinstance(name, str) and name.isidentifier()):
+    if not (isinstance(name, str) and name.isidentifier()) or keyword.iskeyword(name):
       raise ConfigError(f"{path}: {name!r} is no name for a {reg.name} node (letters, digits "
-                        f"and _, not first a digit)")
+                        f"and _, not first a digit, and no Python keyword: --config.{path}.NAME "
+                        f"must reach it)")
   return tuple((name, reg.parse(value[name], _join(path, name))) for name in sorted(value))
 
 

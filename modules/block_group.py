@@ -39,7 +39,7 @@ _HOW = ("named block nodes, which a config file sets: registry('block').node('gr
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BlockGroupConfig:
   kind: str = "group"
-  # The group's layers in order, each a name of `blocks`, e.g. ("local",) * 5 + ("global",);
+  # The group's layers in order, each a name of `blocks`, e.g. ("sliding",) * 5 + ("full",);
   # model.num_layers must be a multiple of its length (the group's repeats)
   pattern: tuple[str, ...] = REQUIRED
   blocks: Any = child_map("block", how=_HOW)  # {name: block node}: the kinds of layer

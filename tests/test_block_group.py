@@ -53,8 +53,8 @@ def random_params(node, seed: int = 0):
 
 
 def logits(model, params):
-  out, state = jax.jit(lambda p: model.apply({"params": p}, TOKENS, mutable=["losses", "metrics"]))(
-      params)
+  apply = lambda p: model.apply({"params": p}, TOKENS, mutable=["losses", "metrics"])
+  out, state = jax.jit(apply)(params)
   return np.asarray(out), state
 
 
@@ -84,8 +84,8 @@ def test_a_group_of_one_block_kind_is_the_plain_stack_regrouped():
   plain_model, group_model = build(plain), build(grouped)
   params = random_params(plain)
   stack = params["layers"]["block"]
-  regrouped = {**params, "layers": {"block": {
-      "a_0": jax.tree.map(lambda x: x[0::2], stack), "b_1": jax.tree.map(lambda x: x[1::2], stack)}}}
+  regrouped = {**params, "layers": {"block": {"a_0": jax.tree.map(lambda x: x[0::2], stack),
+                                               "b_1": jax.tree.map(lambda x: x[1::2], stack)}}}
   assert jax.tree.map(jnp.shape, regrouped) == jax.tree.map(
       jnp.shape, nn.meta.unbox(abstract_init(grouped)))
   np.testing.assert_array_equal(logits(group_model, regrouped)[0], logits(plain_model, params)[0])
@@ -134,6 +134,14 @@ def test_bad_groups_are_refused_in_one_line(change, message):
   with pytest.raises(ConfigError) as e:
     abstract_init(group_node(num_layers=num_layers, **change))
   assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_member_named_what_no_override_can_reach_is_refused():
+  node = group_node()
+  node.block.blocks = {"global": node.block.blocks.dense, "moe": node.block.blocks.moe}
+  with pytest.raises(ConfigError, match="'global' is no name for a block node .* no Python "
+                                        "keyword"):
+    MODELS.parse(node, "model")
 
 
 def test_a_group_in_a_group_is_refused():

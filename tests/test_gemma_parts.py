@@ -1,8 +1,9 @@
 """Gemma's layer options, each a field of the component that owns it, against its formula written
 out in NumPy: RMSNorm's (1 + w) (`rmsnorm.scale_offset`), embeddings times sqrt(dim)
 (`token.scale_by_sqrt_dim`), norms after each branch (`pre_norm.post_norms`), logits scaled by
-query_pre_attn_scalar**-0.5 (`attention.query_pre_attn_scalar`) and the final logits soft-capped
-(`decoder_lm.final_logit_softcap`). Each is off by default, adding no parameter."""
+query_pre_attn_scalar**-0.5 (`attention.query_pre_attn_scalar`), the final logits soft-capped
+(`decoder_lm.final_logit_softcap`) and Gemma 3's linearly scaled RoPE (`rope.linear_factor`). Each
+is off by default, adding no parameter."""
 
 from __future__ import annotations
 
@@ -132,3 +133,18 @@ def test_final_logit_softcap_caps_every_logit_and_keeps_the_pad_ids_out(tied):
   chunked = jax.jit(lambda p: (lambda x, head: head.logits(x))(  # a chunked loss's head
       *capped.apply(p, tokens, head=False)))
   np.testing.assert_allclose(chunked(params), got, rtol=1e-6)
+
+
+def test_rope_linear_factor_divides_the_positions():
+  """RoPE with factor 4 at positions 4p is plain RoPE at positions p (HF's rope_type linear)."""
+  q = jax.random.normal(jax.random.key(1), (2, 6, 4, 16))
+  pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  scaled = build("position", R("position").node("rope", theta=500.0, linear_factor=4.0),
+                 head_dim=16)
+  plain = build("position", R("position").node("rope", theta=500.0), head_dim=16)
+  np.testing.assert_allclose(scaled.apply({}, q, q, 4 * pos)[0], plain.apply({}, q, q, pos)[0],
+                             rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(scaled.apply({}, q, q, pos)[0])
+                - np.asarray(plain.apply({}, q, q, pos)[0])).max() > 0.1
+  with pytest.raises(ConfigError, match="rope.linear_factor must be a finite number > 0"):
+    build("position", R("position").node("rope", linear_factor=0.0), head_dim=16)
