@@ -5,14 +5,17 @@ IMPLEMENTATIONS, one file `modules/attn_<name>.py` each), named by `implementati
 dispatches through the registry, which refuses in one line what an implementation does not
 declare, and hands it this layer's config as the one node its options come in.
 
-With `decode=True` attention keeps its own key/value cache in the flax "cache"
-collection ([B, S, G, K] per layer, S = the cache length): each call writes the
-keys and values of its tokens at their positions (`positions_BxL`, consecutive
-per row) and attends to every cached slot at or before each query's position.
-The first call is the prefill (the prompt), the following ones decode a token
-each; rows may stand at different positions (prompts of unequal length). It attends
-with the configured implementation if that one declares decoding, else with `xla`. The
-rest of the model only passes the flag through. See trainer/generate.py.
+With `decode=True` attention keeps its own key/value cache in the flax "cache" collection
+(modules/kv_cache.py: the slots its mask needs, a ring buffer of `sliding_window` slots with a
+window): each call attends to the cache and its own tokens' keys under the layer's mask, then
+stores them at their positions (`positions_BxL`, consecutive per row; negative: padding).
+The first call is the prefill (the prompt), the following ones decode a token each; rows may
+stand at different positions (prompts of unequal length). It attends with the configured
+implementation if that one declares decoding, else with `xla`. The rest of the model only
+passes the flag through. See trainer/generate.py.
+
+The mask of every call (training, decoding, context shards) is the one of modules/masks.py,
+made from this layer's mask options (`masks.Spec.of(cfg)`).
 """
 
 import dataclasses
@@ -20,11 +23,10 @@ import math
 from typing import Any, Literal
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from modules import attn_registry, context, masks
+from modules import attn_registry, context, kv_cache, masks
 from modules.attn_registry import Context, option
 from modules.masks import Mask
 from modules.norms import NORMS
@@ -113,16 +115,6 @@ class AttentionConfig:
     attn_registry.choose(self)  # a registered implementation that supports the options set
 
 
-# The cache holds keys/values like the activations they come from (same logical axes).
-CACHE_AXES = ("act_batch", "act_length", "act_heads", None)
-
-
-def write_cache(cache_BxSxGxK, new_BxLxGxK, start_B):
-  """Writes each row's L new entries at slots start..start+L-1 of that row."""
-  return jax.vmap(lambda c, x, s: jax.lax.dynamic_update_slice(c, x, (s, 0, 0)))(
-      cache_BxSxGxK, new_BxLxGxK.astype(cache_BxSxGxK.dtype), start_B)
-
-
 @ATTENTION.register("attention", AttentionConfig)
 class Attention(nn.Module):
   cfg: AttentionConfig
@@ -176,29 +168,12 @@ class Attention(nn.Module):
     impl = attn_registry.choose(cfg, segments=segment_ids_BxL is not None and not decode,
                                 context=shards, decode=decode)
     if decode:
-      k_BxSxGxK, v_BxSxGxK = self._cached(k_BxLxGxK, v_BxLxGxK, positions_BxL)
-      slots_1xS = jnp.arange(k_BxSxGxK.shape[1])[None]
-      mask = Mask(explicit_Bx1xLxS=spec.dense(positions_BxL, slots_1xS))
-      return impl.attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, cfg)
+      k_BxSxGxK, v_BxSxGxK, mask = kv_cache.KVCache(spec=spec, name="kv_cache")(
+          k_BxLxGxK, v_BxLxGxK, positions_BxL)
+      return impl.attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, Mask(explicit_Bx1xLxS=mask), cfg)
     if shards > 1 and impl.supports.context is Context.GATHERED:
       return context.attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, spec=spec,
                                attend=lambda q, k, v, mask: impl.attend(
                                    q, k, v, Mask(explicit_Bx1xLxS=mask), cfg))
     return impl.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
                        Mask(spec=spec, segment_ids_BxL=segment_ids_BxL), cfg)
-
-  def _cached(self, k_BxLxGxK, v_BxLxGxK, positions_BxL):
-    """(keys, values) of the whole cache after writing this call's; made on first use.
-
-    The cache is created by `model.init(..., decode=True)` on tokens of the cache
-    length (trainer/generate.py:init_cache), so its shape is that call's k/v shape.
-    """
-    make = nn.with_logical_partitioning(jnp.zeros, CACHE_AXES)
-    cached_k = self.variable("cache", "key", make, k_BxLxGxK.shape, k_BxLxGxK.dtype)
-    cached_v = self.variable("cache", "value", make, v_BxLxGxK.shape, v_BxLxGxK.dtype)
-    start_B = positions_BxL[:, 0]
-    cached_k.value = nn.with_logical_constraint(
-        write_cache(cached_k.value, k_BxLxGxK, start_B), CACHE_AXES)
-    cached_v.value = nn.with_logical_constraint(
-        write_cache(cached_v.value, v_BxLxGxK, start_B), CACHE_AXES)
-    return cached_k.value, cached_v.value

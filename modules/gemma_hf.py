@@ -142,10 +142,8 @@ def _heads(m):
 
 
 def _layer_types_of(m) -> list[str]:
-  """HF's layer_types of the model (a name other than ours is refused: block.pattern's rule; a
-  model of one block kind, by the block's kind)."""
-  names = getattr(m.block, "pattern", ())
-  return [_TYPES.get(name, name) for name in names] * (m.num_layers // max(len(names), 1))
+  """HF's layer_types of the model: its pattern, repeated."""
+  return [_TYPES[name] for name in m.block.pattern] * m.repeats
 
 
 def _whole(value, _):

@@ -1,11 +1,12 @@
 """Hugging Face <-> axtrain: what every family's map is made of, the checks that every map
 gets, and the families (`FAMILIES`).
 
-A family's map is a file of its own (modules/llama_hf.py: LlamaForCausalLM, modules/qwen3_hf.py:
-Qwen3ForCausalLM, modules/gpt2_hf.py: GPT2LMHeadModel) that `register`s its `Family`: which HF
-config it accepts and the config node it becomes, the HF tensor names and shapes its config
-implies, and how each tensor maps to our parameters (one layer at a time; the caller stacks
-layers for a scanned model). Every map is a reshape or a transpose, so a round trip reproduces
+A family's map is a file of its own (modules/llama_hf.py: LlamaForCausalLM,
+modules/mistral_hf.py: MistralForCausalLM, modules/qwen3_hf.py: Qwen3ForCausalLM,
+modules/gpt2_hf.py: GPT2LMHeadModel) that `register`s its `Family`: which HF config it accepts
+and the config node it becomes, the HF tensor names and shapes its config implies, and how each
+tensor maps to our parameters (one layer at a time; the caller stacks layers for a scanned
+model). Every map is a reshape or a transpose, so a round trip reproduces
 each tensor bit for bit. `modules/` imports every file in it, so a new family is found here with
 no line to add; its `example` (a small HF config) is what the tests convert and compare with
 transformers.
@@ -194,6 +195,7 @@ class _Writer:
     self.problems: list[str] = []
     self.unequal: set[str] = set()  # the fields that others must equal (Same) and do not
     self.same_problems = 0  # the problems of those others
+    self._computed: list = []  # (HF key, function of the model) to write after the walk
 
   @property
   def distance(self) -> int:
@@ -203,14 +205,24 @@ class _Writer:
 
   def run(self) -> "_Writer":
     self._slot(self.m, "")
+    if not self.problems:  # values computed from the model: only of a model of this family's
+      for key, value in self._computed:  # shape (another's may lack what they read)
+        self._set(key, value(self.m))
     return self
 
   def _put(self, key: str, value: Any) -> None:
+    """Writes `value`, or `value(model)` for a callable once the walk found no problem."""
+    if callable(value):
+      self._computed.append((key, value))
+    else:
+      self._set(key, copy.deepcopy(value))
+
+  def _set(self, key: str, value: Any) -> None:
     *parents, last = key.split(".")
     target = self.out
     for part in parents:
       target = target.setdefault(part, {})
-    target[last] = value(self.m) if callable(value) else copy.deepcopy(value)
+    target[last] = value
 
   def _slot(self, node, slot: str, f: dataclasses.Field | None = None) -> None:
     where, arch = f"model.{slot}" if slot else "model", self.family.architecture
@@ -257,7 +269,7 @@ class _Writer:
                            f"{_alternatives(rule.values)})")
     elif isinstance(rule, Key):
       self._put(rule.key, rule.values[value] if rule.values is not None
-                else rule.to(value, self.m) if rule.to is not None else value)
+                else (lambda m, to=rule.to: to(value, m)) if rule.to is not None else value)
     elif isinstance(rule, Fixed) and not rule.allowed(value, self.m):
       self.problems.append(f"model.{path} is {value!r} ({arch} takes only {rule.what})")
     elif isinstance(rule, Same) and _at(self.m, rule.other) not in (value, _NOWHERE):

@@ -2,7 +2,8 @@
 
 A query at position q sees a key at position k when
   - k <= q (causal: these are decoder LMs);
-  - k >= 0: a negative position is no token (an empty slot of a KV cache, a prompt's padding);
+  - k >= 0, or q < 0: a negative position is padding (an empty slot of a KV cache, the tail of
+    a short prompt in a batch), which only padding sees, so that every query sees some key;
   - both carry the same segment id, where the call has segment ids (packed documents);
   - q - k < W with a sliding window of W (`attention.sliding_window`): the query and the W - 1
     positions before it (Mistral, Gemma 2's local layers; Hugging Face's `sliding_window`).
@@ -56,7 +57,7 @@ class Spec:
     """Booleans [..., L, S]: whether the query at q_pos[..., L] sees the key at k_pos[..., S]
     (NumPy or jax arrays, broadcast against each other)."""
     q, k = q_pos[..., :, None], k_pos[..., None, :]
-    seen = (k <= q) & (k >= 0)
+    seen = (k <= q) & ((k >= 0) | (q < 0))
     if self.sliding_window is not None:
       seen = seen & (q - k < self.sliding_window)
     return seen

@@ -6,8 +6,10 @@ times each at the rate the device reaches on ops of its kind:
     matmul     max(FLOPs / (matmul x peak FLOP/s), bytes / (memory x HBM bandwidth)); a
                quantized matmul (int8 or fp8 operands: model.quantization) at
                `matmul_quantized` x the chip's int8 / fp8 peak (trainer/meshes.py)
-    attention  a Pallas / cuDNN attention kernel, whose FLOPs the HLO does not show: its causal
-               FLOPs at `attention` x peak for a forward pass; a backward pass takes
+    attention  a Pallas / cuDNN attention kernel, whose FLOPs the HLO does not show: its
+               FLOPs over the pairs its mask admits (causal, within a sliding window:
+               planner/plan.py:attention_call_flops) at `attention` x peak for a forward
+               pass; a backward pass takes
                `attention_backward` forward passes
     the rest   bytes / (memory x HBM bandwidth)
 

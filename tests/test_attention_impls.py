@@ -120,11 +120,40 @@ def test_every_option_has_a_value_to_test():
     assert set(supports.options) | set(supports.masks) <= options, impl
 
 
+def test_every_mask_option_is_an_option_field():
+  """modules/masks.py:Spec's fields are AttentionConfig's option() fields of the same name and
+  default (the layer makes the spec from its config), DENSE names them all."""
+  defaults = {f.name: f.default for f in dataclasses.fields(AttentionConfig)}
+  for f in dataclasses.fields(masks.Spec):
+    assert f.name in attn_registry.option_names(AttentionConfig) and defaults[f.name] == f.default
+  assert set(masks.DENSE) == {f.name for f in dataclasses.fields(masks.Spec)} >= set(masks.SPLASH)
+
+
+def _supported(name: str) -> dict:
+  """The OPTION_VALUES that implementation `name` declares."""
+  supports = IMPLEMENTATIONS.get(name).supports
+  return {o: v for o, v in OPTION_VALUES.items() if supports.has(o)}
+
+
+def test_each_option_changes_the_result():
+  """Each OPTION_VALUES entry bites on the shared test's inputs, alone, in training (packed
+  rows) and in decoding (the first PREFILL + 2 positions): so a path that ignores it fails."""
+  x, pos, seg = _inputs()
+  params = {"params": random_params(Attention(_cfg("xla"), dim=32), x, pos, None)}
+  off = Attention(_cfg("xla"), dim=32)
+  for option, value in OPTION_VALUES.items():
+    on = Attention(_cfg("xla", **{option: value}), dim=32)
+    for segments, end in ((seg, LENGTH), (None, PREFILL + 2)):
+      diff = jnp.abs(on.apply(params, x, pos, segments) - off.apply(params, x, pos, segments))
+      assert float(jnp.max(diff[:, :end])) > 1e-2, (option, segments is None)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_declared_support_matches_what_it_does(name):
-  """Through the layer, against `xla`: plain and packed rows (value and gradients), decoding
-  from a KV cache (by `xla` in its place if it does not declare decoding), and each per-layer
-  option, which it either honours like `xla` or refuses in one line."""
+  """Through the layer, against `xla`: in training, plain and packed rows, then packed rows with
+  every option it declares on (value and gradients); decoding from a KV cache (by `xla` in its
+  place if it does not declare decoding) with those options on, against the full forward pass;
+  an option it does not declare is refused in one line. Context shards: below."""
   supports = IMPLEMENTATIONS.get(name).supports
   x, pos, seg = _inputs()
   ref, layer = Attention(_cfg("xla"), dim=32), Attention(_cfg(name), dim=32)
@@ -135,17 +164,18 @@ def test_declared_support_matches_what_it_does(name):
       continue
     _assert_agree(_value_and_grad(layer, params, x, pos, segments),
                   _value_and_grad(ref, params, x, pos, segments), name=name)
-  decoding = attn_registry.choose(layer.cfg, decode=True).name
+  on, ref_on = (Attention(_cfg(n, **_supported(name)), dim=32) for n in (name, "xla"))
+  if supports.segments and _supported(name):
+    _assert_agree(_value_and_grad(on, params, x, pos, seg),
+                  _value_and_grad(ref_on, params, x, pos, seg), name=name)
+  decoding = attn_registry.choose(on.cfg, decode=True).name
   assert decoding == (name if supports.decode else attn_registry.REFERENCE)
-  np.testing.assert_allclose(_decoded(layer, params, x, pos),
-                             ref.apply(params, x, pos, None)[:, :PREFILL + 2], atol=1e-5)
+  np.testing.assert_allclose(_decoded(on, params, x, pos),
+                             ref_on.apply(params, x, pos, None)[:, :PREFILL + 2], atol=1e-5)
   for option, value in OPTION_VALUES.items():
-    on, ref_on = (Attention(_cfg(n, **{option: value}), dim=32) for n in (name, "xla"))
-    if supports.has(option):
-      _assert_agree(_value_and_grad(on, params, x, pos, seg),
-                    _value_and_grad(ref_on, params, x, pos, seg), name=name)
-    else:
-      _one_line_refusal(lambda: on.cfg.check(dim=32), f"attention.{option}=", name)
+    if option not in _supported(name):
+      refused = Attention(_cfg(name, **{option: value}), dim=32)
+      _one_line_refusal(lambda: refused.cfg.check(dim=32), f"attention.{option}=", name)
 
 
 def _by_hand(q, k, v, segments, *, cap, window):
@@ -270,9 +300,11 @@ def test_what_an_implementation_does_not_declare_is_refused_or_stood_in_for(monk
 
 def context_agreement() -> dict:
   """In a process with 4 CPU devices: each implementation that declares context parallelism,
-  through the layer on a data=2 x context=2 mesh (inputs in the load-balanced layout) against
-  `xla` on one device; {name: (relative difference of the value, largest of the gradients'
-  (each against its largest entry))}."""
+  through the layer on a data=2 x context=2 mesh (inputs in the load-balanced layout), packed
+  rows with every option it declares on, against `xla` with the same options on one device;
+  {name: (relative difference of the value, largest of the gradients' (each against its
+  largest entry))}, and under "bites" {option: the relative change of xla's value on one device
+  when it is on alone}."""
   from modules import context  # pylint: disable=import-outside-toplevel
   from trainer import meshes, sharding  # pylint: disable=import-outside-toplevel
   length = 512  # splash: each of the 2 x 2 chunks is one block of 128
@@ -280,16 +312,19 @@ def context_agreement() -> dict:
   pos = jnp.broadcast_to(jnp.arange(length), (2, length))
   seg = jnp.repeat(jnp.array([[0, 1, 2, 2], [0, 0, 0, 1]]), length // 4, axis=1)
   z = lambda a: context.zigzag(a, 2)
-  ref = Attention(_cfg("xla"), dim=32)
-  params = {"params": random_params(ref, x, pos, None)}
-  want = _value_and_grad(ref, params, x, pos, seg)
+  params = {"params": random_params(Attention(_cfg("xla"), dim=32), x, pos, None)}
+  value = lambda options: Attention(_cfg("xla", **options), dim=32).apply(params, x, pos, seg)
+  off = value({})
+  out = {"bites": {o: float(jnp.max(jnp.abs(value({o: v}) - off)) / jnp.max(jnp.abs(off)))
+                   for o, v in OPTION_VALUES.items()}}
   mesh = sharding.make_mesh({"data": 2, "stage": 1, "fsdp": 1, "context": 2, "model": 1},
                             jax.devices())
-  out = {}
   for name in NAMES:
     if IMPLEMENTATIONS.get(name).supports.context is None:
       continue
-    layer = Attention(_cfg(name), dim=32)
+    want = _value_and_grad(Attention(_cfg("xla", **_supported(name)), dim=32), params, x, pos,
+                           seg)
+    layer = Attention(_cfg(name, **_supported(name)), dim=32)
     loss = lambda p, x: jnp.sum(jnp.sin(context.unzigzag(layer.apply(p, z(x), z(pos), z(seg)),
                                                          2)))
     with jax.set_mesh(mesh), nn.logical_axis_rules(meshes.DEFAULT_RULES):
@@ -308,6 +343,8 @@ def test_declared_context_parallelism_agrees_with_one_device():
                         text=True, timeout=900, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   got = json.loads(done.stdout.strip().splitlines()[-1])
+  bites = got.pop("bites")
+  assert set(bites) == set(OPTION_VALUES) and min(bites.values()) > 1e-2, bites
   assert set(got) == {n for n in NAMES if IMPLEMENTATIONS.get(n).supports.context is not None}
   for name, (value, grad) in got.items():
     assert value <= 1e-5 and grad <= 1e-5, (name, value, grad)

@@ -163,3 +163,13 @@ def test_config_files_build_and_count():
     gpt2_config.get_config("size=larg")
   with pytest.raises(modules.ConfigError, match="unknown key 'sise'"):
     gpt2_config.get_config("sise=small")
+
+
+def test_mistral_7b_has_the_published_count():
+  # mistralai/Mistral-7B-v0.1 config.json: hidden_size, num_hidden_layers, num_attention_heads,
+  # num_key_value_heads, intermediate_size, vocab_size (untied); its model card: 7.24B, and
+  # transformers' num_parameters(): 7,241,732,096.
+  from modules import mistral
+  got = row_count("mistral", "7b")
+  assert got == llama_count(4096, 32, 32, 8, 14_336, 32_000, False) == 7_241_732_096
+  assert mistral.SIZES["7b"].sliding_window == 4096

@@ -63,3 +63,31 @@ def test_unboxed_params_are_refused():
   run, params = _abstract(configs.tiny.get_config())
   with pytest.raises(ValueError, match="logical axis names"):
     flops.model_flops_per_token(run, nn.meta.unbox(params))
+
+
+@pytest.mark.parametrize("window", [32, 128, 1000])
+def test_a_sliding_window_counts_min_window_seq_keys_per_query(window):
+  """PaLM's convention over the keys each query may see: min(window, seq_len) of them."""
+  cfg = configs.tiny.get_config()
+  cfg.model.block.attention.sliding_window = window
+  run, params = _abstract(cfg)
+  assert flops.model_flops_per_token(run, params) == _llama(192, 4, 6, 6, 512, 256, 128) - (
+      12 * 4 * 6 * 32 * (128 - min(window, 128)))
+
+
+def _attention_call_flops(window):
+  from planner import plan  # pylint: disable=import-outside-toplevel
+  from trainer import experiment, meshes  # pylint: disable=import-outside-toplevel
+  cfg = configs.tiny.get_config()
+  cfg.model.block.attention.sliding_window = window
+  return plan.attention_call_flops(experiment.build(config_lib.parse(cfg), meshes.lookup("cpu"),
+                                                    jax.devices()[:1]))
+
+
+def test_the_plan_counts_the_pairs_a_window_leaves():
+  """An attention kernel call's FLOPs in the plan's estimate (planner/plan.py): QK^T and PV,
+  2 x 2 FLOPs per (query, key) pair the mask admits and head_dim, for tiny's 8 rows of 128
+  positions and 6 heads of 32; the pairs counted here query by query."""
+  for window in (None, 32):
+    pairs = sum(min(i + 1, window or 128) for i in range(128))  # causal: 8256; window 32: 3600
+    assert _attention_call_flops(window) == 4 * 8 * 6 * 32 * pairs

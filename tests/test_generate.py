@@ -2,6 +2,7 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,11 +15,19 @@ from modules.decoder import MODELS
 from trainer.generate import SamplingOptions, generate, init_cache, zeros_like_cache
 
 V = 64
+WINDOW = 3
 
 
 def _llama(scan):
   node = llama.node(llama.Size(32, 2, 4, 2, 64, V))  # GQA: 4 query heads, 2 kv heads, RoPE
   node.scan_layers = scan
+  return node
+
+
+def _llama_window(scan):
+  """LLaMA with a sliding window of 3 positions: its cache is a ring of 3 slots."""
+  node = _llama(scan)
+  node.block.attention.sliding_window = WINDOW
   return node
 
 
@@ -53,9 +62,10 @@ def _random(make, scan):
 
 
 @pytest.mark.parametrize("make,scan", [(_llama, True), (_llama, False), (_gpt2, True),
-                                       (_gpt2, False), (_moe_parallel, False)],
+                                       (_gpt2, False), (_moe_parallel, False),
+                                       (_llama_window, True)],
                          ids=["llama-scan", "llama-unrolled", "gpt2-scan", "gpt2-unrolled",
-                              "moe-parallel-unrolled"])
+                              "moe-parallel-unrolled", "llama-window-scan"])
 def test_cached_decoding_matches_full_forward(make, scan):
   model, params = _random(make, scan)
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)
@@ -68,7 +78,7 @@ def test_cached_decoding_matches_full_forward(make, scan):
     return logits, variables["cache"]
 
   cache = zeros_like_cache(init_cache(model, batch=2, length=16), jnp.float32)
-  prefill = 4
+  prefill = 4  # longer than the window: the ring wraps within the prefill
   logits, cache = step(cache, tokens[:, :prefill], jnp.broadcast_to(jnp.arange(prefill), (2, 4)))
   got = [logits]
   for p in range(prefill, 12):
@@ -80,9 +90,43 @@ def test_cached_decoding_matches_full_forward(make, scan):
 def test_cache_carries_activation_axes():
   model, _ = _random(_llama, True)
   boxed = init_cache(model, batch=2, length=16)
-  key = boxed["layers"]["block"]["attention"]["key"]
-  assert key.names == ("layers", "act_batch", "act_length", "act_heads", None)
-  assert key.value.shape == (2, 2, 16, 2, 8)  # layers, batch, length, kv heads, head_dim
+  cache = boxed["layers"]["block"]["attention"]["kv_cache"]
+  assert cache["key"].names == ("layers", "act_batch", "act_length", "act_heads", None)
+  assert cache["key"].value.shape == (2, 2, 16, 2, 8)  # layers, batch, length, kv heads, head_dim
+  assert cache["position"].names == ("layers", "act_batch", "act_length")
+
+
+def _cache_bytes(model, length: int) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+      nn.meta.unbox(init_cache(model, batch=2, length=length))))
+
+
+def test_a_window_cache_holds_the_window_whatever_the_length():
+  """Its keys and values have `sliding_window` slots, so its bytes do not grow with the length;
+  those of the same model without a window do."""
+  model, _ = _random(_llama_window, True)
+  key = init_cache(model, batch=2, length=1024)["layers"]["block"]["attention"]["kv_cache"]["key"]
+  assert key.value.shape == (2, 2, WINDOW, 2, 8)
+  # per layer: keys and values of 2 rows x 3 slots x 2 heads x 8 (float32), and the slots' int32
+  # positions
+  assert _cache_bytes(model, 1024) == _cache_bytes(model, 16) == 2 * (2 * 2 * WINDOW * 2 * 8 * 4
+                                                                      + 2 * WINDOW * 4)
+  full, _ = _random(_llama, True)
+  assert _cache_bytes(full, 1024) == 64 * _cache_bytes(full, 16)
+
+
+def test_window_generation_equals_the_full_forward_pass():
+  """Greedy tokens from the ring cache, prompts of unequal length (longer and shorter than the
+  window) in one batch, equal those of full forward passes over each row's tokens so far."""
+  model, params = _random(_llama_window, False)
+  tokens, _, _ = _generate(model, params, PROMPTS, temperature=0.0)
+  forward = jax.jit(model.apply)
+  for row, prompt in enumerate(PROMPTS):
+    seq = list(prompt)
+    for _ in range(tokens.shape[1]):
+      padded = jnp.asarray([seq + [0] * (32 - len(seq))])  # causal: the tail changes nothing
+      seq.append(int(jnp.argmax(forward({"params": params}, padded)[0, len(seq) - 1])))
+    np.testing.assert_array_equal(tokens[row], seq[len(prompt):], err_msg=f"prompt {row}")
 
 
 def _generate(model, params, prompts, **options):

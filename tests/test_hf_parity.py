@@ -21,11 +21,11 @@ TOKENS = np.array([[5, 17, 99, 3, 64, 120, 7, 42, 11, 2, 90, 33],
                    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
 
 
-def transformers_model(family):
-  """The family's example config built by transformers, with random one-dimensional parameters
-  (norm scales, biases: initialised to ones and zeros, they would hide a swapped or dropped
-  one)."""
-  cfg = transformers.AutoConfig.for_model(family.name, **family.example)
+def transformers_model(family, example=None):
+  """The family's example config (or `example`) built by transformers, with random
+  one-dimensional parameters (norm scales, biases: initialised to ones and zeros, they would
+  hide a swapped or dropped one)."""
+  cfg = transformers.AutoConfig.for_model(family.name, **(example or family.example))
   model = transformers.AutoModelForCausalLM.from_config(cfg)
   assert type(model).__name__ == family.architecture
   with torch.no_grad():
@@ -44,31 +44,56 @@ def _logits_ours(run_dir: pathlib.Path):
   return np.asarray(jax.jit(exp.model.apply)({"params": params}, TOKENS))
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def converted(request, tmp_path_factory):
-  """A random model of each registered family (its `example`), converted to a run directory
-  and back, and its logits on TOKENS."""
+def convert_both_ways(family, root: pathlib.Path, example=None):
+  """A random model of `family` (its `example`, or `example`) saved under root/hf, converted to
+  root/run and back to root/back; its transformers logits on TOKENS."""
   torch.manual_seed(0)
-  hf = transformers_model(FAMILIES[request.param]).eval()
-  root = tmp_path_factory.mktemp(FAMILIES[request.param].name)
+  hf = transformers_model(family, example).eval()
   hf.save_pretrained(root / "hf")
   with torch.no_grad():
     expected = hf(torch.tensor(TOKENS)).logits.numpy()
   # In-process (the CLI paths are covered by tests/test_convert.py): saves two jax start-ups.
   assert convert.main(["axtrain", f"--from_hf={root / 'hf'}", f"--output_dir={root / 'run'}"]) == 0
   assert convert.main(["axtrain", f"--to_hf={root / 'run'}", f"--output_dir={root / 'back'}"]) == 0
-  return root, expected
+  return expected
 
 
-def test_logits_match_transformers(converted):
-  root, expected = converted
-  got = _logits_ours(root / "run")
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def converted(request, tmp_path_factory):
+  """A random model of each registered family (its `example`), converted to a run directory
+  and back, and its logits on TOKENS."""
+  root = tmp_path_factory.mktemp(FAMILIES[request.param].name)
+  return root, convert_both_ways(FAMILIES[request.param], root)
+
+
+def _assert_logits_match(run_dir: pathlib.Path, expected):
+  got = _logits_ours(run_dir)
   vocab = expected.shape[-1]
   assert got.shape[-1] == 128 and np.all(got[..., vocab:] == np.finfo(got.dtype).min)
   got = got[..., :vocab]
   diff = float(np.max(np.abs(got - expected)))
   print(f"max abs logits diff {diff:.3g}")
   assert diff < 1e-4
+
+
+def test_logits_match_transformers(converted):
+  root, expected = converted
+  _assert_logits_match(root / "run", expected)
+
+
+def test_qwen3_with_a_sliding_window_in_every_layer(tmp_path):
+  """Qwen3's window fields (use_sliding_window, sliding_window 5 < the 12 tokens, every layer
+  sliding): read as attention.sliding_window, logits equal, and written back as such."""
+  family = FAMILIES["Qwen3ForCausalLM"]
+  example = {**family.example, "use_sliding_window": True, "sliding_window": 5,
+             "max_window_layers": 0}
+  expected = convert_both_ways(family, tmp_path, example)
+  run = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert run["model"]["block"]["attention"]["sliding_window"] == 5
+  _assert_logits_match(tmp_path / "run", expected)
+  back = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert (back["use_sliding_window"], back["sliding_window"], back["layer_types"]) == (
+      True, 5, ["sliding_attention"] * 2)
 
 
 def test_round_trip_reproduces_every_tensor(converted):

@@ -1,6 +1,6 @@
 """Analytic model FLOPs of one training token, read from the parameters' logical axis names.
 
-    flops/token = 6 * N_matmul + 12 * sum_layers(heads * head_dim) * seq_len
+    flops/token = 6 * N_matmul + 12 * sum_layers(heads * head_dim) * keys_per_query
 
 `N_matmul` is the number of parameters a token multiplies through (forward 2,
 backward 4 FLOPs each): every weight with an `embed` axis and at least two
@@ -16,8 +16,10 @@ matmul and are not counted.
 
 The attention term is the PaLM convention (Chowdhury et al. 2022, appendix B):
 QK^T and AV over the full `seq_len` x `seq_len` square, forward and backward;
-causal masking is NOT halved out. Query projections are found by their axes:
-`embed` first, then `heads`, `head_dim`.
+causal masking is NOT halved out. With a sliding window each query's keys are
+the window's: `keys_per_query` is min(sliding_window, seq_len)
+(modules/masks.py:Spec.span), `seq_len` without one. Query projections are found
+by their axes: `embed` first, then `heads`, `head_dim`.
 
 Nothing here names a layer, so a new layer needs no edit as long as its weights
 carry logical axis names.
@@ -31,16 +33,19 @@ import math
 import flax.linen as nn
 import jax
 
+from modules import masks
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FlopCount:
   matmul_params: float  # parameters used per token in matmuls (experts scaled by top_k/E)
   attention_width: int  # sum over layers of heads * head_dim (query projections)
   seq_len: int
+  keys_per_query: int  # keys each query attends to: seq_len, or min(window, seq_len)
 
   @property
   def per_token(self) -> float:
-    return 6 * self.matmul_params + 12 * self.attention_width * self.seq_len
+    return 6 * self.matmul_params + 12 * self.attention_width * self.keys_per_query
 
 
 def named_leaves(params):
@@ -63,10 +68,11 @@ def without_layers(names, shape):
   return names, shape, 1
 
 
-def count(params, *, seq_len: int, top_k: int | None = None,
-          vocab_size: int | None = None) -> FlopCount:
+def count(params, *, seq_len: int, top_k: int | None = None, vocab_size: int | None = None,
+          keys_per_query: int | None = None) -> FlopCount:
   """The FLOP model's inputs from boxed (abstract) parameters; `vocab_size`: the real
-  vocabulary when the `vocab` axis is padded (None: the axis as it is)."""
+  vocabulary when the `vocab` axis is padded (None: the axis as it is); `keys_per_query`: the
+  keys each query attends to (None: seq_len)."""
   matmul, width, tables, has_head = 0.0, 0, [], False
   for names, shape in named_leaves(params):
     names, shape, layers = without_layers(names, shape)
@@ -90,7 +96,8 @@ def count(params, *, seq_len: int, top_k: int | None = None,
       width += layers * shape[1] * shape[2]
   if not has_head:
     matmul += sum(size for names, size in tables if names[0] == "vocab")
-  return FlopCount(matmul_params=matmul, attention_width=width, seq_len=seq_len)
+  return FlopCount(matmul_params=matmul, attention_width=width, seq_len=seq_len,
+                   keys_per_query=seq_len if keys_per_query is None else keys_per_query)
 
 
 def find_field(node, name: str):
@@ -117,5 +124,13 @@ def model_flops_per_token(run, abstract_params) -> float:
   `abstract_params`: the boxed parameter tree, e.g. `Experiment.abstract_state.params`.
   Multiply by tokens per step (`data.batch_size * data.seq_len`) for FLOPs per step.
   """
-  return count(abstract_params, seq_len=run.data.seq_len, top_k=find_field(run.model, "top_k"),
-               vocab_size=find_field(run.model, "vocab_size")).per_token
+  seq_len = run.data.seq_len
+  return count(abstract_params, seq_len=seq_len, top_k=find_field(run.model, "top_k"),
+               vocab_size=find_field(run.model, "vocab_size"),
+               keys_per_query=mask_spec(run.model).span(seq_len)).per_token
+
+
+def mask_spec(model) -> masks.Spec:
+  """The mask options (modules/masks.py:Spec) of the attention in a parsed model config."""
+  attention = find_field(model, "attention")
+  return masks.Spec.of(attention) if attention is not None else masks.Spec()

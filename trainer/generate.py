@@ -3,10 +3,10 @@
     result = generate(params, prompts_BxP, lengths_B, key, model=model, options=options)
 
 Prompts of unequal length are right-padded to P and carry their own lengths:
-the prefill runs all P positions (a padded row writes junk past its length),
-then row b decodes from position lengths[b] on, overwriting that junk before
-any query can see it (attention sees cache slots 0..p only). Each row thus keeps
-its own positions, and its tokens are those it gets alone. The decode steps are
+the prefill runs all P positions, those past a row's length at position -1
+(padding, which attention neither sees nor caches: modules/kv_cache.py), then
+row b decodes from position lengths[b] on. Each row thus keeps its own
+positions, and its tokens are those it gets alone. The decode steps are
 one `lax.while_loop` that ends when every row has emitted EOS or after
 `max_new_tokens`.
 """
@@ -58,14 +58,17 @@ class Generation(flax.struct.PyTreeNode):
 def init_cache(model: nn.Module, *, batch: int, length: int):
   """The model's "cache" collection for `batch` rows of `length` tokens, as boxed abstract arrays.
 
-  Its logical axes are those of the attention activations (modules/attention.py:CACHE_AXES).
+  Its logical axes are those of the attention activations (modules/kv_cache.py:CACHE_AXES).
   """
   tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
   return jax.eval_shape(lambda t: model.init(jax.random.key(0), t, decode=True), tokens)["cache"]
 
 
 def zeros_like_cache(abstract_cache, dtype):
-  return jax.tree.map(lambda x: jnp.zeros(x.shape, dtype), nn.meta.unbox(abstract_cache))
+  """An empty cache: zeros, its keys and values in `dtype` (slot positions keep their ints)."""
+  return jax.tree.map(
+      lambda x: jnp.zeros(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype),
+      nn.meta.unbox(abstract_cache))
 
 
 def sample(logits_BxV, key, options: SamplingOptions):
@@ -106,7 +109,8 @@ def generate(params, prompts_BxP, lengths_B, key, *, model: nn.Module,
                                     positions_BxL, decode=True, mutable=["cache"])
     return logits, variables["cache"]
 
-  positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), prompts_BxP.shape)
+  index = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), prompts_BxP.shape)
+  positions = jnp.where(index < lengths_B[:, None], index, -1)  # -1: padding
   logits_BxPxV, cache = step(cache, prompts_BxP, positions)
   rows = jnp.arange(batch)
   key, sub = jax.random.split(key)
