@@ -95,6 +95,14 @@ def member_name(name: str, position: int) -> str:
   return f"{name}_{position}"
 
 
+def layer_blocks(block_cfg: Any, num_layers: int) -> list:
+  """The block config of each of a stack's `num_layers` layers, in order."""
+  if not isinstance(block_cfg, BlockGroupConfig):
+    return [block_cfg] * num_layers
+  named = members(block_cfg.blocks)
+  return [named[name] for name in block_cfg.pattern] * (num_layers // len(block_cfg.pattern))
+
+
 def per_layer(repeats: list, block_cfg: Any) -> list:
   """[{'block': ...} per repeat of the stack] -> [{'block': one block's tree} per layer], layer
   r * len(pattern) + j being position j of repeat r; a plain stack's list as it is."""

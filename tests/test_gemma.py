@@ -88,3 +88,24 @@ def test_one_member_is_set_on_the_command_line():
   assert blocks["full"].attention.sliding_window is None
   assert blocks["full"].attention.position.theta == 5e5
   assert blocks["sliding"].attention.position.theta == 1e4
+
+
+def test_the_flops_count_each_kind_of_layer_s_keys():
+  """2-test at 128 positions: 2 sliding layers (window 16) and 2 full ones, each 4 heads x 32;
+  the window takes 12 x 2 layers x 128 x (128 - 16) FLOPs per token off the all-full count."""
+  import jax
+  import jax.numpy as jnp
+
+  from modules.decoder import MODELS
+  from trainer import flops
+
+  cfg = config_loading.load(str(ROOT / "configs" / "gemma.py"))
+  windowless = config_loading.load(
+      str(ROOT / "configs" / "gemma.py"),
+      "--config.model.block.blocks.sliding.attention.sliding_window=None")
+  runs = [config_lib.parse(c) for c in (cfg, windowless)]
+  model = MODELS.build(runs[0].model)
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  got = [flops.model_flops_per_token(run, params) for run in runs]
+  assert runs[0].data.seq_len == 128
+  assert got[1] - got[0] == 12 * 2 * 4 * 32 * (128 - 16)

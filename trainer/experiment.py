@@ -138,8 +138,8 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
                         f"load-balanced layout, docs/parallelism.md): data.seq_len {seq} must be "
                         f"a multiple of {2 * shards}")
     try:
-      attn_registry.check_context(flops_lib.find_field(model, "attention"), length=seq,
-                                  count=shards)
+      for attention in dict.fromkeys(flops_lib.layer_attentions(model)):  # each kind of layer
+        attn_registry.check_context(attention, length=seq, count=shards)
     except ConfigError as e:
       raise ConfigError(f"{name}: {e}") from None
   name, stages = mesh_size(mesh, rules, "layers")
