@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.registry import ConfigError, registry, suggest
+from core.config_args import row
+from core.registry import registry
 
 GEMMA2 = ("sliding", "full")  # Gemma 2: sliding-window layers alternate with full ones
 GEMMA3 = ("sliding",) * 5 + ("full",)  # Gemma 3: five sliding-window layers to one full
@@ -79,10 +80,7 @@ SIZES: dict[str, Size] = {
 
 
 def size(name: str) -> Size:
-  if name not in SIZES:
-    raise ConfigError(f"unknown Gemma size '{name}'{suggest(name, SIZES)}; sizes: "
-                      f"{', '.join(SIZES)}")
-  return SIZES[name]
+  return row(SIZES, name, "Gemma")
 
 
 def model_node(name: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.registry import ConfigError
 from launcher import config_loading
 from modules import gemma, gemma_hf
 from tests.conftest import ROOT
@@ -55,7 +56,7 @@ def test_layer_types_become_the_shortest_whole_period(types, want):
 
 
 def test_an_unknown_layer_type_is_refused():
-  with pytest.raises(gemma.ConfigError, match="layer_types 'linear_attention' is not supported"):
+  with pytest.raises(ConfigError, match="layer_types 'linear_attention' is not supported"):
     gemma_hf.pattern(["sliding_attention", "linear_attention"])
 
 
