@@ -2,8 +2,8 @@
 
 The kernel (jax.experimental.pallas.ops.tpu.splash_attention) computes causal attention of one
 sequence over [heads, length, head_dim], skipping the key blocks the mask hides (causal, or
-local with a sliding window: modules/masks.py:Spec.splash), with packed documents as segment ids, and G < H kv heads served natively (query head h reads kv head
-h // (H/G)). A Pallas kernel cannot be partitioned by the compiler, so it runs under
+local with a sliding window: modules/masks.py:Spec.splash), with packed documents as segment
+ids, and G < H kv heads served natively (query head h reads kv head h // (H/G)). A Pallas kernel cannot be partitioned by the compiler, so it runs under
 `jax.shard_map`: each device gets its slice of the batch (`act_batch`) and heads (`act_heads`),
 mapped to mesh axes by flax's logical rules and the mesh set with `jax.set_mesh`, and loops
 over its rows with vmap. Off TPU the kernel runs in Pallas interpret mode (slow: for tests).

@@ -11,10 +11,11 @@ p mod S.
 
 A call brings the keys and values of L tokens whose positions (`positions_BxL`) are
 consecutive per row; a negative position is padding (a short prompt's tail in a batch), which
-no other token sees (modules/masks.py) and which is not stored. Its queries attend to the cache as it was and to the call's own keys
-together (S + L keys) under the layer's mask (modules/masks.py:Spec.dense over their
-positions), so a prefill longer than the ring still sees every key its window holds; then each
-slot takes the newest of the call's tokens that falls in it, if any.
+no other token sees (modules/masks.py) and which is not stored. Its queries attend to the
+cache as it was and to the call's own keys together (S + L keys) under the layer's mask
+(modules/masks.py:Spec.dense over their positions), so a prefill longer than the ring still
+sees every key its window holds; then each slot takes the newest of the call's tokens that
+falls in it, if any.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ every layer (`attention.sliding_window`), sizes as named rows.
         key/value heads, intermediate_size 14336, vocab_size 32000 (untied), rope_theta 1e4,
         rms_norm_eps 1e-5, sliding_window 4096 (7,241,732,096 parameters). The paper (Jiang et
         al. 2023, "Mistral 7B", Table 1) gives window 4096 and context 8192.
-  test, tiny  ours (byte vocabulary, for tests and the demo recipe), LLaMA's `test` and `tiny`
-        shapes with a window of 32, a quarter of the demo's 128-token sequences, so it matters.
+  test, tiny  ours: LLaMA's `test` and `tiny` rows (byte vocabulary, for tests and the demo
+        recipe) with a window of 32, a quarter of the demo's 128-token sequences.
 Later Mistral-7B versions (v0.2, v0.3) dropped the window (`sliding_window: null`): LLaMA's
 layers, which `axtrain convert --from_hf` reads as such.
 """
@@ -27,7 +27,7 @@ class Size:
 
 SIZES: dict[str, Size] = {
     "test": Size(llama.SIZES["test"], 32),
-    "tiny": Size(dataclasses.replace(llama.SIZES["tiny"], num_kv_heads=2), 32),
+    "tiny": Size(llama.SIZES["tiny"], 32),
     "7b": Size(llama.Size(4096, 32, 32, 8, 14_336, 32_000, 10_000.0, False, 1e-5), 4096),
 }
 

@@ -1,8 +1,9 @@
 """Hugging Face MistralForCausalLM <-> LLaMA's layers with a sliding window in every layer
 (modules/mistral.py): the LLaMA map (modules/llama_hf.py), RoPE plain or LLaMA-3 scaled
 (transformers' Mistral reads `rope_scaling` as LLaMA does: logits equal to 2e-7, checked by
-hand), no biases, and `sliding_window` (HF's absent key means 4096, its class default). A Mistral whose window is
-null (Mistral-7B v0.2, v0.3) is LLaMA's math and converts back as LlamaForCausalLM."""
+hand), no biases, and `sliding_window` (HF's absent key means 4096, its class default). A
+Mistral whose window is null (Mistral-7B v0.2, v0.3) is LLaMA's math and converts back as
+LlamaForCausalLM."""
 
 from __future__ import annotations
 
