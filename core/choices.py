@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from core.registry import child_default_kind, child_registry, list_registry
+from core.registry import child_default_kind, child_registry, list_registry, map_registry
 
 _NONE = dataclasses.MISSING
 
@@ -73,6 +73,16 @@ def _items(f: dataclasses.Field, value: Any):
            if _is_node(item) and item["kind"] in reg.kinds() else None) for item in value]
 
 
+def _named(f: dataclasses.Field, value: Any):
+  """{name: (node, its config class or None)} of a child_map field, else None."""
+  reg = map_registry(f)
+  if reg is None or not isinstance(value, Mapping):
+    return None
+  return {name: (node, reg.entry(node["kind"]).config_cls
+                 if _is_node(node) and node["kind"] in reg.kinds() else None)
+          for name, node in value.items()}
+
+
 def chosen(cfg: Any, schema: type) -> dict:
   """The choices of `cfg` (a ConfigDict or dict of the dataclass `schema`), nested."""
   node = _dict(cfg)
@@ -85,13 +95,15 @@ def chosen(cfg: Any, schema: type) -> dict:
       out[name] = value
       continue
     cls = _node_class(f, hints[name], value)
-    items = _items(f, value)
+    items, named = _items(f, value), _named(f, value)
     if cls is not None:
       sub = chosen(value, cls)
       if sub or child_registry(f) is not None:
         out[name] = sub
     elif items is not None:
       out[name] = [chosen(item, c) if c is not None else item for item, c in items]
+    elif named is not None:
+      out[name] = {k: chosen(node, c) if c is not None else node for k, (node, c) in named.items()}
     elif _default(f) is _NONE or _plain(_default(f)) != _plain(value):
       out[name] = value
   return out
@@ -116,13 +128,16 @@ def with_defaults(choices: Any, schema: type, *, omit: tuple[str, ...] = ()) -> 
       continue  # a required field that was not chosen stays absent
     value = node[name]
     cls = _node_class(f, hints[name], value)
-    items = _items(f, value)
+    items, named = _items(f, value), _named(f, value)
     if cls is not None:
       out[name] = with_defaults(value, cls)
     elif items is not None:
       omitted = list_registry(f)[1]
       out[name] = [with_defaults(item, c, omit=omitted) if c is not None else item
                    for item, c in items]
+    elif named is not None:
+      out[name] = {k: with_defaults(node, c) if c is not None else node
+                   for k, (node, c) in named.items()}
     else:
       out[name] = value
   out.update((k, v) for k, v in node.items() if k not in out and k not in omit)
@@ -147,6 +162,10 @@ def _drop_chosen_kinds(node: dict, schema: type) -> None:
     f = fields.get(name)
     if f is None or name == "kind" or not isinstance(value, dict):
       continue
+    for node, c in (_named(f, value) or {}).values():  # named nodes: each kind was chosen
+      if c is not None and isinstance(node, dict):
+        _drop_chosen_kinds(node, c)
+        node.pop("kind", None)
     cls = _node_class(f, hints[name], value)
     if cls is None:
       continue
@@ -166,9 +185,12 @@ def _kinds(node: dict, schema: type) -> dict:
       out[name] = value
       continue
     cls = _node_class(f, hints[name], value)
-    items = _items(f, value)
+    items, named = _items(f, value), _named(f, value)
     if cls is not None:
       out[name] = _kinds(value, cls)
     elif items is not None:
       out[name] = [_kinds(item, c) if c is not None else item for item, c in items]
+    elif named is not None:
+      out[name] = {k: _kinds(node, c) if c is not None else node
+                   for k, (node, c) in named.items()}
   return out

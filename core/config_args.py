@@ -57,3 +57,11 @@ def choice(key: str, value: str, choices) -> str:
     raise ConfigError(f"config argument {key}={value}: unknown{suggest(value, choices)}; "
                       f"choices: {', '.join(choices)}")
   return value
+
+
+def row(table, name: str, family: str):
+  """`table[name]`, a family's size row; ConfigError with a did-you-mean for a name it lacks."""
+  if name not in table:
+    raise ConfigError(f"unknown {family} size '{name}'{suggest(name, table)}; sizes: "
+                      f"{', '.join(table)}")
+  return table[name]

@@ -15,7 +15,8 @@ from typing import Any
 
 import ml_collections
 
-from core.registry import ConfigError, Registry, child_registry, suggest, unknown_field
+from core.registry import (ConfigError, Registry, child_registry, map_registry, suggest,
+                           unknown_field)
 
 
 def _keys(node: Any) -> list[str]:
@@ -77,52 +78,70 @@ def switch_kind(cfg: ml_collections.ConfigDict, path: str, kind: str, *, schema:
   """Replaces the component node at `path` by `kind`'s node (Registry.switched); returns it.
 
   `schema` is the dataclass of `cfg` (e.g. trainer.config.RunConfig); the registry of
-  each node on the way comes from its parent's `child()` field, so this works for every
-  registry without knowing any of them. `dropped`, if given, receives {path.field:
-  NotCarried} for the old node's changed fields that the switch does not carry
-  (Registry.not_carried).
+  each node on the way comes from its parent's `child()` field (or `child_map()` field, whose
+  nodes are named by the next part of the path), so this works for every registry without
+  knowing any of them. `dropped`, if given, receives {path.field: NotCarried} for the old
+  node's changed fields that the switch does not carry (Registry.not_carried).
   """
   parts = path.split(".")
-  node: Any = cfg
-  for i, part in enumerate(parts):
-    where = ".".join(parts[:i + 1])
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    if part not in fields or part not in _keys(node):
-      raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i], cfg))
-    reg = child_registry(fields[part])
-    if i == len(parts) - 1:
-      if reg is None:
-        raise ConfigError(f"{where}.kind: {where} is not a component with a kind")
-      reg.entry(kind, path=where)  # an unknown kind is reported with its path
-      if dropped is not None:
-        dropped.update({f"{where}.{d.name}": d for d in reg.not_carried(node[part], kind)})
-      new = reg.switched(node[part], kind, **values)
-      node[part] = new
-      return new
-    node = node[part]
-    schema = _schema(reg, typing.get_type_hints(schema)[part], node, where)
+  for i, (node, part, reg, _) in enumerate(_walk(cfg, parts, schema)):
+    if i < len(parts) - 1:
+      continue
+    where = ".".join(parts)
+    if reg is None:
+      raise ConfigError(f"{where}.kind: {where} is not a component with a kind")
+    reg.entry(kind, path=where)  # an unknown kind is reported with its path
+    if dropped is not None:
+      dropped.update({f"{where}.{d.name}": d for d in reg.not_carried(node[part], kind)})
+    new = reg.switched(node[part], kind, **values)
+    node[part] = new
+    return new
   raise ConfigError("empty config path")
 
 
 def field_at(cfg: ml_collections.ConfigDict, path: str, *,
              schema: type) -> dataclasses.Field | None:
   """The dataclass field that `path` names in `cfg` (whose dataclass is `schema`), or None when
-  a part of the path is not a field of a known node (an unknown key, a value's member)."""
+  a part of the path is not a field of a known node (an unknown key, a value's member, a named
+  node of a `child_map()` field)."""
   parts = path.split(".")
-  node: Any = cfg
-  for i, part in enumerate(parts):
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    if part not in fields or part not in _keys(node):
-      return None
-    if i == len(parts) - 1:
-      return fields[part]
-    node = node[part]
-    try:
-      schema = _schema(child_registry(fields[part]), typing.get_type_hints(schema)[part], node,
-                       ".".join(parts[:i + 1]))
-    except ConfigError:
-      return None
+  try:
+    for i, (_, _, _, f) in enumerate(_walk(cfg, parts, schema)):
+      if i == len(parts) - 1:
+        return f
+  except ConfigError:
+    return None
   return None
+
+
+def _walk(cfg: Any, parts: list[str], schema: type):
+  """(node holding the part, part, registry of the node at the part or None, its dataclass field
+  or None for a named node of a map) for each part of a path, walking down from `cfg` (of
+  dataclass `schema`); ConfigError (`<path so far>.kind: ...`, as a kind switch reports it)
+  where a part is unknown or a value."""
+  node: Any = cfg
+  named = None  # the registry of the `child_map()` node we are in: its keys are names
+  for i, part in enumerate(parts):
+    where = ".".join(parts[:i + 1])
+    if named is not None:
+      if part not in _keys(node):
+        raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i], cfg))
+      reg, f, hint = named, None, None
+    else:
+      fields = {f.name: f for f in dataclasses.fields(schema)}
+      if part not in fields or part not in _keys(node):
+        raise ConfigError(f"{where}.kind: " + _unknown(part, node, parts[:i], cfg))
+      f = fields[part]
+      reg, hint = child_registry(f), typing.get_type_hints(schema)[part]
+    yield node, part, reg, f
+    node = node[part]
+    named = map_registry(f) if f is not None else None
+    if named is not None:
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ConfigError(f"{where}: expected named {named.name} nodes")
+      continue
+    if i < len(parts) - 1:
+      schema = _schema(reg, hint, node, where)
 
 
 def _schema(reg: Registry | None, hint: Any, node: Any, where: str) -> type:

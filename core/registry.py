@@ -15,6 +15,9 @@ optax transform, a data source...). Each kind of component has its own
     @ATTENTION.register("attention", AttentionConfig)
     class Attention(nn.Module): ...
 
+A field may also hold named nodes of a registry, {name: node} (`child_map`: a block group's
+blocks), each reached by its name in a dotted path.
+
 `Registry.node(kind)` gives a ConfigDict with every field of `kind` (config
 files start from it), `Registry.switched(node, kind)` replaces a node by another
 kind's, carrying over the fields that both kinds declare shared (core/paths.py:switch_kind
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -48,6 +52,7 @@ REQUIRED: Any = dataclasses.MISSING
 _REGISTRY_KEY = "axtrain_registry"
 _DEFAULT_KIND_KEY = "axtrain_default_kind"
 _LIST_KEY = "axtrain_list_of"
+_MAP_KEY = "axtrain_map_of"
 _OMIT_KEY = "axtrain_list_omits"
 _HOW_KEY = "axtrain_how_to_set"
 
@@ -103,6 +108,26 @@ def child_list(registry: str, *, omit: tuple[str, ...] = (), how: str = "") -> A
                                      _HOW_KEY: how})
 
 
+def child_map(registry: str, *, how: str = "") -> Any:
+  """Declares a required field holding named nodes of `registry`, {name: node}: each is set by
+  its name in a dotted path (`model.block.blocks.local.attention.num_heads`) and switched with
+  `--config.<path>.<name>.kind=K` like any child. Parsed as a tuple of (name, config) pairs in
+  name order (`members`), so that the config stays hashable. `how`: how to set it, for the
+  message when it is missing."""
+  return dataclasses.field(metadata={_MAP_KEY: registry, _HOW_KEY: how})
+
+
+def map_registry(f: dataclasses.Field) -> Registry | None:
+  """The registry of a `child_map()` field, else None."""
+  name = f.metadata.get(_MAP_KEY)
+  return None if name is None else _ALL[name]
+
+
+def members(pairs: Any) -> dict[str, Any]:
+  """{name: config} of a parsed `child_map()` field."""
+  return dict(pairs)
+
+
 def child_registry(f: dataclasses.Field) -> Registry | None:
   """The registry of a `child()` field, else None."""
   name = f.metadata.get(_REGISTRY_KEY)
@@ -130,7 +155,8 @@ def shared_fields(cls: type) -> frozenset[str]:
   its `SHARED` names, and its `child()` fields."""
   fields = _fields(cls)
   declared = {n for n in getattr(cls, "SHARED", ()) if n in fields}
-  return frozenset(declared | {n for n, f in fields.items() if child_registry(f) is not None})
+  return frozenset(declared | {n for n, f in fields.items()
+                               if child_registry(f) is not None or map_registry(f) is not None})
 
 
 _ALL: dict[str, Registry] = {}
@@ -309,13 +335,21 @@ def _valid(f: dataclasses.Field, tp: Any, value: Any) -> bool:
   """Whether `value` may fill field `f` (of type `tp`) of another kind's node."""
   reg = child_registry(f)
   if reg is not None:
+    return value is None or _is_node_of(reg, value)
+  reg = map_registry(f)
+  if reg is not None:
     return value is None or (isinstance(value, (Mapping, ml_collections.ConfigDict))
-                             and value.get("kind") in reg.kinds())
+                             and all(_is_node_of(reg, v) for v in value.values()))
   try:
     check_type(value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value, tp, "")
   except ConfigError:
     return False
   return True
+
+
+def _is_node_of(reg: Registry, value: Any) -> bool:
+  return (isinstance(value, (Mapping, ml_collections.ConfigDict))
+          and value.get("kind") in reg.kinds())
 
 
 def _placeholder_or(tp: Any, default: Any) -> Any:
@@ -357,9 +391,24 @@ def parse_dataclass(cls: type, node: Mapping, path: str, *, what: str) -> Any:
     reg = child_registry(f)
     if reg is not None:
       values[name] = None if value is None else reg.parse(value, sub)
+    elif map_registry(f) is not None:
+      values[name] = _parse_map(map_registry(f), value, sub)
     else:
       values[name] = check_type(value, hints[name], sub)
   return cls(**values)
+
+
+def _parse_map(reg: Registry, value: Any, path: str) -> tuple[tuple[str, Any], ...]:
+  """A `child_map()` field's nodes, parsed: ((name, config), ...) in name order."""
+  if not isinstance(value, Mapping) or not value:
+    raise ConfigError(f"{path}: expected named {reg.name} nodes {{name: node, ...}}, got "
+                      f"{value!r}")
+  for name in value:
+    if not (isinstance(name, str) and name.isidentifier()) or keyword.iskeyword(name):
+      raise ConfigError(f"{path}: {name!r} is no name for a {reg.name} node (letters, digits "
+                        f"and _, not first a digit, and no Python keyword: --config.{path}.NAME "
+                        f"must reach it)")
+  return tuple((name, reg.parse(value[name], _join(path, name))) for name in sorted(value))
 
 
 def _join(path: str, name: str) -> str:

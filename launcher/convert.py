@@ -129,37 +129,41 @@ def _check_empty(path: pathlib.Path) -> None:
 
 # -- parameter trees -----------------------------------------------------------------------
 
-def stack_layers(params: dict, *, scan: bool) -> dict:
-  """{'layers': [layer, ...]} -> scanned ('layers' with a leading axis) or layers_i."""
+def stack_layers(params: dict, model, *, scan: bool) -> dict:
+  """{'layers': [layer, ...]} -> scanned ('layers' with a leading axis) or layers_i, for parsed
+  model config `model` (a block group's layers gathered into its repeats first)."""
   import jax  # pylint: disable=import-outside-toplevel
+  from modules import block_group  # pylint: disable=import-outside-toplevel
   out = {k: v for k, v in params.items() if k != "layers"}
+  repeats = block_group.per_repeat(params["layers"], model.block)
   if scan:
-    out["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *params["layers"])
+    out["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *repeats)
   else:
-    out.update({f"layers_{i}": layer for i, layer in enumerate(params["layers"])})
+    out.update({f"layers_{i}": repeat for i, repeat in enumerate(repeats)})
   return out
 
 
-def split_layers(params: dict, num_layers: int) -> dict:
+def split_layers(params: dict, model) -> dict:
   """The inverse of stack_layers, for either layout."""
   import jax  # pylint: disable=import-outside-toplevel
+  from modules import block_group  # pylint: disable=import-outside-toplevel
   out = {k: v for k, v in params.items() if k != "layers" and not k.startswith("layers_")}
   if "layers" in params:
-    out["layers"] = [jax.tree.map(lambda x, i=i: x[i], params["layers"])
-                     for i in range(num_layers)]
+    repeats = [jax.tree.map(lambda x, i=i: x[i], params["layers"]) for i in range(model.repeats)]
   else:
-    out["layers"] = [params[f"layers_{i}"] for i in range(num_layers)]
+    repeats = [params[f"layers_{i}"] for i in range(model.repeats)]
+  out["layers"] = block_group.per_layer(repeats, model.block)
   return out
 
 
-def layer_tree(abstract, num_layers: int) -> dict:
+def layer_tree(abstract, model) -> dict:
   """The model's parameter names as {'layers': [layer, ...], ...} (either layout), leaves 0."""
   import jax  # pylint: disable=import-outside-toplevel
   zeros = jax.tree.map(lambda _: 0, abstract)
-  out = {k: v for k, v in zeros.items() if k != "layers" and not k.startswith("layers_")}
-  out["layers"] = ([zeros["layers"]] * num_layers if "layers" in zeros
-                   else [zeros[f"layers_{i}"] for i in range(num_layers)])
-  return out
+  if "layers" in zeros:  # the stack's leaves are zeros: one repeat's tree stands for each
+    zeros = {**zeros, "layers": jax.tree.map(lambda _: np.zeros((model.repeats,)),
+                                             zeros["layers"])}
+  return jax.tree.map(lambda _: 0, split_layers(zeros, model))
 
 
 def _check_tree(params, abstract) -> None:
@@ -245,8 +249,9 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   abstract = abstract_params(exp)
 
   from modules.hf_maps import import_params, pad_vocab  # pylint: disable=import-outside-toplevel
-  params = import_params(family, st.get, hf_cfg, layer_tree(abstract, node.num_layers))
-  params = stack_layers(pad_vocab(params, exp.run.model.padded_vocab_size), scan=scan_layers)
+  params = import_params(family, st.get, hf_cfg, layer_tree(abstract, exp.run.model))
+  params = stack_layers(pad_vocab(params, exp.run.model.padded_vocab_size), exp.run.model,
+                        scan=scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -314,9 +319,9 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path, *, step: int | None = Non
   # one zero) before the checkpoint is read, and again on the real parameters.
   stand_ins = jax.tree.map(lambda x: np.broadcast_to(np.zeros((), np.float32), x.shape),
                            abstract)
-  export(family, split_layers(stand_ins, run.model.num_layers), run.model)
+  export(family, split_layers(stand_ins, run.model), run.model)
   params = jax.tree.map(np.asarray, _load_params(run_dir, abstract, step))
-  tensors = export(family, drop_vocab_padding(split_layers(params, run.model.num_layers),
+  tensors = export(family, drop_vocab_padding(split_layers(params, run.model),
                                               run.model.vocab_size), run.model)
   tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()}
   config = (json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n").encode()

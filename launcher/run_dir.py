@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import re
 import platform
 from typing import Literal
 
@@ -72,7 +73,10 @@ State = Literal["new", "overwrite", "completed", "incomplete", "extend", "rewrit
 
 
 def relaid(key: str) -> bool:
-  """Whether the flat config key is PLACEMENT or BOOKKEEPING: not part of what a run is."""
+  """Whether the flat config key is PLACEMENT or BOOKKEEPING: not part of what a run is. A
+  block group's member (model.block.blocks.<name>.attention.implementation) is read as the
+  block it stands for (modules/block_group.py)."""
+  key = re.sub(r"^model\.block\.blocks\.\w+\.", "model.block.", key)
   return any(key == p or (p.endswith(".") and key.startswith(p))
              for p in PLACEMENT + BOOKKEEPING)
 

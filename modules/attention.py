@@ -72,6 +72,10 @@ class AttentionConfig:
   # option (modules/masks.py): training, the KV cache (of this many slots) and context shards
   # all apply it; every implementation supports it.
   sliding_window: int | None = option(None)
+  # The logits scaled by query_pre_attn_scalar**-0.5 instead of head_dim**-0.5 (Gemma 2/3's
+  # `query_pre_attn_scalar`: 256, or dim / num_heads for Gemma-2 27B); None = head_dim. Applied
+  # to the queries by the layer, so every implementation, the cache and context shards take it.
+  query_pre_attn_scalar: float | None = None
 
   def heads(self, dim: int) -> tuple[int, int, int]:
     kv = self.num_kv_heads or self.num_heads
@@ -101,6 +105,10 @@ class AttentionConfig:
     if self.sliding_window is not None and self.sliding_window <= 0:
       raise ConfigError(f"attention.sliding_window must be a positive number of positions "
                         f"(None = off), got {self.sliding_window}")
+    if self.query_pre_attn_scalar is not None and not (
+        0 < self.query_pre_attn_scalar < math.inf):
+      raise ConfigError(f"attention.query_pre_attn_scalar must be a positive number (None = "
+                        f"head_dim), got {self.query_pre_attn_scalar}")
     heads, kv, _ = self.heads(dim)
     if heads % kv:
       raise ConfigError(f"attention: num_heads {heads} is not a multiple of num_kv_heads {kv}")
@@ -135,6 +143,8 @@ class Attention(nn.Module):
       kk = NORMS.build(cfg.norm, dim=k, name="k_norm")(kk)
     position = POSITIONS.build(cfg.position, head_dim=k, name="position")
     q, kk = position(q, kk, positions_BxL)
+    if cfg.query_pre_attn_scalar is not None:  # the kernels scale by k**-0.5: make it scalar**-0.5
+      q = q * jnp.asarray(math.sqrt(k / cfg.query_pre_attn_scalar), q.dtype)
     out = self._attend(q, kk, v, positions_BxL, segment_ids_BxL, decode=decode)
     out = checkpoint_name(out, "attn_out")
     w_o = self.param("o", nn.with_logical_partitioning(init, ("heads", "head_dim", "embed")),

@@ -22,22 +22,31 @@ class PreNormBlockConfig:
   attention: Any = child("attention")
   ffn: Any = child("ffn")  # mlp or moe
   norm: Any = child("norm")  # one config, two instances (before attention, before ffn)
+  # Also normalise each branch's output before it joins the residual (Gemma 2/3's post-attention
+  # and post-feedforward norms: x += norm(attn(norm x)); x += norm(ffn(norm x))), with `norm`
+  post_norms: bool = False
 
 
 @BLOCKS.register("pre_norm", PreNormBlockConfig)
 class PreNormBlock(nn.Module):
-  """x += attn(norm(x)); x += ffn(norm(x)) (GPT-2, LLaMA)."""
+  """x += attn(norm(x)); x += ffn(norm(x)) (GPT-2, LLaMA); with `post_norms`,
+  x += norm(attn(norm(x))); x += norm(ffn(norm(x))) (Gemma 2/3)."""
   cfg: PreNormBlockConfig
   dim: int
 
   @nn.compact
   def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, decode: bool = False):
     cfg = self.cfg
+
+    def post(name, y):
+      return NORMS.build(cfg.norm, dim=self.dim, name=name)(y) if cfg.post_norms else y
+
     h = NORMS.build(cfg.norm, dim=self.dim, name="attention_norm")(x_BxLxD)
-    x_BxLxD = x_BxLxD + ATTENTION.build(cfg.attention, dim=self.dim, name="attention")(
-        h, positions_BxL, segment_ids_BxL, decode=decode)
+    x_BxLxD = x_BxLxD + post("attention_post_norm", ATTENTION.build(
+        cfg.attention, dim=self.dim, name="attention")(h, positions_BxL, segment_ids_BxL,
+                                                       decode=decode))
     h = NORMS.build(cfg.norm, dim=self.dim, name="ffn_norm")(x_BxLxD)
-    x_BxLxD = x_BxLxD + FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h)
+    x_BxLxD = x_BxLxD + post("ffn_post_norm", FFN.build(cfg.ffn, dim=self.dim, name="ffn")(h))
     return nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_length", "act_embed"))
 
 

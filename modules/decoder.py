@@ -11,6 +11,7 @@ parameter shapes, and so checkpoints, stay the same on every mesh; a mesh rule c
 """
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 
 from modules import context, pipeline
 from modules.block import BLOCKS
+from modules.block_group import depth
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
 from modules.quantization import QUANTIZATION
@@ -61,17 +63,20 @@ class DecoderLMConfig:
   # of the softmax), so the vocabulary splits over a tensor-parallel axis; 1 = no padding.
   vocab_multiple: int = 128
   dim: int = REQUIRED  # model width (residual stream)
-  num_layers: int = REQUIRED  # decoder blocks
-  scan_layers: bool = True  # one compiled block scanned over layers (fast compile) or unrolled
+  num_layers: int = REQUIRED  # decoder layers (a multiple of a block group's pattern length)
+  scan_layers: bool = True  # one compiled block (or group) scanned over layers, or unrolled
   # Microbatches per (accumulation) batch through the pipeline stages when the mesh splits the
   # layer stack (mesh.stage > 1; modules/pipeline.py); the idle fraction of a step is
   # (stages - 1) / (microbatches + stages - 1). 0 = as many as stages.
   pipeline_microbatches: int = 0
   remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable | save_qkv_proj | save_attn_out | offload_dots_with_no_batch_dims | offload_attn_out (saved to host memory) | tagged names, e.g. "qkv_proj,attn_out"
   tie_embeddings: bool = False  # LM head reuses the token embedding matrix
+  # Gemma-2's final logit soft-capping: each logit becomes cap * tanh(logit / cap), bounding it
+  # to (-cap, cap) (Gemma-2: 30.0); None = off
+  final_logit_softcap: float | None = None
   embedding: Any = child("embedding")
   position_embedding: Any = child("position_embedding")  # none (RoPE lives in attention) / learned
-  block: Any = child("block")
+  block: Any = child("block")  # every layer's block, or a group of them (modules/block_group.py)
   final_norm: Any = child("norm")
   # Quantized training of the layers' dense projections (modules/quantization.py): none, int8
   # (TPU, GPU), fp8 (GPU); applied to the whole model where it is built, no layer sees it.
@@ -81,18 +86,37 @@ class DecoderLMConfig:
     for name in ("vocab_size", "vocab_multiple", "dim", "num_layers"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+    if self.final_logit_softcap is not None and not 0 < self.final_logit_softcap < math.inf:
+      raise ConfigError(f"model.final_logit_softcap must be a positive number (None = off), got "
+                        f"{self.final_logit_softcap}")
     if self.pipeline_microbatches < 0:
       raise ConfigError(f"model.pipeline_microbatches must be >= 0 (0 = as many as stages), got "
                         f"{self.pipeline_microbatches}")
+    if self.num_layers % depth(self.block):
+      raise ConfigError(f"model.num_layers ({self.num_layers}) must be a multiple of the "
+                        f"{depth(self.block)} layers of model.block.pattern "
+                        f"{self.block.pattern}")
     if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
       raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
                         f"{', '.join(CHECKPOINT_NAMES)}")
 
   @property
+  def repeats(self) -> int:
+    """Blocks in the stack: the layers, or the repeats of a block group."""
+    return self.num_layers // depth(self.block)
+
+  @property
   def padded_vocab_size(self) -> int:
     """Rows of the embedding table and columns of the LM head."""
     return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+
+def softcap(logits_BxLxV, cap: float | None):
+  """cap * tanh(logits / cap), computed in float32 (None: the logits as they are)."""
+  if cap is None:
+    return logits_BxLxV
+  return (cap * jnp.tanh(logits_BxLxV.astype(jnp.float32) / cap)).astype(logits_BxLxV.dtype)
 
 
 def mask_padding(logits_BxLxV, vocab_size: int):
@@ -108,10 +132,12 @@ class LmHead:
   """The LM head for a loss that computes logits chunk by chunk (`DecoderLM(head=False)`)."""
   weight_DxV: jax.Array  # [dim, padded_vocab_size]
   vocab_size: int  # ids from here up are padding
+  softcap: float | None = None  # model.final_logit_softcap
 
   def logits(self, x_BxLxD):
-    """x @ head, the pad ids masked."""
-    return mask_padding(jnp.einsum("bld,dv->blv", x_BxLxD, self.weight_DxV), self.vocab_size)
+    """x @ head, soft-capped, the pad ids masked."""
+    return mask_padding(softcap(jnp.einsum("bld,dv->blv", x_BxLxD, self.weight_DxV),
+                                self.softcap), self.vocab_size)
 
 
 class _Layer(nn.Module):
@@ -168,11 +194,11 @@ class DecoderLM(nn.Module):
     elif cfg.scan_layers:
       stack = nn.scan(layer, variable_axes={"params": 0, "losses": 0, "metrics": 0, "cache": 0},
                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
-                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                      length=cfg.repeats, metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg=cfg.block, dim=cfg.dim, decode=decode, name="layers")(
           x, positions_BxL, segment_ids_BxL)
     else:
-      for i in range(cfg.num_layers):
+      for i in range(cfg.repeats):
         x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
 
@@ -182,26 +208,27 @@ class DecoderLM(nn.Module):
     x = NORMS.build(cfg.final_norm, dim=cfg.dim, name="final_norm")(x)
     if cfg.tie_embeddings:
       if not head:
-        return x, LmHead(embed.embedding.T.astype(x.dtype), cfg.vocab_size)
+        return x, LmHead(embed.embedding.T.astype(x.dtype), cfg.vocab_size,
+                         cfg.final_logit_softcap)
       with jax.named_scope("head"):  # names its ops in profiles and `axtrain plan --ops`
-        logits = mask_padding(embed.attend(x), cfg.vocab_size)
+        logits = mask_padding(softcap(embed.attend(x), cfg.final_logit_softcap), cfg.vocab_size)
     else:
       w = self.param("head", nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embedding.init_std), ("embed", "vocab")),
           (cfg.dim, vocab))
       if not head:
-        return x, LmHead(w.astype(x.dtype), cfg.vocab_size)
+        return x, LmHead(w.astype(x.dtype), cfg.vocab_size, cfg.final_logit_softcap)
       with jax.named_scope("head"):
-        logits = LmHead(w.astype(x.dtype), cfg.vocab_size).logits(x)
+        logits = LmHead(w.astype(x.dtype), cfg.vocab_size, cfg.final_logit_softcap).logits(x)
     return nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
 
   def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):
     """The scanned stack's layers as pipeline stages (modules/pipeline.py), on the parameters
-    that `nn.scan` made for it ("layers", [num_layers, ...])."""
+    that `nn.scan` made for it ("layers", [repeats, ...]: a block group's repeats stay whole)."""
     cfg = self.cfg
     microbatches = cfg.pipeline_microbatches or stages
-    pipeline.check(num_layers=cfg.num_layers, scan_layers=cfg.scan_layers, stage_count=stages,
-                   batch=x_BxLxD.shape[0], microbatches=microbatches)
+    pipeline.check(num_layers=cfg.num_layers, repeats=cfg.repeats, scan_layers=cfg.scan_layers,
+                   stage_count=stages, batch=x_BxLxD.shape[0], microbatches=microbatches)
     block = _Layer(cfg=cfg.block, dim=cfg.dim, parent=None)
     sows, names = [], {}
 
@@ -225,7 +252,7 @@ class DecoderLM(nn.Module):
     if any(sows):  # the layers' own losses (MoE load balancing), summed over layers
       self.sow("losses", "pipeline_layers", aux)
     for key, total in metrics.items():  # means over layers, as the scanned stack reports them
-      self.sow("metrics", names[key], total / cfg.num_layers)
+      self.sow("metrics", names[key], total / cfg.repeats)
     return x
 
 

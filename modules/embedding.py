@@ -17,6 +17,9 @@ POSITION_EMBEDDINGS = Registry("position_embedding")
 class TokenEmbeddingConfig:
   kind: str = "token"
   init_std: float = 0.02  # stddev of the normal initialiser
+  # The looked-up vectors times sqrt(dim), in their dtype (Gemma; the Transformer's embeddings,
+  # Vaswani et al. 2017); a tied LM head reads the table unscaled
+  scale_by_sqrt_dim: bool = False
 
   def check(self, *, vocab_size: int, dim: int):
     del vocab_size, dim
@@ -37,7 +40,10 @@ class TokenEmbedding(nn.Module):
         (self.vocab_size, self.dim))
 
   def __call__(self, tokens_BxL):
-    return jnp.take(_whole_rows(self.embedding, "vocab"), tokens_BxL, axis=0)
+    x = jnp.take(_whole_rows(self.embedding, "vocab"), tokens_BxL, axis=0)
+    if self.cfg.scale_by_sqrt_dim:
+      x = x * jnp.asarray(math.sqrt(self.dim), x.dtype)
+    return x
 
   def attend(self, x_BxLxD):
     """Logits against the embedding matrix (a tied LM head)."""

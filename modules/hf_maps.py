@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from core.registry import (REQUIRED, ConfigError, child_default_kind, child_registry,
-                           optional_child)
+                           map_registry, members, optional_child)
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -170,11 +170,18 @@ def _alternatives(values) -> str:
   return " or ".join(shown) if len(shown) < 3 else ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
+_NOWHERE = object()  # a path that the model config does not have (a slot of another kind)
+
+
 def _at(m, path: str) -> Any:
-  """The value at dotted `path` of parsed model config `m` (None where a slot is off)."""
+  """The value at dotted `path` of parsed model config `m` (None where a slot is off; _NOWHERE
+  where a node on the way has no such field or named node)."""
   node = m
   for part in path.split("."):
-    node = getattr(node, part, None)
+    if node is None or node is _NOWHERE:
+      return node
+    node = (members(node).get(part, _NOWHERE) if isinstance(node, tuple)
+            else getattr(node, part, _NOWHERE))
   return node
 
 
@@ -186,17 +193,36 @@ class _Writer:
     self.family, self.m, self.map = family, m, family.settings
     self.out: dict = {}
     self.problems: list[str] = []
+    self.unequal: set[str] = set()  # the fields that others must equal (Same) and do not
+    self.same_problems = 0  # the problems of those others
+    self._computed: list = []  # (HF key, function of the model) to write after the walk
+
+  @property
+  def distance(self) -> int:
+    """The settings the family's HF class cannot hold: each problem, but fields that must equal
+    one other field (HF holds one setting for them) and do not count once for that field."""
+    return len(self.problems) - self.same_problems + len(self.unequal)
 
   def run(self) -> "_Writer":
     self._slot(self.m, "")
+    if not self.problems:  # values computed from the model: only of a model of this family's
+      for key, value in self._computed:  # shape (another's may lack what they read)
+        self._set(key, value(self.m))
     return self
 
   def _put(self, key: str, value: Any) -> None:
+    """Writes `value`, or `value(model)` for a callable once the walk found no problem."""
+    if callable(value):
+      self._computed.append((key, value))
+    else:
+      self._set(key, copy.deepcopy(value))
+
+  def _set(self, key: str, value: Any) -> None:
     *parents, last = key.split(".")
     target = self.out
     for part in parents:
       target = target.setdefault(part, {})
-    target[last] = value(self.m) if callable(value) else copy.deepcopy(value)
+    target[last] = value
 
   def _slot(self, node, slot: str, f: dataclasses.Field | None = None) -> None:
     where, arch = f"model.{slot}" if slot else "model", self.family.architecture
@@ -226,6 +252,10 @@ class _Writer:
       if child_registry(f) is not None:
         if not known_only or path in self.map.kinds:
           self._slot(getattr(node, f.name), path, f)
+      elif map_registry(f) is not None:  # named nodes (a block group's): a slot each
+        for name, member in getattr(node, f.name):
+          if not known_only or f"{path}.{name}" in self.map.kinds:
+            self._slot(member, f"{path}.{name}", f)
       elif not known_only or path in self.map.fields:
         self._field(path, getattr(node, f.name), f)
 
@@ -239,10 +269,13 @@ class _Writer:
                            f"{_alternatives(rule.values)})")
     elif isinstance(rule, Key):
       self._put(rule.key, rule.values[value] if rule.values is not None
-                else rule.to(value, self.m) if rule.to is not None else value)
+                else (lambda m, to=rule.to: to(value, m)) if rule.to is not None else value)
     elif isinstance(rule, Fixed) and not rule.allowed(value, self.m):
       self.problems.append(f"model.{path} is {value!r} ({arch} takes only {rule.what})")
-    elif isinstance(rule, Same) and value != _at(self.m, rule.other):
+    elif isinstance(rule, Same) and _at(self.m, rule.other) not in (value, _NOWHERE):
+      # (_NOWHERE: the other field's slot is of another kind, refused on its own)
+      self.unequal.add(rule.other)
+      self.same_problems += 1
       key = getattr(self.map.fields.get(rule.other), "key", rule.other)
       self.problems.append(f"model.{path} is {value!r} but model.{rule.other} is "
                            f"{_at(self.m, rule.other)!r} ({arch} has one {key} for both)")
@@ -386,7 +419,9 @@ def _depth(family: Family) -> int:
 
 def family_of_model(m) -> Family:
   """The family a parsed model config is written as: the one whose map finds the fewest
-  settings it cannot hold (none, where any can), so that a refusal names what keeps the model
-  from its nearest HF class; of two as near, the one that builds on the other (a Qwen3 with MLP
-  biases is refused as Qwen3, not LLaMA)."""
-  return min(FAMILIES.values(), key=lambda family: (len(family.problems(m)), -_depth(family)))
+  settings it cannot hold (none, where any can; `_Writer.distance`: fields that must all equal
+  one, a changed setting of a layer pattern's member, count once), so that a refusal names what
+  keeps the model from its nearest HF class; of two as near, the one that builds on the other
+  (a Qwen3 with MLP biases is refused as Qwen3, not LLaMA)."""
+  return min(FAMILIES.values(), key=lambda family: (_Writer(family, m).run().distance,
+                                                    -_depth(family)))

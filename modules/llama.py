@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.registry import ConfigError, registry, suggest
+from core.config_args import row
+from core.registry import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +49,7 @@ SIZES: dict[str, Size] = {
 
 
 def size(name: str) -> Size:
-  if name not in SIZES:
-    raise ConfigError(f"unknown LLaMA size '{name}'{suggest(name, SIZES)}; sizes: "
-                      f"{', '.join(SIZES)}")
-  return SIZES[name]
+  return row(SIZES, name, "LLaMA")
 
 
 def rope_node(s: Size):

@@ -49,20 +49,31 @@ def model_node(c: dict):
   return node
 
 
-def _layer_shapes(c: dict) -> dict:
+def attention_shapes(c: dict) -> dict:
+  """{name: shape} of one layer's attention tensors (self_attn.*), biases if the config has them."""
   d, h, g, k = dims(c)
-  f = c["intermediate_size"]
-  out = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
-         "self_attn.q_proj.weight": (h * k, d), "self_attn.k_proj.weight": (g * k, d),
-         "self_attn.v_proj.weight": (g * k, d), "self_attn.o_proj.weight": (d, h * k),
-         "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d),
-         "mlp.down_proj.weight": (d, f)}
+  out = {"self_attn.q_proj.weight": (h * k, d), "self_attn.k_proj.weight": (g * k, d),
+         "self_attn.v_proj.weight": (g * k, d), "self_attn.o_proj.weight": (d, h * k)}
   if c.get("attention_bias"):
     out.update({"self_attn.q_proj.bias": (h * k,), "self_attn.k_proj.bias": (g * k,),
                 "self_attn.v_proj.bias": (g * k,), "self_attn.o_proj.bias": (d,)})
+  return out
+
+
+def mlp_shapes(c: dict) -> dict:
+  """{name: shape} of one layer's gated MLP tensors (mlp.*)."""
+  d, f = c["hidden_size"], c["intermediate_size"]
+  out = {"mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d),
+         "mlp.down_proj.weight": (d, f)}
   if c.get("mlp_bias"):
     out.update({"mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (d,)})
   return out
+
+
+def _layer_shapes(c: dict) -> dict:
+  d = c["hidden_size"]
+  return {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+          **attention_shapes(c), **mlp_shapes(c)}
 
 
 def hf_shapes(c: dict) -> dict:
@@ -75,55 +86,91 @@ def hf_shapes(c: dict) -> dict:
   return out
 
 
-def from_hf(get, c: dict) -> dict:
-  d, h, g, k = dims(c)
+def outer_from_hf(get, c: dict) -> dict:
+  """The embedding, final norm and (untied) head of our tree from the HF tensors."""
   params = {"embedding": {"embedding": get("model.embed_tokens.weight")},
             "final_norm": {"scale": get("model.norm.weight")}}
   if not c.get("tie_word_embeddings", False):
     params["head"] = get("lm_head.weight").T
+  return params
+
+
+def attention_from_hf(get, p: str, c: dict) -> dict:
+  """Our attention tree ({q, k, v, o, biases}) from the HF tensors of the layer prefixed `p`."""
+  d, h, g, k = dims(c)
+  attn = {"q": get(p + "self_attn.q_proj.weight").T.reshape(d, h, k),
+          "k": get(p + "self_attn.k_proj.weight").T.reshape(d, g, k),
+          "v": get(p + "self_attn.v_proj.weight").T.reshape(d, g, k),
+          "o": get(p + "self_attn.o_proj.weight").T.reshape(h, k, d)}
+  if c.get("attention_bias"):
+    for name, heads in (("q", h), ("k", g), ("v", g)):
+      attn[f"{name}_bias"] = get(p + f"self_attn.{name}_proj.bias").reshape(heads, k)
+    attn["o_bias"] = get(p + "self_attn.o_proj.bias")
+  return attn
+
+
+def mlp_from_hf(get, p: str, c: dict) -> dict:
+  """Our gated MLP tree ({wi, wu, wo, biases}) from the HF tensors of the layer prefixed `p`."""
+  ffn = {"wi": get(p + "mlp.gate_proj.weight").T, "wu": get(p + "mlp.up_proj.weight").T,
+         "wo": get(p + "mlp.down_proj.weight").T}
+  if c.get("mlp_bias"):
+    ffn.update(wi_bias=get(p + "mlp.gate_proj.bias"), wu_bias=get(p + "mlp.up_proj.bias"),
+               wo_bias=get(p + "mlp.down_proj.bias"))
+  return ffn
+
+
+def from_hf(get, c: dict) -> dict:
+  params = outer_from_hf(get, c)
   layers = []
   for i in range(c["num_hidden_layers"]):
     p = f"model.layers.{i}."
-    attn = {"q": get(p + "self_attn.q_proj.weight").T.reshape(d, h, k),
-            "k": get(p + "self_attn.k_proj.weight").T.reshape(d, g, k),
-            "v": get(p + "self_attn.v_proj.weight").T.reshape(d, g, k),
-            "o": get(p + "self_attn.o_proj.weight").T.reshape(h, k, d)}
-    if c.get("attention_bias"):
-      for name, heads in (("q", h), ("k", g), ("v", g)):
-        attn[f"{name}_bias"] = get(p + f"self_attn.{name}_proj.bias").reshape(heads, k)
-      attn["o_bias"] = get(p + "self_attn.o_proj.bias")
-    ffn = {"wi": get(p + "mlp.gate_proj.weight").T, "wu": get(p + "mlp.up_proj.weight").T,
-           "wo": get(p + "mlp.down_proj.weight").T}
-    if c.get("mlp_bias"):
-      ffn.update(wi_bias=get(p + "mlp.gate_proj.bias"), wu_bias=get(p + "mlp.up_proj.bias"),
-                 wo_bias=get(p + "mlp.down_proj.bias"))
-    layers.append({"block": {"attention": attn, "ffn": ffn,
+    layers.append({"block": {"attention": attention_from_hf(get, p, c),
+                             "ffn": mlp_from_hf(get, p, c),
                              "attention_norm": {"scale": get(p + "input_layernorm.weight")},
                              "ffn_norm": {"scale": get(p + "post_attention_layernorm.weight")}}})
   params["layers"] = layers
   return params
 
 
-def to_hf(params: dict, m) -> dict:
+def outer_to_hf(params: dict, m) -> dict:
+  """The embedding, final norm and (untied) head as HF tensors."""
   out = {"model.embed_tokens.weight": params["embedding"]["embedding"],
          "model.norm.weight": params["final_norm"]["scale"]}
   if not m.tie_embeddings:
     out["lm_head.weight"] = params["head"].T
+  return out
+
+
+def attention_to_hf(a: dict, p: str) -> dict:
+  """The HF tensors (prefixed `p`) of our attention tree `a`."""
+  out = {}
+  for name in ("q", "k", "v"):
+    w = a[name]
+    out[p + f"self_attn.{name}_proj.weight"] = w.reshape(w.shape[0], -1).T
+    if f"{name}_bias" in a:
+      out[p + f"self_attn.{name}_proj.bias"] = a[f"{name}_bias"].reshape(-1)
+  out[p + "self_attn.o_proj.weight"] = a["o"].reshape(-1, a["o"].shape[-1]).T
+  if "o_bias" in a:
+    out[p + "self_attn.o_proj.bias"] = a["o_bias"]
+  return out
+
+
+def mlp_to_hf(ffn: dict, p: str) -> dict:
+  """The HF tensors (prefixed `p`) of our gated MLP tree `ffn`."""
+  out = {}
+  for ours, theirs in (("wi", "gate_proj"), ("wu", "up_proj"), ("wo", "down_proj")):
+    out[p + f"mlp.{theirs}.weight"] = ffn[ours].T
+    if f"{ours}_bias" in ffn:
+      out[p + f"mlp.{theirs}.bias"] = ffn[f"{ours}_bias"]
+  return out
+
+
+def to_hf(params: dict, m) -> dict:
+  out = outer_to_hf(params, m)
   for i, layer in enumerate(params["layers"]):
     b, p = layer["block"], f"model.layers.{i}."
-    a = b["attention"]
-    for name in ("q", "k", "v"):
-      w = a[name]
-      out[p + f"self_attn.{name}_proj.weight"] = w.reshape(w.shape[0], -1).T
-      if f"{name}_bias" in a:
-        out[p + f"self_attn.{name}_proj.bias"] = a[f"{name}_bias"].reshape(-1)
-    out[p + "self_attn.o_proj.weight"] = a["o"].reshape(-1, a["o"].shape[-1]).T
-    if "o_bias" in a:
-      out[p + "self_attn.o_proj.bias"] = a["o_bias"]
-    for ours, theirs in (("wi", "gate_proj"), ("wu", "up_proj"), ("wo", "down_proj")):
-      out[p + f"mlp.{theirs}.weight"] = b["ffn"][ours].T
-      if f"{ours}_bias" in b["ffn"]:
-        out[p + f"mlp.{theirs}.bias"] = b["ffn"][f"{ours}_bias"]
+    out.update(attention_to_hf(b["attention"], p))
+    out.update(mlp_to_hf(b["ffn"], p))
     out[p + "input_layernorm.weight"] = b["attention_norm"]["scale"]
     out[p + "post_attention_layernorm.weight"] = b["ffn_norm"]["scale"]
   return out

@@ -16,10 +16,15 @@ NORMS = Registry("norm")
 class RMSNormConfig:
   kind: str = "rmsnorm"
   eps: float = 1e-5  # added to the mean square before the rsqrt
+  # The learned scale w enters as (scale_offset + w), w initialised at 1 - scale_offset (a fresh
+  # norm multiplies by 1): Gemma's RMSNorm is x / rms(x) * (1 + w), w from 0 (1.0); 0.0 = LLaMA's
+  scale_offset: float = 0.0
   SHARED: ClassVar = ("eps",)  # kept by a switch to another norm kind (core/registry.py)
 
   def check(self, *, dim: int):
     _check_eps(self, dim=dim)
+    if not math.isfinite(self.scale_offset):
+      raise ConfigError(f"rmsnorm.scale_offset must be a finite number, got {self.scale_offset}")
 
 
 def _check_eps(cfg, *, dim: int) -> None:
@@ -30,17 +35,19 @@ def _check_eps(cfg, *, dim: int) -> None:
 
 @NORMS.register("rmsnorm", RMSNormConfig)
 class RMSNorm(nn.Module):
-  """x / rms(x) * scale (LLaMA)."""
+  """x / rms(x) * scale (LLaMA), or x / rms(x) * (scale_offset + scale) (Gemma: 1 + scale)."""
   cfg: RMSNormConfig
   dim: int
 
   @nn.compact
   def __call__(self, x_BxLxD):
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                       (self.dim,))
+    offset = self.cfg.scale_offset
+    init = nn.initializers.constant(1.0 - offset) if offset else nn.initializers.ones
+    scale = self.param("scale", nn.with_logical_partitioning(init, ("norm",)), (self.dim,))
     x = x_BxLxD.astype(jnp.float32)
     y = x * jnp.reciprocal(jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.eps))
-    return (y * scale.astype(jnp.float32)).astype(x_BxLxD.dtype)
+    scale = scale.astype(jnp.float32)
+    return (y * (scale + offset if offset else scale)).astype(x_BxLxD.dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -52,17 +52,19 @@ def bubble(stage_count: int, microbatches: int) -> float:
   return (stage_count - 1) / (microbatches + stage_count - 1)
 
 
-def check(*, num_layers: int, scan_layers: bool, stage_count: int, batch: int,
-          microbatches: int) -> None:
-  """The stack must be scanned and split evenly, the batch into whole microbatches."""
+def check(*, num_layers: int, repeats: int, scan_layers: bool, stage_count: int,
+          batch: int, microbatches: int) -> None:
+  """The stack must be scanned and split evenly (a block group's repeats whole), the batch into
+  whole microbatches."""
   if stage_count <= 1:
     return
   if not scan_layers:
     raise ConfigError(f"{stage_count} pipeline stages split the scanned layer stack, but "
                       f"model.scan_layers is False; set --config.model.scan_layers=true")
-  if num_layers % stage_count:
+  if repeats % stage_count:
+    groups = "" if repeats == num_layers else f", {repeats} repeats of its block group"
     raise ConfigError(f"{stage_count} pipeline stages must divide model.num_layers "
-                      f"({num_layers}) into equal groups; pick a divisor")
+                      f"({num_layers}{groups}) into equal groups; pick a divisor")
   if batch % microbatches:
     raise ConfigError(f"the pipeline's {microbatches} microbatches "
                       f"(model.pipeline_microbatches) must divide the batch of {batch} rows")

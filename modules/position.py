@@ -32,13 +32,24 @@ class NoPosition(nn.Module):
 class RopeConfig:
   kind: str = "rope"
   theta: float = 10_000.0  # base wavelength of the rotary frequencies
+  # Positions divided by this (linear position interpolation, Hugging Face's rope_type "linear";
+  # Gemma 3's global layers: 8.0); 1.0 = none
+  linear_factor: float = 1.0
   SHARED: ClassVar = ("theta",)  # kept by a switch to another RoPE kind (core/registry.py)
 
   def check(self, *, head_dim: int):
     if not 0 < self.theta < math.inf:
       raise ConfigError(f"rope.theta must be a finite number > 0, got {self.theta}")
+    if not 0 < self.linear_factor < math.inf:
+      raise ConfigError(f"rope.linear_factor must be a finite number > 0, got "
+                        f"{self.linear_factor}")
     if head_dim % 2:
       raise ConfigError(f"rope needs an even head_dim, got {head_dim}")
+
+
+def base_inv_freq(theta: float, head_dim: int):
+  """theta^(-2i/K) for i < K/2: RoPE's frequencies, before any scaling."""
+  return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
 
 
 def rotate(x_BxLxHxK, inv_freq_K2, positions_BxL):
@@ -68,8 +79,8 @@ class Rope(nn.Module):
   head_dim: int
 
   def inv_freq(self):
-    return 1.0 / (self.cfg.theta ** (jnp.arange(0, self.head_dim, 2, dtype=jnp.float32)
-                                     / self.head_dim))
+    inv_freq = base_inv_freq(self.cfg.theta, self.head_dim)
+    return inv_freq if self.cfg.linear_factor == 1.0 else inv_freq / self.cfg.linear_factor
 
   def __call__(self, q_BxLxHxK, k_BxLxHxK, positions_BxL):
     inv_freq = self.inv_freq()
@@ -111,7 +122,7 @@ class RopeLlama3(Rope):
 
   def inv_freq(self):
     cfg = self.cfg
-    inv_freq = super().inv_freq()
+    inv_freq = base_inv_freq(cfg.theta, self.head_dim)
     wavelen = 2 * math.pi / inv_freq
     scaled = jnp.where(wavelen > cfg.original_max_position / cfg.low_freq_factor,
                        inv_freq / cfg.factor, inv_freq)

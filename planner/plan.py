@@ -352,12 +352,13 @@ def attention_call_flops(exp: experiment_lib.Experiment) -> float:
   """FLOPs of one attention kernel call on one device: QK^T and PV (2 x 2 FLOPs per query,
   key and head_dim) over the (query, key) pairs the mask admits (modules/masks.py:
   Spec.visible_pairs: about half the square under the causal mask, a band of the window's
-  width with a sliding window), for the device's rows, heads and share of the positions."""
+  width with a sliding window; a layer pattern's mean over its layers), for the device's rows,
+  heads and share of the positions."""
   shape = memory_model.model_shape(exp.abstract_state.params,
                                    top_k=flops_lib.find_field(exp.run.model, "top_k"))
   sp = memory_model.split(exp)
   head_dim = shape.q_width // max(shape.heads, 1)
-  pairs = flops_lib.mask_spec(exp.run.model).visible_pairs(sp.seq_len)
+  pairs = flops_lib.over_layers(exp.run.model, lambda spec: spec.visible_pairs(sp.seq_len))
   return 4.0 * sp.rows * (shape.heads / sp.model) * head_dim * pairs * sp.positions / sp.seq_len
 
 

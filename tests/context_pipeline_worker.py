@@ -55,16 +55,34 @@ GRAD_ONLY = {
                                 {"attention": "dot_product"}),
     "stage=2,context=2,fsdp=2": ({"data": 1, "fsdp": 2, "stage": 2, "context": 2},
                                  {"num_layers": 4, "pipeline_microbatches": 2}),
+    # a block group (dense then MoE, modules/block_group.py): the stages split its repeats
+    "stage=2,data=4 (dense, moe group)": ({"data": 4, "fsdp": 1, "stage": 2},
+                                          {"num_layers": 8, "group": True}),
 }
 
 
+def group_model():
+  """The `test` LLaMA whose layers alternate a dense MLP and a dropless MoE without its
+  load-balancing loss (taken per microbatch, it would move the gradients a little)."""
+  from core.registry import registry  # pylint: disable=import-outside-toplevel
+  node = llama.model_node("test")
+  moe = node.block.copy_and_resolve_references()
+  moe.ffn = registry("ffn").node("moe", num_experts=4, hidden_dim=32, capacity_factor=0.0,
+                                 aux_loss_coef=0.0)
+  node.block = registry("block").node("group", pattern=("dense", "moe"),
+                                      blocks={"dense": node.block, "moe": moe})
+  return node
+
+
 def run_config(mesh: dict, *, attention="xla", num_layers=None, remat="none",
-               pipeline_microbatches=0, max_steps=STEPS):
-  cfg = lm_config(llama.model_node("test"), max_steps=max_steps, learning_rate=1e-2,
-                  batch_size=8, seq_len=32, warmup_steps=2, data_kind="stdlib")
+               pipeline_microbatches=0, max_steps=STEPS, group=False):
+  cfg = lm_config(group_model() if group else llama.model_node("test"), max_steps=max_steps,
+                  learning_rate=1e-2, batch_size=8, seq_len=32, warmup_steps=2,
+                  data_kind="stdlib")
   cfg.optimizer.schedule.decay_steps = 9  # the same schedule whatever max_steps
-  cfg.model.block.attention.implementation = attention
-  cfg.model.block.attention.query_chunk_size = 4
+  if not group:
+    cfg.model.block.attention.implementation = attention
+    cfg.model.block.attention.query_chunk_size = 4
   cfg.model.num_layers = num_layers or cfg.model.num_layers
   cfg.model.remat = remat
   cfg.model.pipeline_microbatches = pipeline_microbatches
@@ -122,7 +140,7 @@ def equality(devices) -> dict:
   for name, (mesh, model) in {**CASES, **GRAD_ONLY}.items():
     # One device's run of the same model; the attention implementation and remat policy change
     # only rounding, so every case is held to the one-device `xla` run without remat.
-    key = json.dumps({"num_layers": model["num_layers"]} if "num_layers" in model else {})
+    key = json.dumps({k: model[k] for k in ("num_layers", "group") if k in model})
     if key not in refs:
       one = build(ONE, devices[:1], **json.loads(key))
       state = one.init()

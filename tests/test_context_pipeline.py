@@ -56,7 +56,8 @@ def test_losses_equal_one_device(worker, case):
   assert max_rel_diff(losses["mesh"], losses["one"]) <= REL_TOL
 
 
-@pytest.mark.parametrize("case", [*CASES, "context=8 (dot_product)", "stage=2,context=2,fsdp=2"])
+@pytest.mark.parametrize("case", [*CASES, "context=8 (dot_product)", "stage=2,context=2,fsdp=2",
+                                  "stage=2,data=4 (dense, moe group)"])
 def test_gradients_equal_one_device(worker, case):
   grads = worker["equality"]["grads"][case]
   assert grads["max_abs"] > 0.1  # gradients worth comparing
@@ -78,7 +79,8 @@ def test_context_gathers_keys_and_stages_pass_activations(worker):
     assert temp[case]["collective_permutes"] > 0
 
 
-@pytest.mark.parametrize("case", ["stage=4,data=2", "stage=2,fsdp=4 (remat)"])
+@pytest.mark.parametrize("case", ["stage=4,data=2", "stage=2,fsdp=4 (remat)",
+                                  "stage=2,data=4 (dense, moe group)"])
 def test_each_stage_holds_its_share_of_the_layers(worker, case):
   held = worker["equality"]["layer_bytes"][case]
   share = held["total"] / (held["stages"] * held["fsdp"])

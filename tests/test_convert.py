@@ -289,6 +289,7 @@ def test_to_hf_refuses_models_hf_cannot_hold_and_runs_without_checkpoints(tmp_pa
   assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
   cfg = json.loads((run / "config.json").read_text())
   cfg["model"]["block"]["kind"] = "parallel"
+  cfg["model"]["block"].pop("post_norms")  # pre_norm's own field
   (run / "config.json").write_text(json.dumps(cfg))
   code, err = _convert(capsys, f"--to_hf={run}", f"--output_dir={tmp_path / 'back'}")
   assert code == 2 and err == ("axtrain: error: the model cannot be written as GPT2LMHeadModel: "

@@ -279,14 +279,15 @@ def test_the_architecture_tree_names_real_slots():
   (in RunConfig or in some registered kind's config)."""
   import dataclasses  # pylint: disable=import-outside-toplevel
 
-  from core.registry import child_registry, list_registry  # pylint: disable=import-outside-toplevel
+  from core.registry import (  # pylint: disable=import-outside-toplevel
+      child_registry, list_registry, map_registry)
   from trainer.config import RunConfig  # pylint: disable=import-outside-toplevel
   classes = [RunConfig] + [reg.entry(k).config_cls for reg in _registries().values()
                            for k in reg.kinds()]
   slots = set()
   for cls in classes:
     for f in dataclasses.fields(cls):
-      reg = child_registry(f) or (list_registry(f) or (None,))[0]
+      reg = child_registry(f) or map_registry(f) or (list_registry(f) or (None,))[0]
       if reg is not None:
         slots.add((f.name, reg.name))
   tree = re.search(r"children's nodes.*?```\n(.*?)```", MAP.read_text(), flags=re.S)[1]

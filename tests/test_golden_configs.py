@@ -207,7 +207,10 @@ def test_a_new_field_with_a_default_changes_no_golden_file_and_no_old_run(monkey
                       Component("attention", Newer, old.target))
   for name, arg in CASES:
     value, cfg = _load(name, arg)
-    assert cfg.model.block.attention.added_later == 1.5
+    block = cfg.model.block
+    for attention in ([block.attention] if "attention" in block else
+                      [member.attention for member in block.blocks.values()]):  # a block group
+      assert attention.added_later == 1.5
     assert flat.chosen_text(cfg) == _golden(name, arg).read_text(), value
   after = json.loads(config_loading.load(tiny).to_json_best_effort())
   run = RunDir(tmp_path / "run")

@@ -20,8 +20,8 @@ import typing
 import pytest
 
 import modules  # noqa: F401  (registers the layer library)
-from core.registry import (REQUIRED, Component, ConfigError, child_registry, optional_child,
-                           registry)
+from core.registry import (REQUIRED, Component, ConfigError, child_registry, map_registry,
+                           optional_child, registry)
 from modules import hf_maps
 from modules.hf_maps import FAMILIES, Key, NotWritten
 
@@ -43,9 +43,10 @@ def _config_cls(reg, kind: str) -> type:
 
 # -- every family decides every field it can reach -------------------------------------------
 
-def _tree(kinds_at, skip=lambda path: False) -> tuple[dict, dict]:
+def _tree(kinds_at, skip=lambda path: False, names=lambda path: ()) -> tuple[dict, dict]:
   """The model config tree from the config classes of the registries, through the kinds that
-  `kinds_at(registry, slot, field)` gives at each slot, not below a slot that `skip`s:
+  `kinds_at(registry, slot, field)` gives at each slot, not below a slot that `skip`s, a field
+  of named nodes (a block group's blocks) through the names that `names(path)` gives:
   ({slot: (its registry, its field; None for the model)}, {leaf field path: its field})."""
   slots, leaves = {}, {}
 
@@ -60,6 +61,9 @@ def _tree(kinds_at, skip=lambda path: False) -> tuple[dict, dict]:
           continue
         if child_registry(f) is not None:
           walk(child_registry(f), path, f)
+        elif map_registry(f) is not None:
+          for name in names(path):
+            walk(map_registry(f), _join(path, name), f)
         else:
           leaves.setdefault(path, f)
 
@@ -73,9 +77,12 @@ def undecided(fmap) -> list[str]:
   a default nor a rule; a rule or kinds entry that names no field or slot of any registered
   kind (a map may name one that only a kind it does not take has, as a map built on another's
   does); a kind that is not its slot's."""
-  every_slot, every_leaf = _tree(lambda reg, slot, field: reg.kinds())
+  names = lambda path: sorted({s[len(path) + 1:].split(".")[0] for s in fmap.kinds
+                               if s.startswith(path + ".")})  # the members the map names
+  every_slot, every_leaf = _tree(lambda reg, slot, field: reg.kinds(), names=names)
   slots, leaves = _tree(lambda reg, slot, field: fmap.kinds_at(slot, field),
-                        skip=lambda path: isinstance(fmap.fields.get(path), NotWritten))
+                        skip=lambda path: isinstance(fmap.fields.get(path), NotWritten),
+                        names=names)
   out = [f"field {p}: no default and no rule" for p, f in sorted(leaves.items())
          if fmap.rule_at(p, f) is None]
   out += [f"slot {s}: no default and no kinds" for s, (_, f) in sorted(slots.items())
@@ -102,7 +109,7 @@ def test_every_family_map_decides_every_model_field(arch):
 
 def _get(tree: dict, path: str):
   for part in path.split(".") if path else ():
-    tree = tree[part]
+    tree = (dict(tree) if isinstance(tree, tuple) else tree)[part]  # named nodes: (name, node)s
   return tree
 
 
@@ -118,6 +125,8 @@ def _changed(value, hint):
   args = typing.get_args(hint)
   if typing.get_origin(hint) is typing.Literal:
     return next(a for a in args if a != value)
+  if typing.get_origin(hint) is tuple and args == (str, ...):
+    return (*(value or ()), "a")  # a block group's pattern: one layer more, of member "a"
   base = next((a for a in args if a is not type(None)), hint)
   if base is bool:
     return not value
@@ -134,11 +143,18 @@ def _switched(reg, node, kind):
   """`node` switched to `kind` as `--config.<slot>.kind=K` does, required fields filled."""
   if kind is None:
     return None
+  if node is not None and kind != node["kind"]:
+    for f in dataclasses.fields(_config_cls(reg, node["kind"])):
+      if map_registry(f) is reg:  # a block group switched to one block: its first block's parts
+        node = next(iter(node[f.name].values()))
+        break
   out = reg.switched(node, kind).to_dict()
   hints = typing.get_type_hints(_config_cls(reg, kind))
   for f in dataclasses.fields(_config_cls(reg, kind)):
     if out.get(f.name) is None and f.default is dataclasses.MISSING:
-      out[f.name] = _changed(None, hints[f.name])
+      # named nodes of the slot's own registry (a block group's): the node switched from, "a"
+      out[f.name] = ({"a": node} if map_registry(f) is reg
+                     else _changed(None, hints[f.name]))
   return out
 
 
@@ -167,7 +183,8 @@ def _changes(base: dict) -> list[Change]:
       current_fields = ({f.name for f in dataclasses.fields(_config_cls(reg, current))}
                         if current else set())
       for f in dataclasses.fields(_config_cls(reg, kind)):
-        if f.name == "kind" or f.name in current_fields or child_registry(f) is not None:
+        if f.name == "kind" or f.name in current_fields or child_registry(f) is not None or (
+            map_registry(f) is not None):
           continue  # a field the current kind has too is changed below
         path = _join(slot, f.name)
         out.append(Change(f"{slot}.kind={kind}, {f.name}",
@@ -183,6 +200,9 @@ def _changes(base: dict) -> list[Change]:
         continue
       if child_registry(f) is not None:
         visit(child_registry(f), path, node[f.name], optional_child(f))
+      elif map_registry(f) is not None:  # named nodes: each a slot of its own
+        for name, member in node[f.name].items():
+          visit(map_registry(f), _join(path, name), member, False)
       else:
         out.append(Change(path, _with(base, path, _changed(node[f.name], hints[f.name])),
                           (path,), path))
@@ -243,9 +263,14 @@ def _refusal(tree: dict) -> str:
   return str(e.value)
 
 
+def _parallel(block: dict) -> dict:
+  """A pre_norm block node as a parallel one (its own fields dropped)."""
+  return {**{k: v for k, v in block.items() if k != "post_norms"}, "kind": "parallel"}
+
+
 def test_a_qwen3_refusal_names_qwen3():
   base = _base("Qwen3ForCausalLM")
-  parallel = _with(base, "block", {**base["block"], "kind": "parallel", "separate_norms": False})
+  parallel = _with(base, "block", {**_parallel(base["block"]), "separate_norms": False})
   assert _refusal(parallel) == ("the model cannot be written as Qwen3ForCausalLM: model.block.kind"
                                 " is 'parallel' (Qwen3ForCausalLM takes only 'pre_norm')")
   assert _refusal(_with(base, "block.ffn.use_bias", True)) == (
@@ -257,7 +282,7 @@ def test_a_refusal_names_each_field_also_under_a_kind_the_family_lacks():
   """A parallel block with layernorm and a soft-cap: every refused field by its path, not only
   the block's kind (the fields under it that the map knows are still checked)."""
   base = _base("LlamaForCausalLM")
-  block = {**base["block"], "kind": "parallel", "separate_norms": False,
+  block = {**_parallel(base["block"]), "separate_norms": False,
            "norm": {"kind": "layernorm", "eps": 1e-5, "use_bias": True},
            "attention": {**base["block"]["attention"], "logit_softcap": 30.0}}
   assert _refusal(_with(base, "block", block)) == (
@@ -265,6 +290,13 @@ def test_a_refusal_names_each_field_also_under_a_kind_the_family_lacks():
       "(LlamaForCausalLM takes only 'pre_norm'); model.block.attention.logit_softcap is 30.0 "
       "(LlamaForCausalLM takes only None); model.block.norm.kind is 'layernorm' "
       "(LlamaForCausalLM takes only 'rmsnorm')")
+
+
+def _attentions(base: dict) -> list[str]:
+  """The paths of a family's attention nodes: its block's, or each of its block group's."""
+  if "attention" in base["block"]:
+    return ["block.attention"]
+  return [f"block.blocks.{name}.attention" for name in sorted(base["block"]["blocks"])]
 
 
 def _add_to_attention(monkeypatch, cls) -> None:
@@ -289,10 +321,11 @@ def test_a_field_added_later_needs_a_rule_only_in_the_map_of_a_family_that_holds
   for arch, family in FAMILIES.items():
     assert undecided(family.settings) == []
     base = _base(arch)
-    assert base["block"]["attention"]["logit_soft_cap"] == 0.0
+    attention = _attentions(base)[0]
+    assert _get(base, attention)["logit_soft_cap"] == 0.0
     assert family.hf_config(MODEL.parse(base, "model")) == before[arch]
-    assert _refusal(_with(base, "block.attention.logit_soft_cap", 30.0)) == (
-        f"the model cannot be written as {arch}: model.block.attention.logit_soft_cap is 30.0 "
+    assert _refusal(_with(base, f"{attention}.logit_soft_cap", 30.0)) == (
+        f"the model cannot be written as {arch}: model.{attention}.logit_soft_cap is 30.0 "
         f"({arch} takes only 0.0)")
   llama = FAMILIES["LlamaForCausalLM"]
   holds = dataclasses.replace(llama, settings=dataclasses.replace(llama.settings, fields={
@@ -314,9 +347,11 @@ def test_a_field_without_a_default_needs_a_rule_in_every_map_that_reaches_it(mon
   class WithWindow(registry("attention").entry("attention").config_cls):
     window: int = REQUIRED  # tokens each query attends to
 
+  attentions = {arch: _attentions(_base(arch)) for arch in FAMILIES}
   _add_to_attention(monkeypatch, WithWindow)
-  for family in FAMILIES.values():
-    assert undecided(family.settings) == ["field block.attention.window: no default and no rule"]
+  for arch, family in FAMILIES.items():
+    assert undecided(family.settings) == [f"field {a}.window: no default and no rule"
+                                          for a in attentions[arch]]
   assert _refusal(_with(base, "block.attention.window", 4096)) == (
       "the model cannot be written as LlamaForCausalLM: model.block.attention.window has no "
       "default and no entry in the LlamaForCausalLM map (modules/llama_hf.py)")

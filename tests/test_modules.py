@@ -96,10 +96,10 @@ def _gpt2_test():
 
 def _parallel_moe():
   node = llama.model_node("test")
-  node.block.kind = "parallel"
-  node.block.separate_norms = False
-  node.block.ffn = registry("ffn").node("moe", num_experts=4, top_k=2, hidden_dim=32,
-                                        capacity_factor=0.0)
+  block = node.block
+  node.block = registry("block").node("parallel", attention=block.attention, norm=block.norm,
+                                      ffn=registry("ffn").node("moe", num_experts=4, top_k=2,
+                                                               hidden_dim=32, capacity_factor=0.0))
   return node
 
 

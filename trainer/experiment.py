@@ -138,20 +138,21 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
                         f"load-balanced layout, docs/parallelism.md): data.seq_len {seq} must be "
                         f"a multiple of {2 * shards}")
     try:
-      attn_registry.check_context(flops_lib.find_field(model, "attention"), length=seq,
-                                  count=shards)
+      for attention in dict.fromkeys(flops_lib.layer_attentions(model)):  # each kind of layer
+        attn_registry.check_context(attention, length=seq, count=shards)
     except ConfigError as e:
       raise ConfigError(f"{name}: {e}") from None
   name, stages = mesh_size(mesh, rules, "layers")
   if stages > 1:
-    layers = getattr(model, "num_layers", None)
+    layers, repeats = getattr(model, "num_layers", None), getattr(model, "repeats", None)
     if not getattr(model, "scan_layers", False):
       raise ConfigError(f"{name} splits the scanned layer stack into pipeline stages, but "
                         f"model.scan_layers is False; set --config.model.scan_layers=true or "
                         f"mesh.stage=1")
-    if layers % stages:
+    if repeats % stages:  # a block group's repeats stay whole (modules/block_group.py)
+      of = layers if repeats == layers else f"{repeats} (its block group's repeats)"
       raise ConfigError(f"{name} must divide model.num_layers={layers} into equal pipeline "
-                        f"stages; pick a divisor of {layers}")
+                        f"stages; pick a divisor of {of}")
     micro = getattr(model, "pipeline_microbatches", 0) or stages
     # Inside the stages a microbatch's rows split over the batch axes other than the stages'.
     _, batch_shards = mesh_size(mesh, rules, "act_batch", but="layers")

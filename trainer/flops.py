@@ -18,7 +18,8 @@ The attention term is the PaLM convention (Chowdhury et al. 2022, appendix B):
 QK^T and AV over the full `seq_len` x `seq_len` square, forward and backward;
 causal masking is NOT halved out. With a sliding window each query's keys are
 the window's: `keys_per_query` is min(sliding_window, seq_len)
-(modules/masks.py:Spec.span), `seq_len` without one. Query projections are found
+(modules/masks.py:Spec.span), `seq_len` without one; a layer pattern's layers each
+count their own (its mean over the layers, weighted by their query widths). Query projections are found
 by their axes: `embed` first, then `heads`, `head_dim`.
 
 Nothing here names a layer, so a new layer needs no edit as long as its weights
@@ -33,7 +34,7 @@ import math
 import flax.linen as nn
 import jax
 
-from modules import masks
+from modules import block_group, masks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +42,8 @@ class FlopCount:
   matmul_params: float  # parameters used per token in matmuls (experts scaled by top_k/E)
   attention_width: int  # sum over layers of heads * head_dim (query projections)
   seq_len: int
-  keys_per_query: int  # keys each query attends to: seq_len, or min(window, seq_len)
+  keys_per_query: float  # keys each query attends to: seq_len, or min(window, seq_len), the
+  # mean over layers of a layer pattern (trainer/flops.py:over_layers)
 
   @property
   def per_token(self) -> float:
@@ -69,7 +71,7 @@ def without_layers(names, shape):
 
 
 def count(params, *, seq_len: int, top_k: int | None = None, vocab_size: int | None = None,
-          keys_per_query: int | None = None) -> FlopCount:
+          keys_per_query: float | None = None) -> FlopCount:
   """The FLOP model's inputs from boxed (abstract) parameters; `vocab_size`: the real
   vocabulary when the `vocab` axis is padded (None: the axis as it is); `keys_per_query`: the
   keys each query attends to (None: seq_len)."""
@@ -127,10 +129,30 @@ def model_flops_per_token(run, abstract_params) -> float:
   seq_len = run.data.seq_len
   return count(abstract_params, seq_len=seq_len, top_k=find_field(run.model, "top_k"),
                vocab_size=find_field(run.model, "vocab_size"),
-               keys_per_query=mask_spec(run.model).span(seq_len)).per_token
+               keys_per_query=over_layers(run.model, lambda spec: spec.span(seq_len))).per_token
 
 
-def mask_spec(model) -> masks.Spec:
-  """The mask options (modules/masks.py:Spec) of the attention in a parsed model config."""
-  attention = find_field(model, "attention")
-  return masks.Spec.of(attention) if attention is not None else masks.Spec()
+def layer_attentions(model) -> list:
+  """The attention config of each attention layer of a parsed model config, in order: a block
+  group's layers each their own (modules/block_group.py)."""
+  block = getattr(model, "block", None)
+  blocks = [model] if block is None else block_group.layer_blocks(block, model.num_layers)
+  return [a for a in (find_field(b, "attention") for b in blocks) if a is not None]
+
+
+def layer_masks(model) -> list[tuple[masks.Spec, int]]:
+  """(mask options, query width heads x head_dim) of each attention layer of a parsed model
+  config, in order."""
+  dim = getattr(model, "dim", None)
+  out = []
+  for attention in layer_attentions(model):
+    h, _, k = attention.heads(dim) if dim else (1, 1, 1)
+    out.append((masks.Spec.of(attention), h * k))
+  return out or [(masks.Spec(), 1)]
+
+
+def over_layers(model, value) -> float:
+  """`value(mask options)` averaged over a parsed model config's attention layers, weighted by
+  their query width (a sliding-window layer's keys per query against a full layer's)."""
+  layers = layer_masks(model)
+  return sum(w * value(spec) for spec, w in layers) / sum(w for _, w in layers)
