@@ -19,7 +19,7 @@ data"), their cross-entropy over 1024-position chunks (a 256k vocabulary). Sizes
 from __future__ import annotations
 
 from configs import llama as llama_config
-from core.config_args import choice, parse_arg
+from core.config_args import Needed, choice, parse_arg
 from modules import gemma
 
 DEMO_SIZES = ("2-test", "3-test")  # byte vocabulary: configs/tiny.py's recipe (llama's tiny)
@@ -28,7 +28,7 @@ CHOICES = {"size": gemma.SIZES}
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, size="2-test")
+  args = parse_arg(arg, size=Needed(f"one of {', '.join(CHOICES['size'])}"))
   size = choice("size", args["size"], CHOICES["size"])
   cfg = llama_config.get_config("size=tiny" if size in DEMO_SIZES else "size=8b")
   model = gemma.model_node(size)

@@ -15,7 +15,7 @@ and warm-up are LLaMA's, as Mistral AI published none. Sizes: test, tiny, 7b.
 from __future__ import annotations
 
 from configs import llama as llama_config
-from core.config_args import choice, parse_arg
+from core.config_args import Needed, choice, parse_arg
 from modules import mistral
 
 # The configs/llama.py size whose recipe (data, optimizer, schedule, remat, layout) each trains.
@@ -25,7 +25,7 @@ CHOICES = {"size": mistral.SIZES}
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, size="tiny")
+  args = parse_arg(arg, size=Needed(f"one of {', '.join(CHOICES['size'])}"))
   size = choice("size", args["size"], CHOICES["size"])
   cfg = llama_config.get_config(f"size={LLAMA_RECIPE[size]}")
   model = mistral.model_node(size)

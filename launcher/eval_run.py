@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import ml_collections
 from absl import flags
@@ -165,8 +166,10 @@ def main(argv: list[str]) -> int:
   except checkpoint.CheckpointError as e:
     print(f"axtrain: error: {e}", file=sys.stderr)
     return EXIT_FAILED
+  started = time.perf_counter()
   result = loop.evaluate(exp, params, batches)
-  record = {"step": step, **result, "source": SOURCE}
+  record = {"step": step, **result, "eval_time_s": time.perf_counter() - started,
+            "source": SOURCE}
   if config_args:
     record["overrides"] = " ".join(config_args)
   if jax.process_index() == 0:

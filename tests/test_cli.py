@@ -66,6 +66,10 @@ BAD_INPUTS = [
     (["--config=configs/llama.py"], "config file 'configs/llama.py': this config needs its "
                                     "argument size (one of test, tiny, 125m, 1b, 3b, 7b, 8b, "
                                     "70b): add :size=VALUE after the file name"),
+    (["--config=configs/mistral.py"], "config file 'configs/mistral.py': this config needs its "
+                                      "argument size (one of test, tiny, 7b): add :size=VALUE"),
+    (["--config=configs/gemma.py"], "config file 'configs/gemma.py': this config needs its "
+                                    "argument size (one of 2-test, "),
     (["--config=configs/tiny_mixture.py:weight=0.5"],
      "config file 'configs/tiny_mixture.py:weight=0.5': this config needs its argument path "
      "(your JSON Lines corpus, field text): add :path=VALUE after the file name"),

@@ -51,3 +51,6 @@ def test_the_cache_can_be_turned_off_and_a_bad_folder_is_one_line(tmp_path):
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
   assert bad.stderr.startswith("axtrain: error: trainer.compile_cache=")
   assert not (tmp_path / "b").exists()
+  empty = cli(*TINY, "--config.trainer.compile_cache=", f"--output_dir={tmp_path / 'c'}", env=env)
+  assert empty.returncode == 2 and empty.stderr.startswith(
+      "axtrain: error: trainer.compile_cache is empty;"), empty.stderr

@@ -61,7 +61,8 @@ def test_an_unknown_layer_type_is_refused():
 
 
 def test_the_rows_are_gemma_2_and_3_shaped():
-  m2 = config_lib.parse(config_loading.load(str(ROOT / "configs" / "gemma.py"))).model
+  m2 = config_lib.parse(config_loading.load(
+      str(ROOT / "configs" / "gemma.py") + ":size=2-test")).model
   assert m2.block.pattern == ("sliding", "full") and m2.final_logit_softcap == 30.0
   sliding, full = dict(m2.block.blocks)["sliding"], dict(m2.block.blocks)["full"]
   assert (sliding.attention.sliding_window, full.attention.sliding_window) == (16, None)
@@ -100,9 +101,9 @@ def test_the_flops_count_each_kind_of_layer_s_keys():
   from modules.decoder import MODELS
   from trainer import flops
 
-  cfg = config_loading.load(str(ROOT / "configs" / "gemma.py"))
+  cfg = config_loading.load(str(ROOT / "configs" / "gemma.py") + ":size=2-test")
   windowless = config_loading.load(
-      str(ROOT / "configs" / "gemma.py"),
+      str(ROOT / "configs" / "gemma.py") + ":size=2-test",
       "--config.model.block.blocks.sliding.attention.sliding_window=None")
   runs = [config_lib.parse(c) for c in (cfg, windowless)]
   model = MODELS.build(runs[0].model)

@@ -140,7 +140,7 @@ def test_switches_apply_parents_first_whatever_the_order():
     (["--config.model.blok.kind=parallel"], "unknown field 'blok' of model (kind 'decoder_lm') "
                                            "(did you mean 'block'?)"),
     (["--config.trainer.kind=x"], "--config.trainer.kind: unknown field 'kind' of trainer; its "
-                                  "fields: compute_dtype, "),
+                                  "fields: compile_cache, compute_dtype, "),
     (["--config.model=foo"], "--config.model=foo: 'model' is a section, not a value"),
     (["--config.model.scan_layers=yes"], "--config.model.scan_layers=yes: expected true or false"),
 ])

@@ -47,6 +47,9 @@ def enable(setting: str) -> pathlib.Path | None:
   """Points JAX's compilation cache at `setting`'s folder before anything compiles. A folder
   named by the user that cannot be made is refused (ConfigError); the default folder that
   cannot be made turns the cache off, with a warning."""
+  if not setting.strip():
+    raise ConfigError("trainer.compile_cache is empty; give a folder, 'auto' (the default: "
+                      "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/axtrain/jax) or 'off'")
   path = folder(setting)
   if path is not None:
     try:
