@@ -14,7 +14,10 @@ examples:
 Compiles the train and eval steps for the entry's devices without any (docs/plan.md):
 TPU entries with the real TPU compiler (libtpu), GPU entries with XLA's GPU compiler (the
 jax-cuda12 plugin's compile-only GPUs), Trainium entries for as many CPU devices plus an
-analytic memory model. A plan that does not fit is a report like any other (exit 0).
+analytic memory model. A plan that does not fit is a report like any other (exit 0). With
+the train state in host memory (trainer.state_memory=host) it fits only where each host's RAM
+holds the largest phase of the run: its steps, a save, a restore, a first run's compiler heap
+(docs/offload.md).
 --ops adds where the train step's time goes: its ops' bytes, FLOPs and roofline time by
 category (matmul, elementwise, copy/convert, collective, kernel) and the top ops, named by
 module (planner/hlo_ops.py); with --nowindowed_einsum (TPU entries) the compiler keeps FSDP

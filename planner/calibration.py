@@ -104,12 +104,65 @@ _NEURON = Calibration(
     host_to_device=25e9, device_to_host=25e9,
     transfer_source="assumed: 25 GB/s each way (no Trainium measured here)")
 
+_V5E_KIND = r"TPU v5 ?lite|TPU v5e"
 # (platform, the registry's device_kind of that hardware or None for any, row): first match.
 ROWS: tuple[tuple[str, str | None, Calibration], ...] = (
-    ("tpu", r"TPU v5 ?lite|TPU v5e", _V5E),
+    ("tpu", _V5E_KIND, _V5E),
     ("gpu", None, _GPU),
     ("neuron", None, _NEURON),
 )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostRam:
+  """What a training process holds in its host's RAM besides the train state, measured where a
+  device was lent: the machine's RAM in use (`free`'s used column, MemTotal - MemAvailable). A
+  process's VmRSS counts mappings that `free` does not (31.4 GB in llm_1b's steps on v5e where
+  the machine had 20.7 GB in use), so the figures are the machine's. planner/host_ram.py counts
+  a run's phases with them (trainer.state_memory=host)."""
+  process: float  # bytes in steps beside the state: runtime, imports, programs, data pipeline
+  save_over_batch: float  # bytes a save adds over the steps' beyond its batch of copies
+  restore_over_batch: float  # bytes a restore adds beyond the state and its batch read
+  heap_per_code_byte: float  # the compiler's freed heap after an uncached compile, per byte of
+  # the train program's generated code (kept until a save's malloc_trim)
+  source: str  # where, when, what
+
+
+# One TPU v5e chip on a host of 40 GiB (the device tool, 2026-12-06; docs/offload.md), the RAM
+# in use polled while configs/llm_1b.py as shipped ran (1.24B parameters, AdamW, state in host
+# memory: 14.83 GB of float32 parameters and two moments; its largest arrays 1.05 GB):
+# - process: 20.7-20.9 GB in the steps of a run whose programs came from the compilation
+#   cache, less the state (20.7 - 14.83 = 5.87 GB; ~5.5 GB before the state existed);
+# - save: 22.5 GB at the peak of a save, 1.8 GB over the steps' (its batch, the 1.05 GB
+#   embedding, + 0.75 GB); a 4.46 GB state of 595 arrays (benchmarks/checkpoint_memory.py,
+#   tests/test_tpu_checkpoint_memory.py) added 0.75-1.09 GB with batches of 0.25 GB, + 0.50-0.84
+#   GB: the larger, 0.84 GB, is counted;
+# - restore: 23.05 GB at the peak of llm_1b's restore (+ 2.35 GB over 20.7: its batch + 1.30
+#   GB); the 4.46 GB state's restore peaked 1.4-2.2 GB beyond the state (+ 1.15-1.95 GB over its
+#   batch): 1.95 GB is counted;
+# - compiler heap: a run that compiled its programs itself held 24.7 GB in steps (4.0 GB more,
+#   until its first save's trim: 21.5 GB after it; that save's peak, 23.3 GB, stayed below its
+#   steps'), its train program 90.05 MB of code by the TPU compiler (tests/testdata/plans): 44.4
+#   bytes of heap per byte of code. llm_1b cut to 4 layers (57.68 MB of code) held 13.9 GB in
+#   steps where its 6.07 GB state and the process take 11.94: 1.96 GB of heap, where this
+#   ratio counts 2.56 (+0.6 GB, 4% of its RAM in use). The compile itself peaked at 10.8 GB,
+#   before the state existed (not counted: below the steps' with any state over ~1.3 GB).
+_V5E_HOST = HostRam(
+    process=20.7e9 - 14.83e9, save_over_batch=1.09e9 - 0.25e9,
+    restore_over_batch=2.2e9 - 0.25e9, heap_per_code_byte=(24.7e9 - 20.7e9) / 90.05e6,
+    source="one TPU v5e chip's host of 40 GiB, 2026-12-06: llm_1b as shipped, a 4.46 GB "
+           "state's save and restore (planner/calibration.py)")
+
+
+def host_ram_for(hw: Hardware) -> HostRam | None:
+  """The host RAM figures for `hw`'s platform; None where no device of it was lent (GPU,
+  Trainium). Every TPU takes those measured on v5e's host, labelled so on other generations."""
+  if hw.platform != "tpu":
+    return None
+  if hw.device_kind == _V5E_KIND:
+    return _V5E_HOST
+  return dataclasses.replace(_V5E_HOST, source=f"v5e's ({_V5E_HOST.source}); not measured on "
+                                               f"this TPU generation")
 
 
 def for_hardware(hw: Hardware) -> Calibration:

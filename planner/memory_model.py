@@ -181,21 +181,30 @@ def state_bytes(exp: experiment_lib.Experiment) -> StateBytes:
                     opt_state=_sharded_bytes(abstract.opt_state, exp.state_shardings.opt_state))
 
 
-def _largest_param_shard(exp: experiment_lib.Experiment) -> int:
-  """Bytes of one device's shard of the largest parameter (its optimizer state's are alike)."""
+def _param_shards(exp: experiment_lib.Experiment):
+  """(global bytes, one device's shard bytes) of each parameter (its optimizer state's are
+  alike)."""
   abstract = nn_unbox(exp.abstract_state)
-  return max((math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize for a, sh in zip(
-      jax.tree.leaves(abstract.params), jax.tree.leaves(
-          exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding)))),
-      default=0)
+  for a, sh in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(
+      exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding))):
+    item = a.dtype.itemsize
+    yield math.prod(a.shape) * item, math.prod(sh.shard_shape(a.shape)) * item
 
 
-def checkpoint_copy(exp: experiment_lib.Experiment, state: StateBytes) -> int:
-  """Host bytes per device a checkpoint save of a state in host memory (`state`: state_bytes)
-  copies off at once: batches of HOST_STATE_SAVE_GB, an array larger than that alone
-  (trainer/checkpoint_bounded.py), never more than the state."""
-  batch = max(int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9), _largest_param_shard(exp))
-  return min(state.total, batch)
+def _largest_param_shard(exp: experiment_lib.Experiment) -> int:
+  """Bytes of one device's shard of the largest parameter."""
+  return max((shard for _, shard in _param_shards(exp)), default=0)
+
+
+def checkpoint_batch(exp: experiment_lib.Experiment, devices_per_host: int) -> int:
+  """Host bytes a checkpoint save of a state in host memory copies off at once on one host,
+  and a restore reads at once: batches of HOST_STATE_SAVE_GB (Orbax's bound is the process's),
+  an array larger than that alone, all its shards on the host (trainer/checkpoint_bounded.py);
+  never more than the host's state. A shard replicated on the host is copied once."""
+  largest = max((min(whole, shard * devices_per_host) for whole, shard in _param_shards(exp)),
+                default=0)
+  batch = max(int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9), largest)
+  return min(state_bytes(exp).total * devices_per_host, batch)
 
 
 def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> Analytic:

@@ -31,7 +31,7 @@ from core.registry import ConfigError
 from modules import pipeline
 from trainer import experiment as experiment_lib, flops as flops_lib, metrics as metrics_lib
 from planner import calibration as calibration_lib
-from planner import gpu_targets, hlo_collectives, hlo_ops, memory_model
+from planner import gpu_targets, hlo_collectives, hlo_ops, host_ram, memory_model
 from planner.compiler_output import compiler_log, refused_bytes
 from trainer.config import RunConfig
 from trainer.meshes import Entry
@@ -238,12 +238,9 @@ class Plan:
   # One device's share of a microbatch: rows, positions per row (context parallelism), pipeline
   # stages and microbatches.
   split: memory_model.Split
-  # Host memory (trainer.state_memory="host"): per device, the state between updates and what
-  # a checkpoint save copies off it at once (memory_model.checkpoint_copy); a host's RAM (the
-  # entry's fact, 0 where unknown) against its devices' need.
-  host_per_device: int = 0
-  devices_per_host: int = 1
-  host_ram: int = 0
+  # trainer.state_memory="host": one host's RAM in each phase of the run against the host's
+  # (planner/host_ram.py); None for a state on the device.
+  host: host_ram.HostNeed | None = None
 
   @property
   def bubble(self) -> float:
@@ -261,12 +258,16 @@ class Plan:
 
   @property
   def host_needed(self) -> int:
-    """Host RAM one host needs: its devices' host memory."""
-    return self.host_per_device * self.devices_per_host
+    """Host RAM one host needs at its peak (0: the state is on the device)."""
+    return self.host.needed if self.host else 0
+
+  @property
+  def host_ram(self) -> int:
+    return self.host.ram if self.host else 0
 
   @property
   def host_fits(self) -> bool:
-    return not (self.host_per_device and self.host_ram) or self.host_needed <= self.host_ram
+    return self.host is None or self.host.fits
 
   @property
   def fits(self) -> bool:
@@ -453,9 +454,10 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   exact = devices[0].platform in ("tpu", "gpu")  # the target's own compiler
   needed = max(train.peak, evaluated.peak if evaluated else 0) if exact else analytic.total
   hbm = entry.hardware.hbm_bytes or 0
-  host = train.host or analytic.host
+  host = None
+  if train.host or analytic.host:
+    host = host_ram.host_need(exp, entry, devices=n, step_host=train.host, code=train.code)
   state = memory_model.state_bytes(exp)
-  per_host = entry.hardware.devices_per_host if entry.hardware.devices_per_host > 0 else n
   return Plan(config=config_name, mesh=entry.name, devices=n, axes=dict(exp.mesh.shape),
               compiler=compiler, batch=exp.source.batch_size, seq_len=exp.source.seq_len,
               data=run.data.kind, batch_arrays={k: str(v.dtype) for k, v in batch.items()},
@@ -466,7 +468,4 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
               estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
                                 tokens=tokens, params_bytes=state.params),
-              split=split,
-              host_per_device=host + memory_model.checkpoint_copy(exp, state) if host else 0,
-              devices_per_host=min(per_host, n),
-              host_ram=(entry.hardware.host_memory_bytes or 0) * min(per_host, n))
+              split=split, host=host)

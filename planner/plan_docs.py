@@ -174,7 +174,7 @@ def load(report: Report):
   """The stored report as a planner.plan.Plan (its per-op listing, which --json leaves out,
   is None), and its mesh rule."""
   # pylint: disable=import-outside-toplevel
-  from planner import calibration, hlo_collectives, memory_model
+  from planner import calibration, hlo_collectives, host_ram, memory_model
   from planner import plan as plan_lib
   data = json.loads(report.path.read_text())
 
@@ -193,7 +193,8 @@ def load(report: Report):
       plan_lib.Estimate, e, calibration=build(calibration.Calibration, e["calibration"]))
   nested = {"analytic": build(memory_model.Analytic, data["analytic"]),
             "train": compiled(data["train"]), "eval": compiled(data["eval"]),
-            "split": build(memory_model.Split, data["split"]), "estimate": estimate}
+            "split": build(memory_model.Split, data["split"]), "estimate": estimate,
+            "host": build(host_ram.HostNeed, data["host"]) if data.get("host") else None}
   plan = build(plan_lib.Plan, data, **nested)
   return plan, data.get("mesh_rule")
 
@@ -428,7 +429,7 @@ def peers() -> str:
 
 def offloaded() -> str:
   """The recipes that fit with their state in host memory: device and host memory, estimate."""
-  rows = ["| recipe | mesh | device peak | host memory per host | estimate |",
+  rows = ["| recipe | mesh | device peak | host RAM per host at its peak | estimate |",
           "|---|---|---|---|---|"]
   for report in OFFLOADED:
     p = plan_of(report.name)
@@ -442,11 +443,27 @@ def offloaded() -> str:
   return "\n" + "\n".join(rows) + "\n"
 
 
+# The host RAM in use (GB, `free`'s used column) beside a stored report's phases: llm_1b as
+# shipped on the lent v5e host, 2026-12-06 (docs/offload.md).
+CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "20.7-20.9", "a save": "22.5",
+                                     "a restore": "23.05", "a first run's steps": "24.7"}}
+
+
+def host_phases(name: str) -> str:
+  """A stored report's host RAM in each phase of the run (GB), beside the chip's."""
+  h, chip = plan_of(name).host, CHIP_HOST_GB.get(name, {})
+  rows = ["| phase | the plan | the chip (RAM in use) |", "|---|---|---|"]
+  for phase, n in h.phases().items():
+    rows.append(f"| {phase} | {n / 1e9:.3g} GB | "
+                + (f"{chip[phase]} GB" if phase in chip else "not measured") + " |")
+  return "\n" + "\n".join(rows) + "\n"
+
+
 FRAGMENTS: dict[str, Callable[..., str]] = {
     "reports": reports, "readme-excerpts": readme_excerpts, "h100-layouts": h100_layouts,
     "gpu-compilers": gpu_compilers, "v5e-sweep": v5e_sweep, "ops-overcount": ops_overcount,
     "peers": peers, "mfu": mfu, "step": step, "peak": peak, "parts": parts,
-    "peer-mfu": peer_mfu, "offloaded": offloaded,
+    "peer-mfu": peer_mfu, "offloaded": offloaded, "host-phases": host_phases,
 }
 
 

@@ -86,13 +86,58 @@ def _memory(p: Plan) -> list[str]:
   if p.eval is not None:
     lines.append(f"    eval peak          [{src}]  {gib(p.eval.peak)} (temporaries "
                  f"{gib(p.eval.temp)})")
-  if p.host_per_device:
-    lines.append(f"    host memory        [{src}]  {gib(p.host_per_device)}: the state between "
-                 f"updates ({gib(t.host or a.host)}) and a checkpoint save's batch of copies of it")
+  lines += _host(p)
   if p.fit_source == "model":
     lines.append(f"    (no {p.compiler.split()[-1]} compiler runs without the hardware: the CPU "
                  f"compiler stands in, and the fit comes from the analytic model)")
   return lines
+
+
+def _host(p: Plan) -> list[str]:
+  """One host's RAM in each phase of the run (planner/host_ram.py), each part with its source."""
+  h = p.host
+  if h is None:
+    return []
+  unmeasured = f"not counted: unmeasured on {h.platform}"
+  own = lambda n: f"{gib(n)} [measured]" if h.measured else f"({unmeasured})"
+  heap = (f"{gib(h.compile_heap)} ({h.compile_heap / h.code:.3g} bytes per byte of the train "
+          f"program's {gib(h.code)} of code)" if h.measured and h.code else f"({unmeasured})")
+  lines = [
+      f"  host RAM per host ({h.devices} device(s); trainer.state_memory=host)",
+      f"    process            "
+      + (f"[measured]  {gib(h.process)}: runtime, imports, compiled programs, data pipeline"
+         if h.measured else f"{unmeasured} (planner/calibration.py:host_ram_for)"),
+      f"    state              [exact]     {gib(h.state)}: parameters and optimizer state, "
+      f"{gib(h.state / h.devices)} per device",
+  ]
+  if h.step:
+    lines.append(f"    train step         [{p.source}]  {gib(h.step)} of host bytes, the state "
+                 f"included ({gib(h.step - h.state)} beyond it)")
+  lines += [
+      f"    in steps           [model]     {gib(h.steps)}: the process and the "
+      + ("train step" if h.step else "state"),
+      f"    a save's peak      [model]     {gib(h.save)}: the process and the state + a batch "
+      f"of copies {gib(h.batch)} [exact] + the save's buffers {own(h.save_over)}",
+      f"    a restore's peak   [model]     {gib(h.restore)}: the process and the state + a "
+      f"batch read {gib(h.batch)} [exact] + the restore's buffers {own(h.restore_over)}",
+      f"    a first run        [model]     {gib(h.first_run)}: in steps + the compiler's freed "
+      f"heap {heap}, until its first save trims it",
+  ]
+  if h.measured:
+    lines.append(f"    [measured]: {h.source}; a run whose programs come from the compilation "
+                 f"cache holds no compiler heap")
+  return lines
+
+
+def host_verdict(p: Plan) -> str:
+  """The host RAM verdict: one host's peak phase against its RAM."""
+  h = p.host
+  ram = (f"of {gib(h.ram)} RAM (the entry's hosts): " + ("fits" if h.fits else "does NOT fit")
+         if h.ram else "(the entry names no host RAM: unchecked)")
+  over = [f"{name} {gib(n)}" for name, n in h.phases().items() if h.ram and n > h.ram]
+  return (f"  host memory: each host of {h.devices} device(s) needs {gib(h.needed)} "
+          + ("" if h.measured else "or more ") + f"at its peak ({h.peak}) {ram}"
+          + (f" ({', '.join(over)})" if over else ""))
 
 
 def _verdict(p: Plan) -> list[str]:
@@ -101,13 +146,7 @@ def _verdict(p: Plan) -> list[str]:
   verdict = "fits" if device_fits else "does NOT fit"
   how = (f"{gib(p.headroom)} to spare" if device_fits else f"short by {gib(-p.headroom)}")
   basis = f"{src} peak" if p.fit_source == "compiler" else "analytic model total"
-  host = []
-  if p.host_per_device:
-    ram = (f"of {gib(p.host_ram)} RAM (the entry's hosts): "
-           + ("fits" if p.host_fits else "does NOT fit") if p.host_ram else
-           "(the entry names no host RAM: unchecked)")
-    host = [f"  host memory: each host of {p.devices_per_host} device(s) needs "
-            f"{gib(p.host_needed)} {ram}"]
+  host = [host_verdict(p)] if p.host else []
   return [
       f"  memory: {verdict}: needs {gib(p.needed)} ({basis}) of {gib(p.usable)} usable "
       f"({gib(p.hbm_bytes)} HBM less a {p.margin:.0%} margin); {how}", *host,
@@ -246,7 +285,7 @@ def to_json(p: Plan) -> dict:
       p, train=dataclasses.replace(p.train, ops=None),
       eval=dataclasses.replace(p.eval, ops=None) if p.eval else None))
   out.update(fits=p.fits, usable=p.usable, headroom=p.headroom, host_fits=p.host_fits,
-             host_needed=p.host_needed,
+             host_needed=p.host_needed, host_phases=p.host.phases() if p.host else None,
              analytic_total=p.analytic.total, train_peak=p.train.peak,
              eval_peak=p.eval.peak if p.eval else None, bubble=p.bubble)
   return out

@@ -144,9 +144,12 @@ def compile_in_order(order: list[Candidate], run: RunConfig, entry: Entry, devic
     if p.fits:
       fitting.append((cand, p))
       queue = twin_next(queue, cand, run)
-    else:
+    elif p.headroom < 0:
       rejected.append((cand, f"short by {plan_report.gib(-p.headroom)}"))
       missed.append(cand)
+    else:  # its host's RAM: no lesson for the device memory of the settings left
+      rejected.append((cand, f"host RAM short by {plan_report.gib(p.host_needed - p.host_ram)}"
+                             f" (at {p.host.peak})"))
   return fitting, rejected, left_out, 0
 
 

@@ -83,8 +83,8 @@ class Hardware:
   link_bandwidth: float | None = None  # device-to-device bytes/s per device, one direction
   host_bandwidth: float | None = None  # bytes/s per device between hosts (network), one direction
   # Host RAM per device (the host's divided among its devices): where trainer.state_memory
-  # "host" keeps the train state (`axtrain plan` checks it, counting what a checkpoint save
-  # copies off the state at once: trainer/checkpoint_bounded.py).
+  # "host" keeps the train state (`axtrain plan` checks a host's RAM in each phase of a run,
+  # saves and restores included: planner/host_ram.py).
   host_memory_bytes: int | None = None
   interconnect: str = "unknown"  # between devices (and hosts), in words
   source: str = ""  # where the figures come from

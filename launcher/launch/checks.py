@@ -148,7 +148,7 @@ def layout(train: Train, num_devices: int | None, platform: str | None) -> None:
 class Fit:
   """What `axtrain plan --json` found of the step on the mesh entry's devices."""
   fits: bool
-  text: str  # `needs X per device of Y usable (basis)`
+  text: str  # `needs X per device of Y usable (basis)[, and H of host RAM per host of R]`
   command: str  # the plan command, to run by hand
 
 
@@ -171,9 +171,12 @@ def fit(train: Train, *, say: Callable[[str], None] = lambda _: None) -> Fit:
   p = json.loads(result.stdout)
   basis = (f"{' '.join(p['compiler'].split()[:2])} peak" if p["fit_source"] == "compiler"
            else "analytic model total")
+  host = p.get("host")
   return Fit(fits=p["fits"], command=command,
              text=f"needs {plan_report.gib(p['needed'])} per device of "
-                  f"{plan_report.gib(p['usable'])} usable ({basis})")
+                  f"{plan_report.gib(p['usable'])} usable ({basis})"
+                  + (f", and {plan_report.gib(p['host_needed'])} of host RAM per host of "
+                     f"{plan_report.gib(host['ram'])}" if host and host["ram"] else ""))
 
 
 def _plan_json(cmd: list[str], *, say: Callable[[str], None]) -> subprocess.CompletedProcess:
