@@ -129,27 +129,30 @@ class HostRam:
 
 
 # One TPU v5e chip on a host of 40 GiB (the device tool, 2026-12-06; docs/offload.md), the RAM
-# in use polled while configs/llm_1b.py as shipped ran (1.24B parameters, AdamW, state in host
-# memory: 14.83 GB of float32 parameters and two moments; its largest arrays 1.05 GB):
-# - process: 20.7-20.9 GB in the steps of a run whose programs came from the compilation
-#   cache, less the state (20.7 - 14.83 = 5.87 GB; ~5.5 GB before the state existed);
-# - save: 22.5 GB at the peak of a save, 1.8 GB over the steps' (its batch, the 1.05 GB
-#   embedding, + 0.75 GB); a 4.46 GB state of 595 arrays (benchmarks/checkpoint_memory.py,
-#   tests/test_tpu_checkpoint_memory.py) added 0.75-1.09 GB with batches of 0.25 GB, + 0.50-0.84
-#   GB: the larger, 0.84 GB, is counted;
-# - restore: 23.05 GB at the peak of llm_1b's restore (+ 2.35 GB over 20.7: its batch + 1.30
-#   GB); the 4.46 GB state's restore peaked 1.4-2.2 GB beyond the state (+ 1.15-1.95 GB over its
-#   batch): 1.95 GB is counted;
-# - compiler heap: a run that compiled its programs itself held 24.7 GB in steps (4.0 GB more,
-#   until its first save's trim: 21.5 GB after it; that save's peak, 23.3 GB, stayed below its
-#   steps'), its train program 90.05 MB of code by the TPU compiler (tests/testdata/plans): 44.4
-#   bytes of heap per byte of code. llm_1b cut to 4 layers (57.68 MB of code) held 13.9 GB in
-#   steps where its 6.07 GB state and the process take 11.94: 1.96 GB of heap, where this
-#   ratio counts 2.56 (+0.6 GB, 4% of its RAM in use). The compile itself peaked at 10.8 GB,
-#   before the state existed (not counted: below the steps' with any state over ~1.3 GB).
+# in use (`free -m`, MiB, every second) while configs/llm_1b.py as shipped ran (1.24B parameters,
+# AdamW, state in host memory: 14.83 GB of float32 parameters and two moments; its largest
+# arrays 1.05 GB). MiB are converted to bytes here (GiB in the docs):
+# - process: 20,730 MiB (21.74 GB) in the steps of a run whose programs came from the
+#   compilation cache (20,893 MiB in its resumed run's), less the state: 6.91 GB (5,576 MiB, 5.85 GB,
+#   before the state existed);
+# - save: 22,709 MiB (23.81 GB) at the peak of that run's save, 2.08 GB over its steps: its
+#   batch (the 1.05 GB embedding) + 1.03 GB; a 4.46 GB state of 595 arrays
+#   (benchmarks/checkpoint_memory.py, tests/test_tpu_checkpoint_memory.py) added 0.75-1.09 GB
+#   with batches of 0.25 GB (+ 0.50-0.84 GB): the larger, 1.03 GB, is counted;
+# - restore: 23,382 MiB (24.52 GB) at the peak of llm_1b's restore (+ 2.78 GB over 21.74: its
+#   batch + 1.73 GB); the 4.46 GB state's restore peaked 1.4-2.2 GB beyond the state (+ 1.15-1.95
+#   GB over its batch): 1.95 GB is counted;
+# - compiler heap: a run that compiled its programs itself held 24,685 MiB (25.88 GB) in steps,
+#   4.15 GB more (until its first save's trim: 21,467 MiB after it; that save's peak, 24,395
+#   MiB, stayed below its steps'), its train program 90.05 MB of code by the TPU compiler
+#   (tests/testdata/plans): 46.1 bytes of heap per byte of code. The compile itself peaked at
+#   11,011 MiB (11.5 GB), before the state existed (not counted: below the steps' with any
+#   state over ~1 GB). The launcher now trims after compiling (launcher/session.py:_compile),
+#   which should leave a first run's steps as a cached run's: not yet measured, so still counted.
+_MIB = 2**20
 _V5E_HOST = HostRam(
-    process=20.7e9 - 14.83e9, save_over_batch=1.09e9 - 0.25e9,
-    restore_over_batch=2.2e9 - 0.25e9, heap_per_code_byte=(24.7e9 - 20.7e9) / 90.05e6,
+    process=20_730 * _MIB - 14.83e9, save_over_batch=22_709 * _MIB - 20_730 * _MIB - 1.05e9,
+    restore_over_batch=2.2e9 - 0.25e9, heap_per_code_byte=(24_685 - 20_730) * _MIB / 90.05e6,
     source="one TPU v5e chip's host of 40 GiB, 2026-12-06: llm_1b as shipped, a 4.46 GB "
            "state's save and restore (planner/calibration.py)")
 

@@ -445,8 +445,8 @@ def offloaded() -> str:
 
 # The host RAM in use (GB, `free`'s used column) beside a stored report's phases: llm_1b as
 # shipped on the lent v5e host, 2026-12-06 (docs/offload.md).
-CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "20.7-20.9", "a save": "22.5",
-                                     "a restore": "23.05", "a first run's steps": "24.7"}}
+CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "21.74-21.91", "a save": "23.81",
+                                     "a restore": "24.52", "a first run's steps": "25.88"}}
 
 
 def host_phases(name: str) -> str:
