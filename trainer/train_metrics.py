@@ -24,6 +24,7 @@ step count). A new metric is its function here, its test and its record keys in 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Callable
 
 import jax
@@ -173,40 +174,11 @@ class Interval:
 
 # -- the metrics ------------------------------------------------------------------------------
 
-@train_metric("loss")
-def loss(v: StepValues):
-  return v.loss
-
-
-@train_metric("aux_loss")
-def aux_loss(v: StepValues):
-  return v.aux_loss
-
-
-@train_metric("z_loss")
-def z_loss(v: StepValues):
-  """Mean log(Z)^2, before its coefficient (trainer.z_loss > 0 only)."""
-  return v.z_loss
-
-
-@train_metric("grad_norm", "last", "max")
-def grad_norm(v: StepValues):
-  return v.grad_norm
-
-
-@train_metric("param_norm")
-def param_norm(v: StepValues):
-  return v.param_norm
-
-
-@train_metric("update_norm")
-def update_norm(v: StepValues):
-  return v.update_norm
-
-
-@train_metric("learning_rate")
-def learning_rate(v: StepValues):
-  return v.learning_rate
+# The step's own values, as the logged step's; grad_norm also as the largest since the last record.
+for _field, *_its in (("loss",), ("aux_loss",), ("z_loss",), ("grad_norm", "last", "max"),
+                      ("param_norm",), ("update_norm",), ("learning_rate",)):
+  train_metric(_field, *_its)(operator.attrgetter(_field))
+del _field, _its
 
 
 @train_metric("grad_clipped", "fraction")
