@@ -122,6 +122,7 @@ def _summaries(name: str) -> tuple[str, ...]:
   return metric.summaries if metric else ("last",)  # sown by the modules
 
 
+@jax.jit
 def _fold(so_far: dict, values: dict) -> dict:
   """so_far {(name, summary): folded} with one more step's `values` {name: value}."""
   return {(name, s): SUMMARIES[s].fold(x, values[name]) for (name, s), x in so_far.items()}
@@ -140,8 +141,8 @@ class Summed:
     out = {}
     for name, value in last.items():
       for s in _summaries(name):
-        out[record_key(name, s)] = (float(value) if s == "last" else
-                                    SUMMARIES[s].finish(float(folded[name, s]), self.steps))
+        got = value if s == "last" else folded[name, s]
+        out[record_key(name, s)] = SUMMARIES[s].finish(float(got), self.steps)
     return out
 
 
@@ -162,7 +163,7 @@ class Interval:
     elif self._folded:
       self._folded = self._fold(self._folded, values)
     if self._fold is None and self._folded:
-      self._fold = jax.jit(_fold).lower(self._folded, values).compile()
+      self._fold = _fold.lower(self._folded, values).compile()
     self._last, self._steps = values, self._steps + 1
 
   def take(self) -> Summed:
