@@ -1,6 +1,6 @@
 """Run directories that hold more than a trained run: one converted from Hugging Face, one with
-`axtrain launch`'s folder, one with a user's file, one whose first start a full disk cut short
-(split from tests/test_run_dirs.py, whose fixtures it uses)."""
+`axtrain launch`'s folder, one whose first start a full disk cut short (split from
+tests/test_run_dirs.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import shutil
 
 import pytest
 
+import configs.base  # noqa: F401  (every registry, as in a run: its config is diffed by them)
 from launcher import run_dir
-from tests.test_run_dirs import (  # noqa: F401  (fixtures)
-    compile_cache, completed, copied, refused, snapshot)
 from trainer import run_files
 
 
@@ -76,19 +75,6 @@ def test_the_launch_folder_is_kept_like_the_lock(tmp_path):
   assert rd.prepare({"trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
   rd.start({"trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
   assert (out / "launch" / "job.sh").read_text() == "#!/bin/sh\n"
-
-
-def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
-  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
-  but called what it is, with the way to resume it: not "not a run directory", whose advice
-  (another --output_dir) would start the run over elsewhere."""
-  (copied / "notes.txt").write_text("mine")
-  before = snapshot(copied)
-  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
-  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
-                 "write (notes.txt); move them out of it to resume, extend or start over this "
-                 "run, or choose another --output_dir\n")
-  assert snapshot(copied) == before
 
 
 def test_a_first_start_cut_short_by_a_full_disk_is_started_again(tmp_path, monkeypatch):

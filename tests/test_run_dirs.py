@@ -294,6 +294,19 @@ def test_output_dir_empty_or_with_a_tilde(quick, capsys, monkeypatch):
   assert (quick / "home" / "x" / "run.json").is_file() and not (quick / "~").exists()
 
 
+def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
+  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
+  but called what it is, with the way to resume it: not "not a run directory", whose advice
+  (another --output_dir) would start the run over elsewhere."""
+  (copied / "notes.txt").write_text("mine")
+  before = snapshot(copied)
+  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
+                 "write (notes.txt); move them out of it to resume, extend or start over this "
+                 "run, or choose another --output_dir\n")
+  assert snapshot(copied) == before
+
+
 # -- runs that outlive an upgrade, and runs that grow ----------------------------------------
 
 def test_a_field_added_since_a_run_was_written_is_no_difference(completed, copied, capsys):
