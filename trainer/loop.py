@@ -2,8 +2,10 @@
 
 After dispatching a step it waits for the one before (not for the one it just dispatched), so
 the devices always have the next step queued and a stop request lands after the step in
-flight. A logging step's metrics are fetched after the next step is dispatched (one step
-late), so the host never waits for the step it just dispatched. Each record's step time is its
+flight. The train metrics of the steps between two records are folded on the device as the
+steps come (trainer/train_metrics.py: the loop knows none of them), and a logging step's are
+fetched after the next step is dispatched (one step late), so the host never waits for the step
+it just dispatched. Each record's step time is its
 own steps' (trainer/step_clock.py); saves and evaluations are timed apart, in records of their
 own. `_Loop.run` shows the order of a step. Resuming, preemption and non-finite losses are
 handled here; writers, the profiler and test hooks are callbacks (trainer/callbacks.py); the
@@ -22,7 +24,8 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 
-from trainer import compile_cache, flops, host_memory, metrics as metrics_lib, writers
+from trainer import (compile_cache, flops, host_memory, metrics as metrics_lib, train_metrics,
+                     writers)
 from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
 from trainer.experiment import Experiment
@@ -187,7 +190,9 @@ class LoopState:
   last_logged: int  # step of the last metrics record
   stop_requested: Callable[[], bool]
   unchecked: list = dataclasses.field(default_factory=list)  # [(step, device nonfinite flag)]
-  unlogged: tuple | None = None  # (step, device metrics, data metrics): written one step late
+  # the train metrics of the steps since the last record, folded on the device
+  interval: train_metrics.Interval = dataclasses.field(default_factory=train_metrics.Interval)
+  unlogged: tuple | None = None  # (step, its Summed metrics, data metrics): written one step late
   skipped: int = 0  # non-finite steps seen so far
   first_step_s: float = 0.0  # compile + first step
   first_step_at: float = 0.0  # time.time() when it finished
@@ -223,8 +228,8 @@ class _Loop:
     call_all(self.callbacks, "on_train_start", self.s)
     with self.exp.context(), self.watchdog:
       for step in range(self.s.start + 1, self.cfg.max_steps + 1):
-        metrics = self.dispatch(step)  # returns before the devices finish the step
-        self.log(step, metrics)  # writes step - 1's record (one step late), holds step's
+        self.dispatch(step)  # returns before the devices finish the step
+        self.log(step)  # writes step - 1's record (one step late), holds step's
         self.save(step, force=step == self.cfg.max_steps)
         # Dispatch runs one step ahead of the devices at most (wait_for_previous), so a hung
         # device stops these calls at once; the first countdown starts once compilation is done.
@@ -240,7 +245,7 @@ class _Loop:
     if self.ckpt is not None:
       self.ckpt.wait_until_finished()
 
-  def dispatch(self, step: int) -> dict:
+  def dispatch(self, step: int) -> None:
     s, exp = self.s, self.exp
     batch = next(self.data)
     for cb in self.callbacks:
@@ -251,6 +256,7 @@ class _Loop:
     s.state, metrics = exp.step_fn(s.state, batch)
     s.step = step
     s.unchecked.append((step, metrics.pop("nonfinite")))
+    s.interval.add(metrics)
     self.clock.dispatched(step, s.unchecked[-1][1])
     self.wait_for_previous(step)
     if step == s.start + 1:
@@ -264,7 +270,6 @@ class _Loop:
                                f"~{saved:.0f}s of compiling saved)" if programs else "")
                             + (f"; step memory {memory / 2**20:,.1f} MiB per device"
                                if memory is not None else ""))
-    return metrics
 
   def wait_for_previous(self, step: int) -> None:
     """Waits until the step before `step` (just dispatched) has finished: its non-finite flag,
@@ -279,20 +284,20 @@ class _Loop:
     gains nothing from being queued early."""
     self.clock.wait(step if self.cfg.state_memory == "host" else step - 1)
 
-  def log(self, step: int, metrics: dict) -> None:
+  def log(self, step: int) -> None:
     self.flush_log()
     if step % self.cfg.log_every == 0 or step == self.cfg.max_steps:
-      self.s.unlogged = (step, metrics, self.exp.source.metrics())
+      self.s.unlogged = (step, self.s.interval.take(), self.exp.source.metrics())
 
   def flush_log(self) -> None:
     """Writes the held record: the only host sync of a logging step."""
     s = self.s
     if s.unlogged is None:
       return
-    step, metrics, data_metrics = s.unlogged
+    step, summed, data_metrics = s.unlogged
     s.unlogged = None
     self.clock.wait(step)
-    host = jax.device_get(metrics)
+    summary = summed.record()
     bad = self._scan_nonfinite(upto=step)
     if step == s.start + 1:
       elapsed, steps = s.first_step_s, 1
@@ -300,7 +305,7 @@ class _Loop:
       after = max(s.last_logged, s.start + 1)
       elapsed, steps = self.clock.seconds(after, step), step - after
     tokens_per_sec = self.tokens_per_step * steps / max(elapsed, 1e-9)
-    record = {"step": step, **{k: float(v) for k, v in host.items()},
+    record = {"step": step, **summary,
               "tokens_per_sec": tokens_per_sec, "step_time_s": elapsed / steps,
               **self.throughput(tokens_per_sec), **metrics_lib.device_memory(self.exp.mesh.local_devices),
               **({"host_memory_bytes": host_memory.rss()} if host_memory.rss() else {}),

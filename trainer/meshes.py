@@ -8,7 +8,7 @@ meshes take a host-count suffix: `gpu-h100-8x4` is four 8-GPU hosts.
 
 To add an entry, add a row to `_GPU` (with its chip, `GpuChip`), `_TPU` or `_NEURON` below
 (or an `Entry` to `_GENERIC`), then regenerate the tables in docs/meshes.md with
-`python -m planner.meshes_doc --write` (tests/test_meshes.py fails while the
+`python -m planner.registry_docs` (tests/test_registry_docs.py fails while the
 table and this file disagree).
 """
 

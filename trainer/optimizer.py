@@ -31,7 +31,7 @@ from trainer.schedules import SCHEDULES
 
 OPTIMIZERS = Registry("optimizer")
 __all__ = ["OPTIMIZERS", "SCHEDULES", "WEIGHT_DECAY", "Optimizer", "OptimizerConfig",
-           "clip_by_global_norm", "per_layer"]
+           "clip_by_global_norm", "direction", "per_layer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +127,18 @@ def _assemble(cfg: OptimizerConfig, chain: Sequence, *, total_steps: int,
                    for_axes=lambda sub: OPTIMIZERS.build(cfg, total_steps=total_steps, axes=sub))
 
 
+def direction(kind: str, config_cls: type) -> Callable:
+  """Registers the optimizer `kind` whose chain is its direction, then the weight decay: the
+  decorated `fn(cfg, axes)` returns the direction (an optax transform). A kind that takes its
+  weight decay elsewhere registers a factory that calls `_assemble` itself."""
+  def register(fn: Callable) -> Callable:
+    @OPTIMIZERS.register(kind, config_cls)
+    def build(*, cfg: OptimizerConfig, total_steps: int, axes: Any) -> Optimizer:
+      return _assemble(cfg, [fn(cfg, axes), WEIGHT_DECAY], total_steps=total_steps, axes=axes)
+    return fn
+  return register
+
+
 def per_layer(tx: optax.GradientTransformation, axes: Any) -> optax.GradientTransformation:
   """`tx` on each parameter alone and, over a stack, on each layer alone.
 
@@ -186,11 +198,11 @@ class AdamWConfig(OptimizerConfig):
   ELEMENTWISE: ClassVar = True
 
 
-@OPTIMIZERS.register("adamw", AdamWConfig)
-def adamw(*, cfg: AdamWConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                                             mu_dtype=jnp.dtype(cfg.state_dtype)),
-                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
+@direction("adamw", AdamWConfig)
+def adamw(cfg: AdamWConfig, axes: Any) -> optax.GradientTransformation:
+  del axes
+  return optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             mu_dtype=jnp.dtype(cfg.state_dtype))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -203,11 +215,10 @@ class LionConfig(OptimizerConfig):
   ELEMENTWISE: ClassVar = True
 
 
-@OPTIMIZERS.register("lion", LionConfig)
-def lion(*, cfg: LionConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, [optax.scale_by_lion(b1=cfg.b1, b2=cfg.b2,
-                                             mu_dtype=jnp.dtype(cfg.state_dtype)),
-                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
+@direction("lion", LionConfig)
+def lion(cfg: LionConfig, axes: Any) -> optax.GradientTransformation:
+  del axes
+  return optax.scale_by_lion(b1=cfg.b1, b2=cfg.b2, mu_dtype=jnp.dtype(cfg.state_dtype))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -219,11 +230,11 @@ class SgdConfig(OptimizerConfig):
   ELEMENTWISE: ClassVar = True
 
 
-@OPTIMIZERS.register("sgd", SgdConfig)
-def sgd(*, cfg: SgdConfig, total_steps: int, axes: Any) -> Optimizer:
-  return _assemble(cfg, [optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov,
-                                     accumulator_dtype=jnp.dtype(cfg.state_dtype)),
-                         WEIGHT_DECAY], total_steps=total_steps, axes=axes)
+@direction("sgd", SgdConfig)
+def sgd(cfg: SgdConfig, axes: Any) -> optax.GradientTransformation:
+  del axes
+  return optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov,
+                     accumulator_dtype=jnp.dtype(cfg.state_dtype))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -244,8 +255,8 @@ class AdafactorConfig(OptimizerConfig):
                       "eps": POSITIVE, "clipping_threshold": POSITIVE, "momentum": UNIT}
 
 
-@OPTIMIZERS.register("adafactor", AdafactorConfig)
-def adafactor(*, cfg: AdafactorConfig, total_steps: int, axes: Any) -> Optimizer:
+@direction("adafactor", AdafactorConfig)
+def adafactor(cfg: AdafactorConfig, axes: Any) -> optax.GradientTransformation:
   parts = [optax.scale_by_factored_rms(cfg.factored, cfg.decay_rate, cfg.decay_offset,
                                        cfg.min_dim_size_to_factor, cfg.eps)]
   if cfg.clipping_threshold is not None:
@@ -256,8 +267,7 @@ def adafactor(*, cfg: AdafactorConfig, total_steps: int, axes: Any) -> Optimizer
     parts.append(optax.ema(cfg.momentum, debias=False,
                            accumulator_dtype=jnp.dtype(cfg.state_dtype)))
   # Row and column means and the RMS clip and scale are statistics of each layer's matrix.
-  return _assemble(cfg, [per_layer(optax.chain(*parts), axes), WEIGHT_DECAY],
-                   total_steps=total_steps, axes=axes)
+  return per_layer(optax.chain(*parts), axes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -291,14 +301,13 @@ def muon_dimension_numbers(axes: Any) -> Any:
   return jax.tree.map(dims, axes)
 
 
-@OPTIMIZERS.register("muon", MuonConfig)
-def muon(*, cfg: MuonConfig, total_steps: int, axes: Any) -> Optimizer:
+@direction("muon", MuonConfig)
+def muon(cfg: MuonConfig, axes: Any) -> optax.GradientTransformation:
   # optax's muon at learning rate 1 and no weight decay gives minus the direction.
-  direction = optax.chain(
+  return optax.chain(
       optax.contrib.muon(
           1.0, ns_steps=cfg.ns_steps, beta=cfg.beta, eps=cfg.eps, weight_decay=0.0,
           mu_dtype=jnp.dtype(cfg.state_dtype), nesterov=cfg.nesterov, adam_b1=cfg.adam_b1,
           adam_b2=cfg.adam_b2, adam_weight_decay=0.0, consistent_rms=cfg.consistent_rms,
           muon_weight_dimension_numbers=muon_dimension_numbers(axes)),
       optax.scale(-1.0))
-  return _assemble(cfg, [direction, WEIGHT_DECAY], total_steps=total_steps, axes=axes)

@@ -117,27 +117,48 @@ def _progress(step, start: int, length: int):
 
 
 _STEPS = {"warmup_steps": NON_NEGATIVE, "decay_steps": Interval(1)}
+# decay curves: the share of (peak - end) left at progress x of the decay
+_SHAPES = {
+    "linear": lambda x: 1 - x,
+    "cosine": lambda x: 0.5 * (1 + jnp.cos(jnp.pi * x)),
+    "1-sqrt": lambda x: 1 - jnp.sqrt(x),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WarmupCosineConfig(_Checked):
-  kind: str = "warmup_cosine"
+class _DecayConfig(_Checked):
+  """The warm-up, then from the peak down to end_ratio * peak until decay_steps, along
+  _SHAPES[SHAPE] of the progress (0 -> 1 at the peak, 1 -> 0 at the end)."""
+  kind: str = ""
   warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
-  decay_steps: int | None = None  # end of the cosine, warm-up included (steps); None = max_steps
-  end_ratio: float = 0.1  # final learning rate as a fraction of the peak
+  decay_steps: int | None = None  # end of the decay, warm-up included (steps); None = max_steps
+  end_ratio: float = 0.0  # final learning rate as a fraction of the peak
   RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
+  SHAPE: ClassVar = "linear"
 
   def ends(self, total_steps: int) -> str:
-    return f"cosine decay until step {self.decay_steps or total_steps}"
+    return f"{self.SHAPE} decay until step {self.decay_steps or total_steps}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmupCosineConfig(_DecayConfig):
+  kind: str = "warmup_cosine"
+  end_ratio: float = 0.1  # final learning rate as a fraction of the peak
+  SHAPE: ClassVar = "cosine"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearConfig(_DecayConfig):
+  kind: str = "linear"
 
 
 @SCHEDULES.register("warmup_cosine", WarmupCosineConfig)
-def warmup_cosine(*, cfg: WarmupCosineConfig, peak: float, total_steps: int):
+@SCHEDULES.register("linear", LinearConfig)
+def decay(*, cfg: _DecayConfig, peak: float, total_steps: int):
   cfg = cfg.fitted(total_steps)
-  end, w = peak * cfg.end_ratio, cfg.warmup_steps
+  end, w, shape = peak * cfg.end_ratio, cfg.warmup_steps, _SHAPES[cfg.SHAPE]
   length = (cfg.decay_steps or total_steps) - w
-  return _with_warmup(peak, w, lambda s: end + (peak - end) * 0.5 * (
-      1 + jnp.cos(jnp.pi * _progress(s, w, length))))
+  return _with_warmup(peak, w, lambda s: end + (peak - end) * shape(_progress(s, w, length)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,26 +172,6 @@ class ConstantConfig(_Checked):
 def constant(*, cfg: ConstantConfig, peak: float, total_steps: int):
   cfg = cfg.fitted(total_steps)
   return _with_warmup(peak, cfg.warmup_steps, lambda s: jnp.full_like(s, peak))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LinearConfig(_Checked):
-  kind: str = "linear"
-  warmup_steps: int = 100  # linear warm-up from 0 to the peak learning rate (steps)
-  decay_steps: int | None = None  # end of the decay, warm-up included (steps); None = max_steps
-  end_ratio: float = 0.0  # final learning rate as a fraction of the peak
-  RANGES: ClassVar = {**_STEPS, "end_ratio": FRACTION}
-
-  def ends(self, total_steps: int) -> str:
-    return f"linear decay until step {self.decay_steps or total_steps}"
-
-
-@SCHEDULES.register("linear", LinearConfig)
-def linear(*, cfg: LinearConfig, peak: float, total_steps: int):
-  cfg = cfg.fitted(total_steps)
-  end, w = peak * cfg.end_ratio, cfg.warmup_steps
-  length = (cfg.decay_steps or total_steps) - w
-  return _with_warmup(peak, w, lambda s: peak + (end - peak) * _progress(s, w, length))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -217,13 +218,6 @@ def rsqrt(*, cfg: RsqrtConfig, peak: float, total_steps: int):
     return rate if not cooldown else rate * jnp.clip((total_steps - s) / cooldown, 0.0, 1.0)
 
   return _with_warmup(peak, cfg.warmup_steps, after)
-
-
-_SHAPES = {
-    "linear": lambda x: 1 - x,
-    "cosine": lambda x: 0.5 * (1 + jnp.cos(jnp.pi * x)),
-    "1-sqrt": lambda x: 1 - jnp.sqrt(x),
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

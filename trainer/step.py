@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from modules.decoder import LmHead
-from trainer import offload
+from trainer import offload, train_metrics
 from trainer.optimizer import Optimizer
 
 
@@ -220,7 +220,9 @@ def accumulate(params, batch, *, grad_fn, grad_accum_steps: int):
 def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimizer,
                compute_dtype=jnp.float32, grad_accum_steps: int = 1, skip_nonfinite: bool = False,
                loss_chunk_size: int = 0, z_loss: float = 0.0, axes: Any = None):
-  """One optimizer step on a global batch; returns (new state, metrics of this step).
+  """One optimizer step on a global batch; returns (new state, metrics of this step): each
+  registered train metric by name (trainer/train_metrics.py), what the modules sowed, and
+  "nonfinite".
 
   metrics["nonfinite"] is 1.0 when the loss or gradient norm is NaN/Inf; with
   `skip_nonfinite` such a step keeps the old parameters and optimizer state
@@ -259,18 +261,15 @@ def train_step(state: TrainState, batch, *, model: nn.Module, optimizer: Optimiz
         opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
       with jax.named_scope("metrics"):
         param_norm, update_norm = optax.tree.norm(params), optax.tree.norm(updates)
-  metrics = {
-      "loss": loss,
-      "aux_loss": stats["aux_loss"],
-      "grad_norm": grad_norm,
-      "param_norm": param_norm,
-      "update_norm": update_norm,  # the optimizer's update, before a skip
-      "learning_rate": optimizer.schedule(state.step),
-      "nonfinite": 1.0 - finite.astype(jnp.float32),
-      **stats["metrics"],  # sown by the modules (e.g. MoE router statistics)
-  }
-  if z_loss:
-    metrics["z_loss"] = stats["z_sum"] / denom  # mean log(Z)^2, before its coefficient
+  values = train_metrics.StepValues(
+      loss=loss, aux_loss=stats["aux_loss"], z_loss=stats["z_sum"] / denom if z_loss else None,
+      grad_norm=grad_norm, param_norm=param_norm, update_norm=update_norm,
+      learning_rate=optimizer.schedule(state.step), clip_norm=optimizer.clip_norm)
+  # The registered metrics (trainer/train_metrics.py), what the modules sowed (e.g. MoE router
+  # statistics), and the flag the loop reads.
+  with jax.named_scope("metrics"):
+    metrics = {**train_metrics.of_step(values, stats["metrics"]),
+               "nonfinite": 1.0 - finite.astype(jnp.float32)}
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
