@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from benchmarks import sections
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WARMUP = 5  # steps left out of the medians (compilation, first dispatches)
 STEPS = 30
@@ -288,7 +289,6 @@ def write(argv: list[str]) -> int:
       if name in SETTINGS:
         plans[name] = plan_setting(name)
         PLANS.write_text(json.dumps(plans, indent=1) + "\n")
-  text = BENCHMARKS.read_text()
   section = (f"{BEGIN}\n## On the chip (one TPU v5e, the `device` tool)\n\n"
              f"Measured by `bash .chip/on_chip.sh python3 -m benchmarks.chip run --out=$OUT "
              f"SETTING...` (benchmarks/chip.py: the settings trained through axtrain's CLI, "
@@ -298,11 +298,7 @@ def write(argv: list[str]) -> int:
              + "\n".join(f"- `{n}`: `axtrain --config={c} {' '.join(o)}`"
                           for n, (c, o) in SETTINGS.items()) + "\n\n" + table(rows, plans)
              + f"\n{END}")
-  if BEGIN in text:
-    text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-  else:
-    text = text.rstrip("\n") + "\n\n" + section + "\n"
-  BENCHMARKS.write_text(text)
+  sections.write_section(section, begin=BEGIN, end=END, path=BENCHMARKS)
   return 0
 
 

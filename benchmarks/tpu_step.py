@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import sections
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = "configs/llm_1b.py"
 MESH = "tpu-v5e-16"
@@ -242,13 +244,7 @@ def main(argv=None) -> int:
 def _output(text: str, *, write: bool) -> int:
   sys.stdout.write(text)
   if write:
-    path = ROOT / "BENCHMARKS.md"
-    old = path.read_text()
-    if BEGIN in old:
-      new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END) + 1:]
-    else:
-      new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new)
+    sections.write_section(text.rstrip("\n"), begin=BEGIN, end=END)
   return 0
 
 

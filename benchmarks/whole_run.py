@@ -33,10 +33,10 @@ import sys
 import threading
 import time
 
+from benchmarks import sections
 from trainer import host_memory
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "BENCHMARKS.md"
 HISTORY = ROOT / "benchmarks" / "whole_runs.jsonl"
 BEGIN, END = "<!-- whole_run: begin -->", "<!-- whole_run: end -->"
 COMPARED = ("loss", "grad_norm", "param_norm", "update_norm")
@@ -168,12 +168,7 @@ def write(argv: list[str]) -> int:
       "| export | bit for bit |", "|---|---|---|---|---|---|---|---|---|---|",
       *map(row, rows), "",
       *[f"- {r['date']}: {r['note']}" for r in rows if r.get("note")], END])
-  text = BENCHMARKS.read_text()
-  if BEGIN in text:
-    text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-  else:
-    text = text.rstrip("\n") + "\n\n" + section + "\n"
-  BENCHMARKS.write_text(text)
+  sections.write_section(section, begin=BEGIN, end=END)
   return 0
 
 
