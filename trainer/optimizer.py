@@ -198,11 +198,34 @@ class AdamWConfig(OptimizerConfig):
   ELEMENTWISE: ClassVar = True
 
 
+def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype) -> optax.GradientTransformation:
+  """optax.scale_by_adam (its state too), the bias corrections applied as factors:
+  mu * (1 / (1 - b1^t)) / (sqrt(nu * (1 / (1 - b2^t))) + eps).
+
+  optax divides by the corrections: mu / (1 - b1^t) / (sqrt(nu / (1 - b2^t)) + eps), which
+  XLA rewrites by how many arrays share the scalar (CPU: A / broadcast(B) => A * (1 / B)
+  where B has one use; every backend: (A / B) / C => A / (B * C)). The whole tree shares one
+  correction; host offload updates one parameter at a time, each with its own
+  (trainer/offload.py): the two rounded the direction differently (up to 3 float32 ulps) and
+  the runs drifted apart. Written as factors, there is nothing left to rewrite."""
+  def update(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_increment(state.count)
+    c1, c2 = 1 / (1 - b1 ** count), 1 / (1 - b2 ** count)
+    direction = jax.tree.map(
+        lambda m, v: m * c1.astype(m.dtype) / (jnp.sqrt(v * c2.astype(v.dtype)) + eps), mu, nu)
+    return direction, optax.ScaleByAdamState(count=count, mu=optax.tree.cast(mu, mu_dtype),
+                                             nu=optax.tree.cast_like(nu, state.nu))
+
+  return optax.GradientTransformation(optax.scale_by_adam(mu_dtype=mu_dtype).init, update)
+
+
 @direction("adamw", AdamWConfig)
 def adamw(cfg: AdamWConfig, axes: Any) -> optax.GradientTransformation:
   del axes
-  return optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                             mu_dtype=jnp.dtype(cfg.state_dtype))
+  return scale_by_adam(cfg.b1, cfg.b2, cfg.eps, jnp.dtype(cfg.state_dtype))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
