@@ -63,9 +63,9 @@ def _value_and_grad(layer, params, x, pos, seg):
 
 def _assert_agree(got, want, *, name):
   """`name`'s (loss, gradients) against xla's: float32 rounding apart; on a TPU within the
-  chip's tolerances at `highest` (tests/tpu_tolerances.py: splash's kernel has its own)."""
+  chip's tolerances at `highest` (tests/tpu_tolerances.py: each Pallas kernel has its own)."""
   if tpu_tolerances.on_tpu():
-    tpu_tolerances.assert_within(got, want, splash=name == "splash")
+    tpu_tolerances.assert_within(got, want, case=name)
     return
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):

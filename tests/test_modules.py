@@ -329,7 +329,7 @@ def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
   it further from xla than float32 rounding: there the chip's tolerances."""
   (got, got_grads), (want, want_grads) = splash_against_xla(packed, mesh=mesh)
   if tpu_tolerances.on_tpu():
-    tpu_tolerances.assert_within((got, got_grads), (want, want_grads), splash=True)
+    tpu_tolerances.assert_within((got, got_grads), (want, want_grads), case="splash")
     return
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   for a, b in zip(got_grads, want_grads):
