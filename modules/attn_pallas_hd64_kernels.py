@@ -119,6 +119,14 @@ def tables(lay: Layout, segment_ids_BxL):
           _nearest(some.transpose(0, 2, 1)).reshape(-1))
 
 
+def _dot(a, b, dims=(((1,), (0,)), ((), ()))):
+  """a @ b (or by `dims`) in float32. Operands narrower than float32 multiply at the MXU's own
+  precision whatever jax_default_matmul_precision says (Mosaic takes no float32 contraction of
+  bfloat16 operands); float32 ones follow it."""
+  precision = lax.Precision.DEFAULT if a.dtype.itemsize < 4 else None
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
 def _first_head(rows: int):
   """[rows, 128] booleans: the lanes of the pair's first head."""
   return lax.broadcasted_iota(jnp.int32, (rows, LANES), 1) < HEAD_DIM
@@ -170,8 +178,7 @@ def _forward_kernel(kind_ref, kv_ref, q_at_ref, *refs, lay: Layout):
     alphas, outs = [], []
     for h in range(2):
       own = first if h == 0 else jnp.logical_not(first)
-      s = lax.dot_general(jnp.where(own, q, jnp.zeros_like(q)), k, NT,
-                          preferred_element_type=jnp.float32)  # [bq, bkv]
+      s = _dot(jnp.where(own, q, jnp.zeros_like(q)), k, NT)  # [bq, bkv]
       if masked:
         s = jnp.where(seen, s, MASK_VALUE)
       m_prev = m_ref[h]  # [bq, 128], the row's running max in every lane
@@ -180,7 +187,7 @@ def _forward_kernel(kind_ref, kv_ref, q_at_ref, *refs, lay: Layout):
       alpha = jnp.exp(m_prev - m_next)
       l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
       m_ref[h] = m_next
-      outs.append(lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32))
+      outs.append(_dot(p.astype(v.dtype), v))
       alphas.append(alpha)
     acc_ref[...] = (jnp.where(first, alphas[0], alphas[1]) * acc_ref[...]
                     + jnp.where(first, outs[0], outs[1]))
@@ -264,16 +271,15 @@ def _backward_step(lay: Layout, i, j, masked: bool, q_ref, k_ref, v_ref, do_ref,
   for h in range(2):
     own = first_k if h == 0 else jnp.logical_not(first_k)
     zeros = jnp.zeros_like(k)
-    s_t = lax.dot_general(jnp.where(own, k, zeros), q, NT,
-                          preferred_element_type=jnp.float32)  # [bkv, bq]
+    s_t = _dot(jnp.where(own, k, zeros), q, NT)  # [bkv, bq]
     if masked:
       s_t = jnp.where(seen, s_t, MASK_VALUE)
     p_t = jnp.exp(s_t - lse_ref[h:h + 1, :])
-    dp_t = lax.dot_general(jnp.where(own, v, zeros), do, NT, preferred_element_type=jnp.float32)
+    dp_t = _dot(jnp.where(own, v, zeros), do, NT)
     ds_t = p_t * (dp_t - di_ref[h:h + 1, :])
-    dvs.append(lax.dot(p_t.astype(do.dtype), do, preferred_element_type=jnp.float32))
-    dks.append(lax.dot(ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32))
-    dqs.append(lax.dot(ds_t.T.astype(k.dtype), k, preferred_element_type=jnp.float32))
+    dvs.append(_dot(p_t.astype(do.dtype), do))
+    dks.append(_dot(ds_t.astype(q.dtype), q))
+    dqs.append(_dot(ds_t.T.astype(k.dtype), k))
   keys = pl.ds(pl.multiple_of(j * bkv, bkv), bkv)
   queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
   dv_acc[keys, :] += jnp.where(first_k, dvs[0], dvs[1])

@@ -199,3 +199,43 @@ def test_off_tpu_the_cli_notes_interpret_mode():
       "attention.implementation=splash is a TPU kernel: on cpu it runs in Pallas interpret mode")
   assert session.kernel_note(splash, platform="tpu") is None
   assert session.kernel_note(_cfg(4, 4), platform="cpu") is None
+
+
+def test_the_plan_takes_splash_figures_and_says_so():
+  """planner/calibration.py: pallas_hd64's kernel, not timed on the chip yet, is planned at the
+  v5e row's attention figures (splash's), and the row says so; splash's row says nothing more."""
+  from planner import calibration  # pylint: disable=import-outside-toplevel
+  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  hw = meshes.lookup("tpu-v5e-1").hardware
+  ours, splash = (calibration.for_hardware(hw, attention=a) for a in ("pallas_hd64", "splash"))
+  assert (ours.attention, ours.attention_backward) == (splash.attention,
+                                                       splash.attention_backward)
+  assert splash.attention_kernel == "splash" and splash.attention_note == ""
+  assert ours.attention_note == "pallas_hd64's kernel not timed yet: splash's figures stand in"
+
+
+@pytest.mark.slow  # the kernels compiled by libtpu for a v5e slice (about a minute on 2 cores)
+def test_the_plan_compiles_the_kernels_and_times_them(capsys):
+  """`axtrain plan` of configs/tiny.py at head_dim 64 with pallas_hd64 on tpu-v5e-4: the TPU
+  compiler takes both kernels (forward and backward, by their names) and the estimate times them
+  as one forward and `attention_backward` forward passes a layer, at splash's share of peak."""
+  import configs.tiny  # pylint: disable=import-outside-toplevel
+  from planner import plan, plan_report  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, meshes  # pylint: disable=import-outside-toplevel
+  cfg = configs.tiny.get_config()
+  cfg.model.block.attention.implementation = "pallas_hd64"
+  cfg.model.block.attention.head_dim = 64
+  entry = meshes.lookup("tpu-v5e-4")
+  p = plan.plan(config_lib.parse(cfg), entry, config_name="configs/tiny.py", with_eval=False)
+  cal = p.estimate.calibration
+  calls = {}
+  for op in p.train.ops.ops:
+    if op.category == "kernel":
+      calls[op.name.split(".")[0]] = calls.get(op.name.split(".")[0], 0) + op.count
+  layers = cfg.model.num_layers
+  assert calls == {"flash_hd64_fwd": layers, "flash_hd64_bwd": layers}, calls
+  rows, heads, length = cfg.data.batch_size // 4, 6, cfg.data.seq_len  # 8 rows over fsdp=4
+  call = 4.0 * rows * heads * 64 * length * (length + 1) / 2  # QK^T and PV, causal pairs
+  want = layers * (1 + cal.attention_backward) * call / (cal.attention * 197e12)
+  assert p.estimate.kernel_s == pytest.approx(want, rel=1e-6)
+  assert "; pallas_hd64's kernel not timed yet: splash's figures stand in" in plan_report.text(p)
