@@ -17,7 +17,7 @@ Each kernel attends [rows, seq, heads, 64] bfloat16 queries over kv heads with t
 and `--docs` documents a row (segment ids, cut at seeded random places, the same for every
 kernel): `splash` (jax's Pallas kernel as modules/attn_splash.py calls it, the transposes to its
 heads-major layout included) at SPLASH_BLOCKS, `pallas_hd64` (modules/attn_pallas_hd64.py, ours)
-at OUR_BLOCKS, tokamax's splash kernel at TOKAMAX_BLOCKS where tokamax is importable (else one
+at OUR_BLOCKS in each form of its products (PRODUCTS), tokamax's splash kernel at TOKAMAX_BLOCKS where tokamax is importable (else one
 `skipped` line says why), and `xla` once for scale. Each is timed as a jitted forward, and as a
 jitted gradient of sum(out x a fixed cotangent) with respect to q, k and v (forward and backward):
 the median over --rounds of the mean of --steps calls.
@@ -55,9 +55,10 @@ SHAPES = {"125m": (4, 12, 12), "1b": (8, 32, 8)}
 # ships (1024, 1024, 512).
 SPLASH_BLOCKS = ((512, 512, 512), (1024, 1024, 512), (1024, 1024, 1024), (2048, 1024, 512),
                  (1024, 512, 512))
-# (pallas_block_q, pallas_block_kv); modules/attention.py ships (512, 512).
-OUR_BLOCKS = ((256, 256), (256, 512), (512, 256), (512, 512), (512, 1024), (1024, 512),
-              (1024, 1024))
+# (pallas_block_q, pallas_block_kv), each in every form of pallas_products; modules/attention.py
+# ships (512, 512), transposed.
+OUR_BLOCKS = ((256, 512), (512, 512), (512, 1024), (1024, 512), (1024, 1024))
+PRODUCTS = ("transposed", "padded")
 # (block_q, block_kv, block_kv_compute, use_experimental_scheduler) of tokamax's splash fork.
 TOKAMAX_BLOCKS = ((1024, 1024, 512, False), (1024, 1024, 512, True), (512, 512, 512, True))
 TOKAMAX = "0.0.12"  # the version benchmarks/tokamax_wheels.sh pins
@@ -131,7 +132,8 @@ def _ours(case: Case, blocks, seg, *, interpret: bool):
   from modules.masks import Mask
   del interpret  # the implementation's own choice, from the mesh it is traced under
   cfg = AttentionConfig(num_heads=case.heads, num_kv_heads=case.kv_heads, position=None,
-                        pallas_block_q=blocks[0], pallas_block_kv=blocks[1])
+                        pallas_block_q=blocks[0], pallas_block_kv=blocks[1],
+                        pallas_products=blocks[2])
   return lambda q, k, v: pallas_hd64_attention(q, k, v, Mask(segment_ids_BxL=seg), cfg)
 
 
@@ -146,7 +148,8 @@ def _xla(case: Case, blocks, seg, *, interpret: bool = False):
 
 
 KERNELS = {"xla": (_xla, ((),)), "splash": (_splash, SPLASH_BLOCKS),
-           "pallas_hd64": (_ours, OUR_BLOCKS), "tokamax_splash": (_tokamax, TOKAMAX_BLOCKS)}
+           "pallas_hd64": (_ours, tuple((*b, p) for p in PRODUCTS for b in OUR_BLOCKS)),
+           "tokamax_splash": (_tokamax, TOKAMAX_BLOCKS)}
 
 
 def timed(fn, args, *, rounds: int, steps: int) -> float:
@@ -250,6 +253,8 @@ def parse(argv):
   p.add_argument("--kernels", default=",".join(KERNELS), help="which of " + ", ".join(KERNELS))
   p.add_argument("--splash_blocks", default="", help="QxKVxCOMPUTE,... (default SPLASH_BLOCKS)")
   p.add_argument("--our_blocks", default="", help="QxKV,... (default OUR_BLOCKS)")
+  p.add_argument("--products", default=",".join(PRODUCTS),
+                 help="pallas_hd64's forms of the products to time (attention.pallas_products)")
   p.add_argument("--tokamax_blocks", default="",
                  help="QxKVxCOMPUTExSCHEDULER(0/1),... (default TOKAMAX_BLOCKS)")
   p.add_argument("--rounds", type=int, default=5)
@@ -270,7 +275,8 @@ def main(argv=None) -> int:
   rows, heads, kv_heads = SHAPES.get(args.shape) or _blocks(args.shape, 3)[0]
   case = Case(rows=rows, seq=args.seq, heads=heads, kv_heads=kv_heads, docs=args.docs)
   blocks = {"splash": _blocks(args.splash_blocks, 3) or SPLASH_BLOCKS,
-            "pallas_hd64": _blocks(args.our_blocks, 2) or OUR_BLOCKS,
+            "pallas_hd64": tuple((*b, p) for p in args.products.split(",")
+                                 for b in _blocks(args.our_blocks, 2) or OUR_BLOCKS),
             "tokamax_splash": tuple((*b[:3], bool(b[3])) for b in _blocks(args.tokamax_blocks, 4))
                               or TOKAMAX_BLOCKS}
   inputs, reference = (None, None) if args.compile_only else _inputs(case)

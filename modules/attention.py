@@ -60,6 +60,11 @@ class AttentionConfig:
   splash_block_size: int = 1024  # queries and keys per block of `splash` (a multiple of 128)
   pallas_block_q: int = 512  # queries per block of `pallas_hd64` (a multiple of 128)
   pallas_block_kv: int = 512  # keys per block of `pallas_hd64` (a multiple of 128)
+  # How `pallas_hd64` computes the products with a 64-wide output (P V and the gradients):
+  # `transposed`, a head's 64 rows streamed through the MXU against the probabilities held in
+  # it; `padded`, 128 lanes wide with the other head's half discarded (not yet timed on a chip:
+  # benchmarks/attention.py times both).
+  pallas_products: Literal["transposed", "padded"] = "transposed"
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
   # QK-norm (OLMo-2, Qwen3): a norm node applied to each head's queries and keys (over

@@ -4,10 +4,13 @@ Every recipe of ours from 125m to llm_1b has head_dim 64, where a kernel that ti
 time (splash: [positions, 64] tiles) half-fills the TPU's 128 lanes and needs the inputs
 transposed to a heads-major layout. This one takes two heads a block, in the layer's own
 [B, L, H, 64] layout (a [bq, 128] tile per pair of heads), with the blocks that nobody sees
-skipped and the mask computed only on the blocks that need it: the kernels and their layout are
-in modules/attn_pallas_hd64_kernels.py; this file sets them up, differentiates them
-(jax.custom_vjp: the forward kernel keeps each query's log-sum-exp, one backward kernel gives
-dQ, dK and dV) and shards them.
+skipped and the mask computed only on the blocks that need it: the layout, tables and grids
+are in modules/attn_pallas_hd64_kernels.py, the two forms of the products (FORMS, chosen by
+`attention.pallas_products`) in modules/attn_pallas_hd64_transposed.py (the default: the
+64-wide products computed transposed, a head's 64 rows streamed through the MXU) and
+modules/attn_pallas_hd64_padded.py (every product 128 lanes wide, half of it discarded). This
+file sets them up, differentiates them (jax.custom_vjp: the forward kernel keeps each query's
+log-sum-exp, one backward kernel gives dQ, dK and dV) and shards them.
 
 What it takes, and refuses in one line (ConfigError) when tracing: head_dim 64; an even number of
 query heads (on each device, where heads are sharded); a length that its blocks divide (blocks
@@ -36,10 +39,13 @@ import jax.numpy as jnp
 from core.registry import ConfigError
 from modules import attn_pallas_hd64_kernels as kernels
 from modules import context, masks
+from modules.attn_pallas_hd64_padded import PADDED
+from modules.attn_pallas_hd64_transposed import TRANSPOSED
 from modules.attn_registry import IMPLEMENTATIONS, Supports
 from modules.masks import Mask
 
 NAME = "pallas_hd64"
+FORMS = {form.name: form for form in (TRANSPOSED, PADDED)}  # attention.pallas_products
 
 
 def block(length: int, block_size: int, what: str) -> int:
@@ -80,22 +86,22 @@ def layout(cfg, *, batch: int, length: int, heads: int, kv_heads: int, head_dim:
   return lay, repeat
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(lay, tabs, q2, k2, v2, seg_col, seg_row):
-  return kernels.forward(lay, tabs, q2, k2, v2, seg_col, seg_row)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attend(lay, form, tabs, q2, k2, v2, seg_col, seg_row):
+  return kernels.forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)[0]
 
 
-def _attend_fwd(lay, tabs, q2, k2, v2, seg_col, seg_row):
-  out, lse = kernels.forward(lay, tabs, q2, k2, v2, seg_col, seg_row)
+def _attend_fwd(lay, form, tabs, q2, k2, v2, seg_col, seg_row):
+  out, lse = kernels.forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)
   return out, (tabs, q2, k2, v2, seg_col, seg_row, out, lse)
 
 
-def _attend_bwd(lay, residuals, do2):
+def _attend_bwd(lay, form, residuals, do2):
   tabs, q2, k2, v2, seg_col, seg_row, out, lse = residuals
   b, length = q2.shape[:2]
   di = jnp.sum((out.astype(jnp.float32) * do2.astype(jnp.float32)).reshape(
       b, length, lay.pairs, 2, kernels.HEAD_DIM), axis=-1).transpose(0, 2, 3, 1)
-  dq2, dk2, dv2 = kernels.backward(lay, tabs, q2, k2, v2, seg_col, seg_row, lse, do2, di)
+  dq2, dk2, dv2 = kernels.backward(lay, form, tabs, q2, k2, v2, seg_col, seg_row, lse, do2, di)
   return None, dq2, dk2, dv2, None, None
 
 
@@ -117,7 +123,8 @@ def _local(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, cfg, *, interpret: 
     seg_row = jnp.broadcast_to(ids[:, None, :], (b, kernels.SUBLANES, length))
   tabs = kernels.tables(lay, segment_ids_BxL)
   q2, k2, v2 = (a.reshape(b, length, -1) for a in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
-  return _attend(lay, tabs, q2, k2, v2, seg_col, seg_row).reshape(b, length, h, k)
+  return _attend(lay, FORMS[cfg.pallas_products], tabs, q2, k2, v2, seg_col, seg_row).reshape(
+      b, length, h, k)
 
 
 @IMPLEMENTATIONS.register(NAME, Supports(segments=True, context=None, decode=False,

@@ -16,8 +16,9 @@ def test_one_line_a_kernel_with_its_shares(tmp_path, capsys):
                          "--kernels=pallas_hd64,splash", "--our_blocks=128x128",
                          "--splash_blocks=128x128x128", "--rounds=1", "--steps=1"]) == 0
   rows = [json.loads(l) for l in (tmp_path / "attention.jsonl").read_text().splitlines()]
-  assert [(r["kernel"], r["blocks"]) for r in rows] == [("pallas_hd64", [128, 128]),
-                                                        ("splash", [128, 128, 128])]
+  assert [(r["kernel"], r["blocks"]) for r in rows] == [
+      ("pallas_hd64", [128, 128, "transposed"]), ("pallas_hd64", [128, 128, "padded"]),
+      ("splash", [128, 128, 128])]
   flops = 4 * 256 * 256 / 2 * 64 * 4 * 1  # 4 x seq^2 / 2 x head_dim x heads x rows
   for r in rows:
     assert "error" not in r, r
@@ -26,7 +27,7 @@ def test_one_line_a_kernel_with_its_shares(tmp_path, capsys):
     assert r["fwd_bwd_share"] == pytest.approx(3.5 * flops / (r["fwd_bwd_ms"] / 1e3) / 197e12)
     assert r["backward_passes"] == pytest.approx((r["fwd_bwd_ms"] - r["fwd_ms"]) / r["fwd_ms"])
     assert r["max_abs_diff_vs_xla"] < 0.05  # bfloat16 outputs of the same attention
-  assert capsys.readouterr().out.count("benchmarks.attention: ") == 2
+  assert capsys.readouterr().out.count("benchmarks.attention: ") == 3
 
 
 def test_segments_are_documents_cut_at_seeded_places():

@@ -21,14 +21,19 @@ from modules import masks
 from modules.attention import AttentionConfig
 from modules.attn_xla import xla_attention
 from modules.masks import Mask
-from tests import tpu_tolerances
+from tests import test_attention_impls
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
-def _cfg(heads: int, kv_heads: int, *, bq: int = 128, bkv: int = 128, window=None):
+FORMS = sorted(hd64.FORMS)  # attention.pallas_products
+
+
+def _cfg(heads: int, kv_heads: int, *, bq: int = 128, bkv: int = 128, window=None,
+         products: str = "transposed"):
   return AttentionConfig(num_heads=heads, num_kv_heads=kv_heads, position=None,
-                         pallas_block_q=bq, pallas_block_kv=bkv, sliding_window=window)
+                         pallas_block_q=bq, pallas_block_kv=bkv, sliding_window=window,
+                         pallas_products=products)
 
 
 def _segments(length: int, cuts) -> jnp.ndarray:
@@ -47,14 +52,15 @@ def kernel_case(packed: bool, *, heads=8, kv_heads=2, length=512):
   return q, k, v, _segments(length, [[100, 256, 300], []]) if packed else None
 
 
-def kernel_against_xla(packed: bool, *, cfg=None, mesh: bool = False):
+def kernel_against_xla(packed: bool, *, products: str = "transposed", mesh: bool = False):
   """(pallas_hd64's, xla's) (loss, (dq, dk, dv)) of a scalar loss of the attention output on
   `kernel_case(packed)` (GQA with two pairs of query heads a kv head; blocks of 256 queries by
-  128 keys; a window of 200 that skips blocks); with `mesh`, through shard_map on a one-device
-  mesh with the trainer's logical rules. Also measured on the chip by tests/tpu_tolerances.py."""
+  128 keys; a window of 200 that skips blocks), the products in form `products`; with `mesh`,
+  through shard_map on a one-device mesh with the trainer's logical rules. Also measured on the
+  chip by tests/tpu_tolerances.py."""
   from trainer import meshes  # pylint: disable=import-outside-toplevel
   q, k, v, seg = kernel_case(packed)
-  cfg = cfg or _cfg(8, 2, bq=256, bkv=128, window=200)
+  cfg = _cfg(8, 2, bq=256, bkv=128, window=200, products=products)
   mask = Mask(spec=masks.Spec.of(cfg), segment_ids_BxL=seg)
 
   def loss(fn):
@@ -71,12 +77,8 @@ def kernel_against_xla(packed: bool, *, cfg=None, mesh: bool = False):
 
 
 def _assert_agree(got, want):
-  if tpu_tolerances.on_tpu():
-    tpu_tolerances.assert_within(got, want, case="pallas_hd64")
-    return
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
-  for a, b in zip(got[1], want[1]):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+  """float32 rounding apart (on a TPU: the chip's tolerances), as the registry's shared test."""
+  test_attention_impls._assert_agree(got, want, name="pallas_hd64")  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("window", [None, 1, 5, 17])
@@ -123,21 +125,25 @@ def test_tables_against_the_dense_mask():
           assert computed[b, q_at[b, j, i], j] or not computed[b, :, j].any()
 
 
+@pytest.mark.parametrize("products", FORMS)
 @pytest.mark.parametrize("packed", [False, True])
-def test_several_blocks_against_xla(packed):
+def test_several_blocks_against_xla(packed, products):
   """Two kv heads each read by two pairs of query heads, blocks of 256 queries by 128 keys, a
-  window that skips blocks: value and gradients against `xla`, plain and packed rows."""
-  _assert_agree(*kernel_against_xla(packed))
+  window that skips blocks: value and gradients against `xla`, plain and packed rows, in both
+  forms of the products."""
+  _assert_agree(*kernel_against_xla(packed, products=products))
 
 
-@pytest.mark.parametrize("heads,kv_heads,bq,bkv", [(4, 4, 128, 128), (6, 2, 128, 256),
-                                                   (4, 1, 128, 128)])
-def test_every_kv_arrangement_against_xla(heads, kv_heads, bq, bkv):
+@pytest.mark.parametrize("heads,kv_heads,bq,bkv,products", [
+    (4, 4, 128, 128, "padded"), (6, 2, 128, 256, "transposed"), (4, 1, 128, 128, "padded"),
+    (4, 4, 256, 128, "transposed")])
+def test_every_kv_arrangement_against_xla(heads, kv_heads, bq, bkv, products):
   """MHA (a pair reads two kv heads side by side), an odd number of query heads a kv head (each
-  repeated to its query heads) and MQA (one kv head, both lanes), packed rows, no window."""
-  q, k, v, seg = kernel_case(True, heads=heads, kv_heads=kv_heads, length=384 if bkv == 128
-                             else 512)
-  cfg = _cfg(heads, kv_heads, bq=bq, bkv=bkv)
+  repeated to its query heads) and MQA (one kv head, both lanes), packed rows, no window; each
+  form of the products at least once."""
+  q, k, v, seg = kernel_case(True, heads=heads, kv_heads=kv_heads,
+                             length=512 if 256 in (bq, bkv) else 384)
+  cfg = _cfg(heads, kv_heads, bq=bq, bkv=bkv, products=products)
   mask = Mask(segment_ids_BxL=seg)
   loss = lambda fn: jax.jit(jax.value_and_grad(
       lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask, cfg))), argnums=(0, 1, 2)))
@@ -146,7 +152,7 @@ def test_every_kv_arrangement_against_xla(heads, kv_heads, bq, bkv):
 
 def test_on_a_mesh_through_shard_map():
   """As the trainer runs it: under a mesh with the logical rules (shard_map on one device)."""
-  _assert_agree(*kernel_against_xla(True, mesh=True))
+  _assert_agree(*kernel_against_xla(True, products="padded", mesh=True))
 
 
 def _layout(cfg, **shape):
@@ -233,7 +239,7 @@ def test_the_plan_compiles_the_kernels_and_times_them(capsys):
     if op.category == "kernel":
       calls[op.name.split(".")[0]] = calls.get(op.name.split(".")[0], 0) + op.count
   layers = cfg.model.num_layers
-  assert calls == {"flash_hd64_fwd": layers, "flash_hd64_bwd": layers}, calls
+  assert calls == {"flash_hd64_fwd_transposed": layers, "flash_hd64_bwd_transposed": layers}
   rows, heads, length = cfg.data.batch_size // 4, 6, cfg.data.seq_len  # 8 rows over fsdp=4
   call = 4.0 * rows * heads * 64 * length * (length + 1) / 2  # QK^T and PV, causal pairs
   want = layers * (1 + cal.attention_backward) * call / (cal.attention * 197e12)

@@ -5,9 +5,9 @@ measures it there.
 
 measures, on whatever JAX runs on, each implementation against `xla` (modules/attn_xla.py):
 `splash_kernel`, the splash function on tests/test_modules.py's case (256 tokens, blocks of 128;
-the Pallas kernel, native on a TPU), `pallas_hd64_kernel`, ours on
-tests/test_attn_pallas_hd64.py's case (512 tokens, blocks of 256 by 128, a window), and every
-other implementation through the attention layer on tests/test_attention_impls.py's case; plain and packed rows; the value (a scalar loss of the
+the Pallas kernel, native on a TPU), `pallas_hd64_kernel` and `pallas_hd64_padded_kernel`,
+ours in each form of its products on tests/test_attn_pallas_hd64.py's case (512 tokens, blocks
+of 256 by 128, a window), and every other implementation through the attention layer on tests/test_attention_impls.py's case; plain and packed rows; the value (a scalar loss of the
 output) and its gradients; at JAX's default matmul precision (on a TPU, a float32 matmul is one
 bfloat16 pass) and at `highest`.
 
@@ -76,6 +76,9 @@ TOLERANCES = {name: value for name, value in globals().items()
 # The Pallas kernels, each with its own constants (a case whose name starts with the kernel's);
 # the other implementations are XLA's.
 KERNELS = ("splash", "pallas_hd64")
+# The kernels' own cases (`<case>/<rows>/...`), each measured by a function of `packed` in
+# tests/test_modules.py or tests/test_attn_pallas_hd64.py.
+KERNEL_CASES = ("splash_kernel", "pallas_hd64_kernel", "pallas_hd64_padded_kernel")
 PRECISIONS = ("default", "highest")
 ROWS = ("plain", "packed")
 
@@ -100,7 +103,7 @@ def keys() -> list[str]:
   """Every error the script measures: the kernels' own cases, then each implementation's through
   the layer (packed rows where it declares them), at both precisions."""
   from modules.attn_registry import IMPLEMENTATIONS, REFERENCE  # pylint: disable=import-outside-toplevel
-  cases = [(f"{k}_kernel", True) for k in KERNELS] + [(name, IMPLEMENTATIONS.get(name).supports.segments)
+  cases = [(case, True) for case in KERNEL_CASES] + [(name, IMPLEMENTATIONS.get(name).supports.segments)
                                        for name in IMPLEMENTATIONS.names() if name != REFERENCE]
   return [f"{case}/{rows}/{what}/{precision}" for case, segments in cases
           for rows in (ROWS if segments else ROWS[:1]) for what in ("value", "grad")
@@ -135,14 +138,17 @@ def _kernel_errors(precision: str) -> dict:
   # pylint: disable=import-outside-toplevel
   from tests.test_attn_pallas_hd64 import kernel_against_xla
   from tests.test_modules import splash_against_xla
+  against = {"splash_kernel": splash_against_xla, "pallas_hd64_kernel": kernel_against_xla,
+             "pallas_hd64_padded_kernel": lambda packed: kernel_against_xla(
+                 packed, products="padded")}
   out = {}
-  for kernel, against in (("splash", splash_against_xla), ("pallas_hd64", kernel_against_xla)):
+  for case in KERNEL_CASES:
     for rows in ROWS:
       # Set explicitly, `default` too: JAX_DEFAULT_MATMUL_PRECISION may be set in the
       # environment.
       with jax.default_matmul_precision(precision):
-        got, want = against(rows == "packed")
-      out[f"{kernel}_kernel/{rows}"] = errors(got, want)
+        got, want = against[case](rows == "packed")
+      out[f"{case}/{rows}"] = errors(got, want)
   return out
 
 
