@@ -245,3 +245,19 @@ def test_the_plan_compiles_the_kernels_and_times_them(capsys):
   want = layers * (1 + cal.attention_backward) * call / (cal.attention * 197e12)
   assert p.estimate.kernel_s == pytest.approx(want, rel=1e-6)
   assert "; pallas_hd64's kernel not timed yet: splash's figures stand in" in plan_report.text(p)
+
+
+def test_the_memory_model_keeps_no_logits_for_it():
+  """planner/memory_model.py:scores_share: a Pallas kernel (pallas_hd64 as splash) holds no
+  [queries, keys] logits in HBM, where xla writes them all."""
+  import configs.tiny  # pylint: disable=import-outside-toplevel
+  from planner import memory_model  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib  # pylint: disable=import-outside-toplevel
+  shares = {}
+  for name in ("pallas_hd64", "splash", "xla"):
+    cfg = configs.tiny.get_config()
+    cfg.model.block.attention.implementation = name
+    cfg.model.block.attention.head_dim = 64
+    shares[name] = memory_model.scores_share(config_lib.parse(cfg), 128)
+  assert shares == {"pallas_hd64": (0.0, 0.0, 0.0), "splash": (0.0, 0.0, 0.0),
+                    "xla": (1.0, 1.0, 1.0)}
