@@ -201,6 +201,19 @@ def keys_major_seen(lay: Layout, i, j, qseg_ref, kseg_ref):
   return seen
 
 
+def backward_scores(r: BackwardRefs, h: int, own, q, k, v, do, seen):
+  """Head h's probabilities and their gradient, both [bkv, bq] float32 (keys on sublanes): the
+  logits recomputed from the head's lanes of k and v (`own`; the other head's zeroed), masked
+  where `seen` is given, exponentiated against the forward's log-sum-exp; dS = P (dP - di)."""
+  zeros = jnp.zeros_like(k)
+  s_t = dot(jnp.where(own, k, zeros), q, NT)
+  if seen is not None:
+    s_t = jnp.where(seen, s_t, MASK_VALUE)
+  p_t = jnp.exp(s_t - r.lse[h:h + 1, :])
+  dp_t = dot(jnp.where(own, v, zeros), do, NT)
+  return p_t, p_t * (dp_t - r.di[h:h + 1, :])
+
+
 def _forward_kernel(kind_ref, kv_at_ref, q_at_ref, *refs, lay: Layout, form: Form):
   """One (row, pair, q block i, kv block j) step of the forward pass."""
   del kv_at_ref, q_at_ref

@@ -17,8 +17,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from modules.attn_pallas_hd64_kernels import (HEAD_DIM, LANES, MASK_VALUE, NT, Form, dot,
-                                              first_head, keys_major_seen, tile_lanes)
+from modules.attn_pallas_hd64_kernels import (HEAD_DIM, LANES, MASK_VALUE, NT, Form,
+                                              backward_scores, dot, first_head,
+                                              keys_major_seen, tile_lanes)
 
 
 def _forward_step(lay, i, j, masked: bool, r):
@@ -68,13 +69,7 @@ def _backward_step(lay, i, j, masked: bool, r):
   dqs, dks, dvs = [], [], []
   for h in range(2):
     own = first_k if h == 0 else jnp.logical_not(first_k)
-    zeros = jnp.zeros_like(k)
-    s_t = dot(jnp.where(own, k, zeros), q, NT)  # [bkv, bq]
-    if masked:
-      s_t = jnp.where(seen, s_t, MASK_VALUE)
-    p_t = jnp.exp(s_t - r.lse[h:h + 1, :])
-    dp_t = dot(jnp.where(own, v, zeros), do, NT)
-    ds_t = p_t * (dp_t - r.di[h:h + 1, :])
+    p_t, ds_t = backward_scores(r, h, own, q, k, v, do, seen)  # [bkv, bq]
     dvs.append(dot(p_t.astype(do.dtype), do))
     dks.append(dot(ds_t.astype(q.dtype), q))
     dqs.append(dot(ds_t.T.astype(k.dtype), k))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from modules.attn_pallas_hd64_kernels import (HEAD_DIM, LANES, MASK_VALUE, NT, Form, dot,
-                                              first_head, keys_major_seen)
+from modules.attn_pallas_hd64_kernels import (HEAD_DIM, LANES, MASK_VALUE, NT, Form,
+                                              backward_scores, dot, first_head,
+                                              keys_major_seen)
 
 
 def _rows(h: int) -> slice:
@@ -66,13 +67,8 @@ def _backward_step(lay, i, j, masked: bool, r):
   seen = keys_major_seen(lay, i, j, r.qseg, r.kseg) if masked else None
   for h in range(2):
     own = first if h == 0 else jnp.logical_not(first)
-    zeros = jnp.zeros_like(k)
-    s_t = dot(jnp.where(own, k, zeros), q, NT)  # [bkv, bq]
-    if masked:
-      s_t = jnp.where(seen, s_t, MASK_VALUE)
-    p_t = jnp.exp(s_t - r.lse[h:h + 1, :])
-    dp_t = dot(jnp.where(own, v, zeros), do, NT)
-    ds_t = (p_t * (dp_t - r.di[h:h + 1, :])).astype(q.dtype)
+    p_t, ds_t = backward_scores(r, h, own, q, k, v, do, seen)  # [bkv, bq]
+    ds_t = ds_t.astype(q.dtype)
     rows = _rows(h)
     r.dv_acc[j, rows, :] += dot(do_t[rows], p_t.astype(do.dtype), NT)  # [64, bkv]
     r.dk_acc[j, rows, :] += dot(q_t[rows], ds_t, NT)  # [64, bkv]

@@ -6,7 +6,6 @@ kernels run in Pallas interpret mode, so the cases are small."""
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +21,7 @@ from modules.attention import AttentionConfig
 from modules.attn_xla import xla_attention
 from modules.masks import Mask
 from tests import test_attention_impls
+from tests.test_modules import against_xla
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
@@ -58,22 +58,10 @@ def kernel_against_xla(packed: bool, *, products: str = "transposed", mesh: bool
   128 keys; a window of 200 that skips blocks), the products in form `products`; with `mesh`,
   through shard_map on a one-device mesh with the trainer's logical rules. Also measured on the
   chip by tests/tpu_tolerances.py."""
-  from trainer import meshes  # pylint: disable=import-outside-toplevel
   q, k, v, seg = kernel_case(packed)
   cfg = _cfg(8, 2, bq=256, bkv=128, window=200, products=products)
   mask = Mask(spec=masks.Spec.of(cfg), segment_ids_BxL=seg)
-
-  def loss(fn):
-    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask, cfg))),
-                                      argnums=(0, 1, 2)))
-  want = loss(xla_attention)(q, k, v)
-  run = loss(hd64.pallas_hd64_attention)
-  if not mesh:
-    return run(q, k, v), want
-  devices = np.array(jax.devices()[:1]).reshape((1,) * len(meshes.AXES))
-  with (jax.set_mesh(jax.sharding.Mesh(devices, meshes.AXES)),
-        nn.logical_axis_rules(meshes.DEFAULT_RULES)):
-    return run(q, k, v), want
+  return against_xla(hd64.pallas_hd64_attention, q, k, v, mask, cfg, mesh=mesh)
 
 
 def _assert_agree(got, want):
