@@ -62,7 +62,9 @@ PLACEMENT = ("mesh.", "model.remat", "model.pipeline_microbatches", "trainer.gra
              "trainer.microbatch_rows", "eval.microbatch_rows", "trainer.loss_chunk_size",
              "trainer.state_memory",
              "model.block.attention.implementation",
-             "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size")
+             "model.block.attention.query_chunk_size", "model.block.attention.splash_block_size",
+             "model.block.attention.pallas_block_q", "model.block.attention.pallas_block_kv",
+             "model.block.attention.pallas_products")
 # How the run is logged, watched, profiled and checkpointed (checkpoint.restore_step included).
 BOOKKEEPING = ("trainer.log_every", "trainer.hang_timeout_s", "trainer.peak_flops",
                "trainer.profile_steps", "trainer.wandb_project", "trainer.compile_cache",

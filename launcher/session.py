@@ -23,7 +23,7 @@ from absl import flags
 from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
                       run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
-from modules import quantization
+from modules import attn_registry, quantization
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import host_memory
 from trainer import experiment as experiment_lib
@@ -108,12 +108,15 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
 
 
 def kernel_note(model, *, platform: str) -> str | None:
-  """What to say when attention's kernel is not native to `platform`: splash is a Pallas TPU
-  kernel, which elsewhere runs in Pallas's interpret mode (right, but slow: for tests)."""
-  if platform == "tpu" or flops.find_field(model, "implementation") != "splash":
+  """What to say when attention's kernel is not native to `platform`: a Pallas TPU kernel
+  (splash, pallas_hd64: attn_registry.Supports.native) elsewhere runs in Pallas's interpret
+  mode (right, but slow: for tests)."""
+  name = flops.find_field(model, "implementation")
+  native = attn_registry.IMPLEMENTATIONS.get(name).supports.native if name else None
+  if native is None or native == platform:
     return None
-  return (f"attention.implementation=splash is a TPU kernel: on {platform} it runs in Pallas "
-          f"interpret mode (slow, for tests); xla or chunked attention is fast here")
+  return (f"attention.implementation={name} is a {native.upper()} kernel: on {platform} it runs "
+          f"in Pallas interpret mode (slow, for tests); xla or chunked attention is fast here")
 
 
 def _schedule_note(run_cfg) -> None:

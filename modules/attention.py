@@ -49,7 +49,8 @@ class AttentionConfig:
   # platform in jax 0.10.2; cuDNN's needs cuDNN, docs/plan.md); `chunked`: the `xla` math over
   # blocks of query_chunk_size queries, one block's [queries, keys] logits at a time; `splash`:
   # the Pallas TPU splash-attention kernel, sharded over batch and heads, in Pallas interpret
-  # mode off TPU (slow: for tests).
+  # mode off TPU (slow: for tests); `pallas_hd64`: our Pallas TPU kernel for head_dim 64, two
+  # heads a block (modules/attn_pallas_hd64.py), in interpret mode off TPU.
   implementation: str = "xla"
   query_chunk_size: int = 512  # queries per block of `chunked` (a divisor of the length)
   # dtype of the [queries, keys] logits that `xla` and `chunked` write to memory: `compute`
@@ -57,6 +58,13 @@ class AttentionConfig:
   # `float32`. The softmax runs in float32 either way; on CPU both are float32.
   logits_dtype: Literal["compute", "float32"] = "compute"
   splash_block_size: int = 1024  # queries and keys per block of `splash` (a multiple of 128)
+  pallas_block_q: int = 512  # queries per block of `pallas_hd64` (a multiple of 128)
+  pallas_block_kv: int = 512  # keys per block of `pallas_hd64` (a multiple of 128)
+  # How `pallas_hd64` computes the products with a 64-wide output (P V and the gradients):
+  # `transposed`, a head's 64 rows streamed through the MXU against the probabilities held in
+  # it; `padded`, 128 lanes wide with the other head's half discarded (not yet timed on a chip:
+  # benchmarks/attention.py times both).
+  pallas_products: Literal["transposed", "padded"] = "transposed"
   init_std: float = 0.02  # stddev of the normal initialiser of the projections
   position: Any = child("position")  # rope / none
   # QK-norm (OLMo-2, Qwen3): a norm node applied to each head's queries and keys (over
@@ -96,9 +104,10 @@ class AttentionConfig:
     if self.query_chunk_size <= 0:
       raise ConfigError(f"attention.query_chunk_size must be positive, got "
                         f"{self.query_chunk_size}")
-    if self.splash_block_size <= 0 or self.splash_block_size % 128:
-      raise ConfigError(f"attention.splash_block_size must be a positive multiple of 128, got "
-                        f"{self.splash_block_size}")
+    for name in ("splash_block_size", "pallas_block_q", "pallas_block_kv"):
+      if getattr(self, name) <= 0 or getattr(self, name) % 128:
+        raise ConfigError(f"attention.{name} must be a positive multiple of 128, got "
+                          f"{getattr(self, name)}")
     if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
       raise ConfigError(f"attention.logit_softcap must be a positive number (None = off), got "
                         f"{self.logit_softcap}")

@@ -54,8 +54,12 @@ class Supports:
   context: Context | None  # context parallelism, and how; None: refused
   decode: bool  # a KV cache's explicit mask (generation); False: REFERENCE decodes instead
   options: tuple[str, ...] = ()  # the per-layer options (AttentionConfig `option()` fields)
-  # the mask options it attends under (modules/masks.py): masks.DENSE, masks.SPLASH, or none
+  # the mask options it attends under (modules/masks.py): masks.DENSE, masks.SPLASH,
+  # masks.BLOCKS, or none
   masks: tuple[str, ...] = ()
+  # the one platform it is compiled for (a Pallas TPU kernel: "tpu"), run in Pallas interpret
+  # mode elsewhere (right, but slow: for tests); None: native everywhere
+  native: str | None = None
 
   def has(self, need: str) -> bool:
     """Whether it supports `need`: "segments", "context", "decode" or an option's name."""

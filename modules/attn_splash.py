@@ -120,7 +120,8 @@ def _context_kernel(q_BxHxQxK, k_BxGxQxK, v_BxGxQxK, segment_ids_BxQ, cfg, *, sp
 
 
 @IMPLEMENTATIONS.register("splash", Supports(segments=True, context=Context.OWN, decode=False,
-                                             options=("logit_softcap",), masks=masks.SPLASH),
+                                             options=("logit_softcap",), masks=masks.SPLASH,
+                                             native="tpu"),
                           check_context=check_context)
 def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   """Attention (softmax scale K**-0.5) of [B, L, H, K] queries over G kv heads under

@@ -286,7 +286,9 @@ NOT_MATH = {
     "vocab_multiple": LAYOUT, "scan_layers": LAYOUT, "pipeline_microbatches": LAYOUT,
     "remat": LAYOUT, "block.attention.implementation": LAYOUT,
     "block.attention.query_chunk_size": LAYOUT, "block.attention.logits_dtype": LAYOUT,
-    "block.attention.splash_block_size": LAYOUT, "embedding.init_std": INIT,
+    "block.attention.splash_block_size": LAYOUT, "block.attention.pallas_block_q": LAYOUT,
+    "block.attention.pallas_block_kv": LAYOUT, "block.attention.pallas_products": LAYOUT,
+    "embedding.init_std": INIT,
     "block.attention.init_std": INIT, "block.ffn.init_std": INIT, "quantization": TRAINING,
 }
 

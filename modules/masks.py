@@ -18,14 +18,20 @@ A query at position q sees a key at position k when
       (modules/attn_splash.py), from which the kernel skips the blocks nobody sees;
   (c) `Spec.cache_slots`: the slots a KV cache needs for sequences of a given length: the
       window, where there is one (modules/kv_cache.py keeps a ring buffer of them);
+  (d) `Spec.within` and `Spec.blocks`: the rules on indices inside a kernel's block of queries
+      against keys (no padding there: one training sequence), and whether a block's rectangle
+      of indices holds some visible pair or only visible ones, from which a kernel skips the
+      blocks nobody sees and leaves the mask off those everybody sees
+      (modules/attn_pallas_hd64.py);
 and, for the FLOP model and the plan, `Spec.span` (keys a query sees at most) and
 `Spec.visible_pairs` (the (query, key) pairs of a row that a kernel computes).
 
 A new mask option is a field here, the `option()` field of the same name in AttentionConfig
 (modules/attention.py), its rule in `visible` and, where the kernel's masks can express it, in
-`splash` (and its name in SPLASH). Implementations declare the mask options they attend under
-(modules/attn_registry.py:Supports.masks): DENSE (every option) for those that take `Mask.array`,
-SPLASH for splash; the layer refuses the rest in one line.
+`splash` (and its name in SPLASH), in `within` and `blocks` (and its name in BLOCKS).
+Implementations declare the mask options they attend under (modules/attn_registry.py:
+Supports.masks): DENSE (every option) for those that take `Mask.array`, SPLASH for splash, BLOCKS
+for pallas_hd64; the layer refuses the rest in one line.
 """
 
 from __future__ import annotations
@@ -57,10 +63,27 @@ class Spec:
     """Booleans [..., L, S]: whether the query at q_pos[..., L] sees the key at k_pos[..., S]
     (NumPy or jax arrays, broadcast against each other)."""
     q, k = q_pos[..., :, None], k_pos[..., None, :]
-    seen = (k <= q) & ((k >= 0) | (q < 0))
+    return self.within(q, k) & ((k >= 0) | (q < 0))
+
+  def within(self, q_index, k_index):
+    """(d) Booleans: whether the query at q_index sees the key at k_index by the options'
+    rules on positions (causal, the window), elementwise on arrays broadcast against each other
+    (NumPy, jax, or a Pallas kernel's block of indices)."""
+    seen = k_index <= q_index
     if self.sliding_window is not None:
-      seen = seen & (q - k < self.sliding_window)
+      seen = seen & (q_index - k_index < self.sliding_window)
     return seen
+
+  def blocks(self, q_first, q_last, k_first, k_last):
+    """(d) For blocks of the queries q_first..q_last against the keys k_first..k_last (ends
+    included; NumPy or jax arrays broadcast against each other): (whether `within` admits some
+    pair of them, whether it admits every pair). The differences q - k of a block fill the
+    range q_first - k_last .. q_last - k_first; `within` admits 0 .. window - 1."""
+    some, every = k_first <= q_last, k_last <= q_first
+    if self.sliding_window is not None:
+      some = some & (q_first - k_last < self.sliding_window)
+      every = every & (q_last - k_first < self.sliding_window)
+    return some, every
 
   def dense(self, q_pos_BxL, k_pos_BxS, q_segments_BxL=None, k_segments_BxS=None):
     """(a) [B or 1, 1, L, S] booleans: `visible`, and the same segment where segment ids are
@@ -95,6 +118,7 @@ class Spec:
 # The mask options, and those each form of the mask can express.
 DENSE = tuple(f.name for f in dataclasses.fields(Spec))
 SPLASH = ("sliding_window",)
+BLOCKS = ("sliding_window",)  # `within` and `blocks`
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,9 @@ times each at the rate the device reaches on ops of its kind:
                FLOPs over the pairs its mask admits (causal, within a sliding window:
                planner/plan.py:attention_call_flops) at `attention` x peak for a forward
                pass; a backward pass takes
-               `attention_backward` forward passes
+               `attention_backward` forward passes. A row's attention figures are one
+               kernel's (`attention_kernel`); another implementation's kernel is planned at
+               them until it is timed itself (ATTENTION_STAND_INS), and the plan says so
     the rest   bytes / (memory x HBM bandwidth)
 
 and adds them (one device runs one op at a time), collectives beside them.
@@ -46,6 +48,10 @@ class Calibration:
   # `matmul` (bf16's share) until a quantized step is measured; `quantized_source` says which.
   matmul_quantized_measured: float | None = None
   quantized_source: str = ""
+  # The attention implementation whose kernel `attention` and `attention_backward` were timed
+  # on; "" where they are assumed. `attention_note`: what the plan says of them.
+  attention_kernel: str = ""
+  attention_note: str = ""
 
   @property
   def matmul_quantized(self) -> float:
@@ -81,6 +87,7 @@ class Calibration:
 # the row stands.
 _V5E = Calibration(
     matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
+    attention_kernel="splash",
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
            "splash kernel timings)",
     host_to_device=13.9e9, device_to_host=0.0,
@@ -105,6 +112,15 @@ _NEURON = Calibration(
     transfer_source="assumed: 25 GB/s each way (no Trainium measured here)")
 
 _V5E_KIND = r"TPU v5 ?lite|TPU v5e"
+
+# Attention implementations whose kernels have not been timed on any hardware of ours yet:
+# implementation -> the one whose figures stand in for them. pallas_hd64 (modules/
+# attn_pallas_hd64.py: our Pallas kernel for head_dim 64) takes splash's until
+# benchmarks/attention.py has timed it on the chip (docs/chip.md, "Attention kernels at
+# head_dim 64"); then its row gets figures of its own.
+ATTENTION_STAND_INS = {"pallas_hd64": "splash"}
+
+
 # (platform, the registry's device_kind of that hardware or None for any, row): first match.
 ROWS: tuple[tuple[str, str | None, Calibration], ...] = (
     ("tpu", _V5E_KIND, _V5E),
@@ -168,9 +184,20 @@ def host_ram_for(hw: Hardware) -> HostRam | None:
                                                f"this TPU generation")
 
 
-def for_hardware(hw: Hardware) -> Calibration:
+def for_hardware(hw: Hardware, *, attention: str | None = None) -> Calibration:
   """The row for `hw`: its own where measured; another TPU generation takes v5e's fractions,
-  labelled as such."""
+  labelled as such. `attention`: the run's attention implementation; one of
+  ATTENTION_STAND_INS is planned at its stand-in's kernel figures, and `attention_note` says
+  so."""
+  row = _row(hw)
+  stand_in = ATTENTION_STAND_INS.get(attention or "")
+  if stand_in is not None and stand_in == row.attention_kernel:
+    row = dataclasses.replace(row, attention_note=(
+        f"{attention}'s kernel not timed yet: {stand_in}'s figures stand in"))
+  return row
+
+
+def _row(hw: Hardware) -> Calibration:
   for platform, kind, row in ROWS:
     if platform == hw.platform and kind in (None, hw.device_kind):
       return row

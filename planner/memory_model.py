@@ -15,6 +15,7 @@ import math
 import jax
 from jax.sharding import NamedSharding
 
+from modules import attn_registry
 from trainer import checkpoint_bounded, experiment as experiment_lib, flops as flops_lib, offload
 from trainer import sharding
 
@@ -93,10 +94,11 @@ def scores_share(run, length: int) -> tuple[float, float, float]:
   implementation (modules/attn_registry.py) holds, for `length` queries per row: (kept for the
   backward pass, held during one layer's pass, moved to and from HBM). `xla` and `dot_product`
   write them all; `chunked` keeps none (each block of query_chunk_size queries is recomputed)
-  and holds one block; `splash`, a kernel, keeps them in on-chip memory."""
+  and holds one block; a Pallas kernel (`splash`, `pallas_hd64`: one that declares the platform
+  it is compiled for, attn_registry.Supports.native) keeps them in on-chip memory."""
   attention = flops_lib.find_field(run.model, "attention")
   implementation = getattr(attention, "implementation", "xla")
-  if implementation == "splash":
+  if attn_registry.IMPLEMENTATIONS.get(implementation).supports.native is not None:
     return 0.0, 0.0, 0.0
   chunk = getattr(attention, "query_chunk_size", 0)
   if implementation == "chunked" and 0 < chunk < length and length % chunk == 0:

@@ -373,12 +373,13 @@ def host_transfers(compiled: Compiled, params_bytes: int) -> tuple[float, float]
 
 
 def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops: float,
-             tokens: int, params_bytes: int = 0) -> Estimate | None:
-  """The calibrated step time of `compiled` on `entry`'s hardware (see Estimate)."""
+             tokens: int, params_bytes: int = 0, attention: str | None = None) -> Estimate | None:
+  """The calibrated step time of `compiled` on `entry`'s hardware (see Estimate); `attention`:
+  the run's attention implementation (calibration.for_hardware)."""
   hw = entry.hardware
   if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth) or compiled.ops is None:
     return None
-  cal = calibration_lib.for_hardware(hw)
+  cal = calibration_lib.for_hardware(hw, attention=attention)
   flops_rate, bytes_rate = cal.matmul * hw.peak_bf16_flops, cal.memory * hw.hbm_bandwidth
   kernel_rate = cal.attention * hw.peak_bf16_flops
   compute_s = kernel_s = hbm_s = 0.0
@@ -467,5 +468,6 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
               fit_source="compiler" if exact else "model", needed=needed,
               model_flops=model_flops, executed_flops=executed, hbm_traffic=traffic,
               estimate=estimate(model_flops, train, entry, call_flops=attention_call_flops(exp),
-                                tokens=tokens, params_bytes=state.params),
+                                tokens=tokens, params_bytes=state.params,
+                                attention=flops_lib.find_field(run.model, "implementation")),
               split=split, host=host)

@@ -50,9 +50,10 @@ REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "sav
                "save_qkv_proj", "full")
 # The attention implementation that holds no whole [queries, keys] logits and runs natively on
 # each platform: splash is a Pallas TPU kernel (Pallas interpret mode elsewhere: slow), chunked
-# is XLA everywhere. Ranked by how little they hold (0: xla, dot_product).
+# is XLA everywhere. Ranked by how little they hold (0: xla, dot_product; the Pallas kernels
+# none: pallas_hd64 as splash, which stays the lean choice on TPU until pallas_hd64 is timed).
 LEAN_ATTENTION = {"tpu": "splash"}
-ATTENTION_ORDER = {"chunked": 1, "splash": 2}
+ATTENTION_ORDER = {"chunked": 1, "splash": 2, "pallas_hd64": 2}
 CHUNK_SPLITS = (2, 4, 8, 16)  # loss_chunk_size: seq_len / these (and 0, the whole sequence)
 
 # --- config paths -------------------------------------------------------------------------

@@ -63,13 +63,18 @@ def _value_and_grad(layer, params, x, pos, seg):
 
 def _assert_agree(got, want, *, name):
   """`name`'s (loss, gradients) against xla's: float32 rounding apart; on a TPU within the
-  chip's tolerances at `highest` (tests/tpu_tolerances.py: splash's kernel has its own)."""
+  chip's tolerances at `highest` (tests/tpu_tolerances.py: each Pallas kernel has its own).
+  A gradient's entry near zero is a sum of terms on the scale of the array's largest entries,
+  whose rounding it carries: its absolute tolerance is 1e-5, or 1e-6 of the array's largest
+  entry where that is more (8 float32 epsilons; summed in another order, pallas_hd64's
+  transposed products moved one entry of 0.039 in a projection's gradient of entries up to 34
+  by 1.5e-5)."""
   if tpu_tolerances.on_tpu():
-    tpu_tolerances.assert_within(got, want, splash=name == "splash")
+    tpu_tolerances.assert_within(got, want, case=name)
     return
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=max(1e-5, 1e-6 * float(np.abs(b).max())))
 
 
 def _decoded(layer, params, x, pos):

@@ -98,7 +98,7 @@ BAD_INPUTS = [
     (["--config=configs/tiny.py", "--outptu_dir=x"], "did you mean 'output_dir'"),
     (["--config=configs/tiny.py", "train"], "unexpected argument 'train'"),
     (["--config=configs/tiny.py", "--config.model.block.attention.implementation=flash"],
-     "not one of chunked, dot_product, splash, xla (did you mean 'splash'?)"),
+     "not one of chunked, dot_product, pallas_hd64, splash, xla (did you mean 'splash'?)"),
     (["--config=configs/gpt2.py", "--config.data.seq_len=2048"],
      "exceeds the 1024 learned positions; set --config.model.position_embedding.max_length=2048"),
     (["--config=configs/llama.py:size=9b"], "config argument size=9b: unknown"),

@@ -303,16 +303,22 @@ def splash_against_xla(packed, *, mesh=False):
   logical rules. Also measured on the chip by tests/tpu_tolerances.py."""
   from modules.masks import Mask
   from modules.attn_splash import splash_attention
-  from modules.attn_xla import xla_attention
-  from trainer import meshes
   q, k, v, seg = _splash_case(packed)
   mask, cfg = Mask(segment_ids_BxL=seg), _attention_cfg(splash_block_size=128)
+  return against_xla(splash_attention, q, k, v, mask, cfg, mesh=mesh)
+
+
+def against_xla(attend, q, k, v, mask, cfg, *, mesh: bool = False):
+  """(attend's, xla's) (loss, (dq, dk, dv)) of a scalar loss of the attention output; with
+  `mesh`, `attend` through shard_map on a one-device mesh with the trainer's logical rules."""
+  from modules.attn_xla import xla_attention
+  from trainer import meshes
 
   def loss(fn):
-    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))),
+    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask, cfg))),
                                       argnums=(0, 1, 2)))
-  want = loss(lambda q, k, v: xla_attention(q, k, v, mask, cfg))(q, k, v)
-  run = loss(lambda q, k, v: splash_attention(q, k, v, mask, cfg))
+  want = loss(xla_attention)(q, k, v)
+  run = loss(attend)
   if not mesh:
     return run(q, k, v), want
   devices = np.array(jax.devices()[:1]).reshape((1,) * len(meshes.AXES))
@@ -329,7 +335,7 @@ def test_splash_attention_equals_xla_in_value_and_gradient(packed, mesh):
   it further from xla than float32 rounding: there the chip's tolerances."""
   (got, got_grads), (want, want_grads) = splash_against_xla(packed, mesh=mesh)
   if tpu_tolerances.on_tpu():
-    tpu_tolerances.assert_within((got, got_grads), (want, want_grads), splash=True)
+    tpu_tolerances.assert_within((got, got_grads), (want, want_grads), case="splash")
     return
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   for a, b in zip(got_grads, want_grads):

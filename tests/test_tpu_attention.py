@@ -1,5 +1,5 @@
-"""On a TPU chip (the `tpu` lane): splash, native there, and every other attention implementation
-against `xla`, in value and gradient, plain and packed rows, at the default matmul precision and
+"""On a TPU chip (the `tpu` lane): the Pallas kernels (splash and pallas_hd64), native there, and
+every other attention implementation against `xla`, in value and gradient, plain and packed rows, at the default matmul precision and
 at `highest`, within the chip's tolerances (tests/tpu_tolerances.py).
 
 The errors are measured by `python -m tests.tpu_tolerances` in one subprocess on the chip (this
@@ -30,9 +30,9 @@ def measured(tmp_path_factory):
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_measured_on_the_chip_with_splash_native(measured):
+def test_measured_on_the_chip_with_the_kernels_native(measured):
   assert measured["platform"] == "tpu", measured["device_kind"]
-  assert measured["splash_native"]  # the Pallas kernel, not interpret mode
+  assert measured["native"] == {"splash": True, "pallas_hd64": True}  # not interpret mode
   assert sorted(measured["errors"]) == sorted(tol.keys())
 
 

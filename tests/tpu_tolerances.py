@@ -5,8 +5,9 @@ measures it there.
 
 measures, on whatever JAX runs on, each implementation against `xla` (modules/attn_xla.py):
 `splash_kernel`, the splash function on tests/test_modules.py's case (256 tokens, blocks of 128;
-the Pallas kernel, native on a TPU), and every other implementation through the attention layer
-on tests/test_attention_impls.py's case; plain and packed rows; the value (a scalar loss of the
+the Pallas kernel, native on a TPU), `pallas_hd64_kernel` and `pallas_hd64_padded_kernel`,
+ours in each form of its products on tests/test_attn_pallas_hd64.py's case (512 tokens, blocks
+of 256 by 128, a window), and every other implementation through the attention layer on tests/test_attention_impls.py's case; plain and packed rows; the value (a scalar loss of the
 output) and its gradients; at JAX's default matmul precision (on a TPU, a float32 matmul is one
 bfloat16 pass) and at `highest`.
 
@@ -56,6 +57,13 @@ SPLASH_VALUE_HIGHEST = 4e-07  # measured 2e-07
 SPLASH_GRAD_HIGHEST = 0.00011  # measured 5.5e-05
 SPLASH_VALUE_DEFAULT = 0.00018  # measured 8.6e-05
 SPLASH_GRAD_DEFAULT = 0.012  # measured 0.0057
+# pallas_hd64 (modules/attn_pallas_hd64.py): a Pallas kernel like splash, that computes its
+# matmuls itself. Not yet run on a chip: splash's constants until the lane measures its own
+# (it prints this group's largest errors and the constants suggested from them).
+PALLAS_HD64_VALUE_HIGHEST = SPLASH_VALUE_HIGHEST
+PALLAS_HD64_GRAD_HIGHEST = SPLASH_GRAD_HIGHEST
+PALLAS_HD64_VALUE_DEFAULT = SPLASH_VALUE_DEFAULT
+PALLAS_HD64_GRAD_DEFAULT = SPLASH_GRAD_DEFAULT
 # The implementations that XLA compiles (dot_product, chunked): xla's matmuls, split or fused
 # differently; float32 at `highest`, one bfloat16 pass at the default.
 XLA_VALUE_HIGHEST = 2e-07  # measured 9.9e-08
@@ -64,7 +72,13 @@ XLA_VALUE_DEFAULT = 0.0022  # measured 0.0011
 XLA_GRAD_DEFAULT = 0.01  # measured 0.005
 
 TOLERANCES = {name: value for name, value in globals().items()
-              if re.fullmatch(r"(SPLASH|XLA)_(VALUE|GRAD)_(HIGHEST|DEFAULT)", name)}
+              if re.fullmatch(r"(SPLASH|PALLAS_HD64|XLA)_(VALUE|GRAD)_(HIGHEST|DEFAULT)", name)}
+# The Pallas kernels, each with its own constants (a case whose name starts with the kernel's);
+# the other implementations are XLA's.
+KERNELS = ("splash", "pallas_hd64")
+# The kernels' own cases (`<case>/<rows>/...`), each measured by a function of `packed` in
+# tests/test_modules.py or tests/test_attn_pallas_hd64.py.
+KERNEL_CASES = ("splash_kernel", "pallas_hd64_kernel", "pallas_hd64_padded_kernel")
 PRECISIONS = ("default", "highest")
 ROWS = ("plain", "packed")
 
@@ -74,18 +88,22 @@ def on_tpu() -> bool:
   return jax.default_backend() == "tpu"
 
 
+def family(case: str) -> str:
+  """The constants of a case (an implementation's name, or a kernel's `<name>_kernel`)."""
+  return next((k.upper() for k in KERNELS if case.startswith(k)), "XLA")
+
+
 def group(key: str) -> str:
   """The constant that bounds the error `key` (`case/rows/value|grad/precision`)."""
   case, _, what, precision = key.split("/")
-  family = "SPLASH" if case.startswith("splash") else "XLA"
-  return f"{family}_{what.upper()}_{precision.upper()}"
+  return f"{family(case)}_{what.upper()}_{precision.upper()}"
 
 
 def keys() -> list[str]:
-  """Every error the script measures: the splash kernel's, then each implementation's through
+  """Every error the script measures: the kernels' own cases, then each implementation's through
   the layer (packed rows where it declares them), at both precisions."""
   from modules.attn_registry import IMPLEMENTATIONS, REFERENCE  # pylint: disable=import-outside-toplevel
-  cases = [("splash_kernel", True)] + [(name, IMPLEMENTATIONS.get(name).supports.segments)
+  cases = [(case, True) for case in KERNEL_CASES] + [(name, IMPLEMENTATIONS.get(name).supports.segments)
                                        for name in IMPLEMENTATIONS.names() if name != REFERENCE]
   return [f"{case}/{rows}/{what}/{precision}" for case, segments in cases
           for rows in (ROWS if segments else ROWS[:1]) for what in ("value", "grad")
@@ -104,26 +122,33 @@ def errors(got, want) -> dict:
           "grad_abs": max(grad_abs)}
 
 
-def assert_within(got, want, *, splash: bool, precision: str = "highest") -> None:
-  """Two (loss, gradients) results agree within the chip's tolerances of splash (`splash`) or
-  of the implementations XLA compiles, at `precision`."""
+def assert_within(got, want, *, case: str, precision: str = "highest") -> None:
+  """Two (loss, gradients) results agree within the chip's tolerances of `case` (an
+  implementation's name: a Pallas kernel's own, else those of the implementations XLA
+  compiles), at `precision`."""
   measured = errors(got, want)
-  family = "SPLASH" if splash else "XLA"
   for what in ("value", "grad"):
-    name = f"{family}_{what.upper()}_{precision.upper()}"
+    name = f"{family(case)}_{what.upper()}_{precision.upper()}"
     assert measured[what] <= TOLERANCES[name], (
         f"{what} off by {measured[what]:.3g} (largest absolute {measured[what + '_abs']:.3g}), "
         f"over {name}={TOLERANCES[name]:.3g} (tests/tpu_tolerances.py)")
 
 
 def _kernel_errors(precision: str) -> dict:
-  from tests.test_modules import splash_against_xla  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from tests.test_attn_pallas_hd64 import kernel_against_xla
+  from tests.test_modules import splash_against_xla
+  against = {"splash_kernel": splash_against_xla, "pallas_hd64_kernel": kernel_against_xla,
+             "pallas_hd64_padded_kernel": lambda packed: kernel_against_xla(
+                 packed, products="padded")}
   out = {}
-  for rows in ROWS:
-    # Set explicitly, `default` too: JAX_DEFAULT_MATMUL_PRECISION may be set in the environment.
-    with jax.default_matmul_precision(precision):
-      got, want = splash_against_xla(rows == "packed")
-    out[f"splash_kernel/{rows}"] = errors(got, want)
+  for case in KERNEL_CASES:
+    for rows in ROWS:
+      # Set explicitly, `default` too: JAX_DEFAULT_MATMUL_PRECISION may be set in the
+      # environment.
+      with jax.default_matmul_precision(precision):
+        got, want = against[case](rows == "packed")
+      out[f"{case}/{rows}"] = errors(got, want)
   return out
 
 
@@ -149,16 +174,20 @@ def _layer_errors(precision: str) -> dict:
   return out
 
 
-def _splash_native() -> bool:
-  """Whether splash compiles to the Pallas TPU kernel (a `tpu_custom_call`), not interpret mode."""
+def _native() -> dict:
+  """{kernel: whether it compiles to its Pallas TPU kernel (a `tpu_custom_call`), not to
+  interpret mode}."""
   # pylint: disable=import-outside-toplevel
-  from modules.masks import Mask
+  from modules.attn_pallas_hd64 import pallas_hd64_attention
   from modules.attn_splash import splash_attention
+  from modules.masks import Mask
   from tests.test_modules import _attention_cfg, _splash_case
   q, k, v, seg = _splash_case(True)
-  mask, cfg = Mask(segment_ids_BxL=seg), _attention_cfg(splash_block_size=128)
-  text = jax.jit(lambda q, k, v: splash_attention(q, k, v, mask, cfg)).lower(q, k, v).as_text()
-  return "tpu_custom_call" in text
+  mask, cfg = Mask(segment_ids_BxL=seg), _attention_cfg(splash_block_size=128,
+                                                        pallas_block_q=128, pallas_block_kv=128)
+  return {name: "tpu_custom_call" in jax.jit(lambda q, k, v: attend(q, k, v, mask, cfg)).lower(
+      q, k, v).as_text() for name, attend in (("splash", splash_attention),
+                                               ("pallas_hd64", pallas_hd64_attention))}
 
 
 def suggested(largest: float) -> float:
@@ -189,7 +218,7 @@ def measure() -> dict:
   largest = {name: max(e for k, e in flat.items() if group(k) == name) for name in TOLERANCES}
   device = jax.devices()[0]
   return {"platform": device.platform, "device_kind": device.device_kind,
-          "jax": jax.__version__, "libtpu": _version("libtpu"), "splash_native": _splash_native(),
+          "jax": jax.__version__, "libtpu": _version("libtpu"), "native": _native(),
           "largest": largest, "tolerances": TOLERANCES,
           "suggested": {name: suggested(e) for name, e in largest.items()},
           "errors": flat, "max_abs": absolute}
