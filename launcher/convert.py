@@ -111,16 +111,22 @@ def _layout_flag(name: str, sep: str, value: str) -> bool:
   return _BOOLS[value.lower()]
 
 
-def set_layout(node, layout: dict) -> None:
-  """Sets each field of `layout` (LAYOUT's names) wherever the model node (a ConfigDict) holds
-  it: model.scan_layers, each attention's fused_qkv and each gated MLP's fused_gate_up (a
-  layer pattern's blocks each), so that a request the model cannot take (a fused gate/up on an
-  MLP without a gate) is refused by that node's check."""
-  for key, value in node.items():
-    if key in layout:
-      node[key] = layout[key]
-    elif hasattr(value, "items"):
-      set_layout(value, layout)
+def set_layout(node, layout: dict, *, architecture: str) -> None:
+  """Sets each field of `layout` (LAYOUT's names) wherever the model node (a ConfigDict) of
+  `architecture` holds it: model.scan_layers, each attention's fused_qkv and each MLP's
+  fused_gate_up (a layer pattern's blocks each); UserError for --fused_gate_up where no MLP
+  has a gate."""
+  if layout["fused_gate_up"] and not any(_values(node.to_dict(), "gated")):
+    raise UserError(f"convert: --fused_gate_up: the {architecture} model's MLP has no gate "
+                    f"(nothing to fuse); leave the flag out")
+
+  def walk(node):
+    for key, value in node.items():
+      if key in layout:
+        node[key] = layout[key]
+      elif hasattr(value, "items"):
+        walk(value)
+  walk(node)
 
 
 def _values(node: dict, key: str) -> list:
@@ -259,10 +265,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, layout: dict,
     node = family.model_node(hf_cfg)
   except KeyError as e:
     raise UserError(f"{hf_dir / 'config.json'}: missing field {e}") from None
-  if layout["fused_gate_up"] and not any(_values(node.to_dict(), "gated")):
-    raise UserError(f"convert: --fused_gate_up: the {family.architecture} model's MLP has no "
-                    f"gate (nothing to fuse); leave the flag out")
-  set_layout(node, layout)
+  set_layout(node, layout, architecture=family.architecture)
   st = hf_files.SafetensorsDir(hf_dir, family)
   hf_files.check_tensors(st, family, hf_cfg, hf_dir)
 
