@@ -110,5 +110,6 @@ def split_gate_up(p: dict) -> dict:
   out = {name: x for name, x in p.items() if name not in (WI_WU, WI_WU + "_bias")}
   for suffix in ("", "_bias"):
     if WI_WU + suffix in p:
-      out["wi" + suffix], out["wu" + suffix] = p[WI_WU + suffix][..., 0, :], p[WI_WU + suffix][..., 1, :]
+      both = p[WI_WU + suffix]
+      out["wi" + suffix], out["wu" + suffix] = both[..., 0, :], both[..., 1, :]
   return out

@@ -125,7 +125,8 @@ def test_flops_and_the_memory_model_read_a_fused_model_as_the_separate_one(case)
 
 
 def test_fused_gate_up_without_a_gate_is_refused_in_one_line(tmp_path, capsys):
-  code = main_lib.main(["axtrain", "--config=configs/tiny.py", "--config.model.block.ffn.gated=false",
+  code = main_lib.main(["axtrain", "--config=configs/tiny.py",
+                        "--config.model.block.ffn.gated=false",
                         "--config.model.block.ffn.fused_gate_up=true",
                         f"--output_dir={tmp_path / 'run'}"])
   err = capsys.readouterr().err
