@@ -17,6 +17,11 @@ medians over the steps after the first WARMUP of the run's own metrics.jsonl (th
 CLI's config, overrides and mesh rules) and benchmarks/plain_jax.py's one jitted step on the
 same model, batches, start and optimizer, in alternating rounds of --steps steps (steps 2..K
 timed, medians over --rounds), into compare.jsonl: ratio = axtrain tokens/s / plain tokens/s.
+A setting takes overrides after a colon, e.g. axtrain with its projections fused (plain JAX's
+`fused` variants fuse theirs by hand) beside the setting as shipped:
+
+    bash .chip/on_chip.sh python3 -m benchmarks.chip compare --out=$OUT 125m-b4 \
+        125m-b4:--config.model.block.attention.fused_qkv=true,--config.model.block.ffn.fused_gate_up=true
 """
 
 from __future__ import annotations

@@ -274,6 +274,8 @@ def row(sides: dict[str, Side], exp: Experiment, variants: dict[str, plain_jax.O
          "flops_per_step": model_flops_per_step(exp), "sides": {},
          "axtrain_config": {"scan_layers": m.scan_layers, "remat": m.remat,
                             "attention": m.block.attention.implementation,
+                            "fused_qkv": m.block.attention.fused_qkv,
+                            "fused_gate_up": m.block.ffn.fused_gate_up,
                             "grad_accum_steps": t.grad_accum_steps,
                             "loss_chunk_size": t.loss_chunk_size,
                             "compute_dtype": jax.numpy.dtype(exp.compute_dtype).name}}

@@ -408,10 +408,15 @@ def jitted_step(s: Shape, h: Hyper, o: Options = Options()):
 
 
 def from_axtrain(params, o: Options = Options()) -> dict:
-  """axtrain's decoder_lm parameters (unrolled `layers_i` or scanned `layers`) -> the layout
-  `o` computes with (`arrange`)."""
+  """axtrain's decoder_lm parameters (unrolled `layers_i` or scanned `layers`, projections
+  separate or fused) -> the layout `o` computes with (`arrange`)."""
   def layer_of(p):
     a, f = p["block"]["attention"], p["block"]["ffn"]
+    if "qkv" in a:  # attention.fused_qkv: [dim, G, R + 2, K], each group's R queries, k, v
+      r = a["qkv"].shape[2] - 2
+      a = {"q": a["qkv"][:, :, :r], "k": a["qkv"][:, :, r], "v": a["qkv"][:, :, r + 1], **a}
+    if "wi_wu" in f:  # mlp.fused_gate_up: [dim, 2, F], gate then up
+      f = {"wi": f["wi_wu"][:, 0], "wu": f["wi_wu"][:, 1], **f}
     d = a["q"].shape[0]
     return {"attn_norm": p["block"]["attention_norm"]["scale"],
             "wq": a["q"].reshape(d, -1), "wk": a["k"].reshape(d, -1),

@@ -1,7 +1,8 @@
 """`axtrain convert`: Hugging Face <-> axtrain run directory.
 
     axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes]
-                    [--scan_layers=true|false]
+                    [--scan_layers=true|false] [--fused_qkv[=true|false]]
+                    [--fused_gate_up[=true|false]]
     axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--step=N]
 
 --from_hf reads config.json and *.safetensors (a single file or a sharded
@@ -11,7 +12,10 @@ get_config() returns that config, so `axtrain --config=RUN_DIR/config.py
 --output_dir=RUN_DIR` continues training from the converted weights), run.json,
 hf_config.json (the source's config, reused by --to_hf) and a step-0 checkpoint,
 its layers scanned (one stacked `layers` tree; --scan_layers=false or
---no_scan_layers: unrolled layers_0, layers_1, ..., as model.scan_layers says).
+--no_scan_layers: unrolled layers_0, layers_1, ..., as model.scan_layers says), its projections
+separate (--fused_qkv, --fused_gate_up: q/k/v, or a gated MLP's gate and up,
+as one kernel each, as model.block.attention.fused_qkv and
+model.block.ffn.fused_gate_up say; default false).
 Training in RUN_DIR keeps config.py, hf_config.json and checkpoints/0,
 --overwrite included.
 
@@ -52,9 +56,12 @@ from trainer import disk
 from trainer.run_files import Manifest
 
 USAGE = ("usage: axtrain convert --from_hf=HF_DIR --output_dir=RUN_DIR [--tokenizer=PATH|bytes] "
-         "[--scan_layers=true|false] | axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR "
-         "[--step=N]")
-_FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", "scan_layers", "no_scan_layers", "step")
+         "[--scan_layers=true|false] [--fused_qkv[=true|false]] [--fused_gate_up[=true|false]] "
+         "| axtrain convert --to_hf=RUN_DIR --output_dir=HF_DIR [--step=N]")
+# The layout flags of --from_hf: the model fields of the same name (every one in the model's
+# config, each block's of a layer pattern), and their defaults.
+LAYOUT = {"scan_layers": True, "fused_qkv": False, "fused_gate_up": False}
+_FLAGS = ("from_hf", "to_hf", "output_dir", "tokenizer", *LAYOUT, "no_scan_layers", "step")
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -67,8 +74,8 @@ def parse_args(argv: list[str]) -> dict:
     name, sep, value = arg.lstrip("-").partition("=")
     if not arg.startswith("--") or name not in _FLAGS:
       raise UserError(f"convert: unknown argument '{arg}'{suggest(name, _FLAGS)}; {USAGE}")
-    if name in ("scan_layers", "no_scan_layers"):
-      out["scan_layers"] = _scan_layers(name, sep, value)
+    if name in LAYOUT or name == "no_scan_layers":
+      out[name.removeprefix("no_")] = _layout_flag(name, sep, value)
     elif not sep or not value:
       raise UserError(f"convert: --{name} needs a value (--{name}=PATH); {USAGE}")
     else:
@@ -76,7 +83,7 @@ def parse_args(argv: list[str]) -> dict:
   if ("from_hf" in out) == ("to_hf" in out) or "output_dir" not in out:
     raise UserError(f"convert: give exactly one of --from_hf / --to_hf, and --output_dir; {USAGE}")
   for name, what in (("tokenizer", "the tokenizer the model was trained with"),
-                     ("scan_layers", "the layer layout to write; --to_hf reads either")):
+                     *((flag, "the layout to write; --to_hf reads either") for flag in LAYOUT)):
     if name in out and "to_hf" in out:
       raise UserError(f"convert: --{name} goes with --from_hf ({what}); {USAGE}")
   if "step" in out:
@@ -85,13 +92,13 @@ def parse_args(argv: list[str]) -> dict:
     if not out["step"].isdigit():
       raise UserError(f"convert: --step={out['step']}: expected a whole number >= 0; {USAGE}")
     out["step"] = int(out["step"])
-  out.setdefault("scan_layers", True)
+  out["layout"] = {name: out.pop(name, default) for name, default in LAYOUT.items()}
   return out
 
 
-def _scan_layers(name: str, sep: str, value: str) -> bool:
-  """--scan_layers[=true|false] or --no_scan_layers: whether the converted layers are scanned
-  (stacked on a leading axis) or unrolled."""
+def _layout_flag(name: str, sep: str, value: str) -> bool:
+  """--NAME[=true|false] of LAYOUT, or --no_scan_layers: whether the converted layers are
+  scanned (stacked on a leading axis) or unrolled, the projections fused or separate."""
   if name == "no_scan_layers":
     if sep:
       raise UserError(f"convert: --no_scan_layers takes no value (or --scan_layers=false); "
@@ -100,8 +107,39 @@ def _scan_layers(name: str, sep: str, value: str) -> bool:
   if not sep:
     return True
   if value.lower() not in _BOOLS:
-    raise UserError(f"convert: --scan_layers={value}: expected true or false; {USAGE}")
+    raise UserError(f"convert: --{name}={value}: expected true or false; {USAGE}")
   return _BOOLS[value.lower()]
+
+
+def set_layout(node, layout: dict, *, architecture: str) -> None:
+  """Sets each field of `layout` (LAYOUT's names) wherever the model node (a ConfigDict) of
+  `architecture` holds it: model.scan_layers, each attention's fused_qkv and each MLP's
+  fused_gate_up (a layer pattern's blocks each); UserError for --fused_gate_up where no MLP
+  has a gate."""
+  if layout["fused_gate_up"] and not any(_values(node.to_dict(), "gated")):
+    raise UserError(f"convert: --fused_gate_up: the {architecture} model's MLP has no gate "
+                    f"(nothing to fuse); leave the flag out")
+
+  def walk(node):
+    for key, value in node.items():
+      if key in layout:
+        node[key] = layout[key]
+      elif hasattr(value, "items"):
+        walk(value)
+  walk(node)
+
+
+def _values(node: dict, key: str) -> list:
+  """Every value of field `key` in a model config (a dict of nested dicts)."""
+  return [v for k, value in node.items()
+          for v in ([value] if k == key else _values(value, key) if isinstance(value, dict)
+                    else [])]
+
+
+def layout_of(model: dict) -> dict:
+  """The LAYOUT values of a model config (a dict; a fused field true in any block counts)."""
+  return {name: any(_values(model, name)) if _values(model, name) else default
+          for name, default in LAYOUT.items()}
 
 
 def main(argv: list[str]) -> int:
@@ -113,7 +151,7 @@ def main(argv: list[str]) -> int:
   check_outside_runs(output)
   _check_empty(output)
   if "from_hf" in args:
-    from_hf(pathlib.Path(args["from_hf"]), output, scan_layers=args["scan_layers"],
+    from_hf(pathlib.Path(args["from_hf"]), output, layout=args["layout"],
             tokenizer=args.get("tokenizer"), argv=argv)
   else:
     to_hf(pathlib.Path(args["to_hf"]), output, step=args.get("step"))
@@ -217,7 +255,7 @@ def _load_params(run_dir: pathlib.Path, abstract_params, step: int | None = None
 
 # -- the two directions --------------------------------------------------------------------
 
-def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
+def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, layout: dict,
             tokenizer: str | None, argv: list[str]) -> None:
   if disk.not_a(hf_dir, "directory"):
     raise UserError(f"--from_hf {hf_dir} {disk.not_a(hf_dir, 'directory')}")
@@ -227,7 +265,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
     node = family.model_node(hf_cfg)
   except KeyError as e:
     raise UserError(f"{hf_dir / 'config.json'}: missing field {e}") from None
-  node.scan_layers = scan_layers
+  set_layout(node, layout, architecture=family.architecture)
   st = hf_files.SafetensorsDir(hf_dir, family)
   hf_files.check_tensors(st, family, hf_cfg, hf_dir)
 
@@ -251,7 +289,7 @@ def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, scan_layers: bool,
   from modules.hf_maps import import_params, pad_vocab  # pylint: disable=import-outside-toplevel
   params = import_params(family, st.get, hf_cfg, layer_tree(abstract, exp.run.model))
   params = stack_layers(pad_vocab(params, exp.run.model.padded_vocab_size), exp.run.model,
-                        scan=scan_layers)
+                        scan=exp.run.model.scan_layers)
   _check_tree(params, abstract)
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,

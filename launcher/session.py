@@ -20,8 +20,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from launcher import (config_loading, distributed, flat, folders, platforms, preemption,
-                      run_dir as run_dir_lib, run_lock, run_names)
+from launcher import (config_loading, convert, distributed, flat, folders, platforms,
+                      preemption, run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import attn_registry, quantization
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
@@ -89,7 +89,7 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   if nested is not None:
     raise UserError(folders.nested_message(rd.path, nested))
   check_init_from(run_cfg.init.from_run, exp.abstract_state.params,
-                  scan_layers=getattr(run_cfg.model, "scan_layers", None))
+                  layout=convert.layout_of(cfg.model.to_dict()))
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
@@ -160,10 +160,11 @@ def _output_dir(fv: flags.FlagValues, config_value: str, items: list[tuple[str, 
   return run_names.directory(config_value, items, resolved=cfg, mesh=mesh)
 
 
-def check_init_from(run_dir: str, abstract_params, *, scan_layers: bool | None = None) -> None:
+def check_init_from(run_dir: str, abstract_params, *, layout: dict | None = None) -> None:
   """Refuses an init.from_run whose checkpoint this model's parameters cannot read; a converted
-  model whose layers are stacked the other way than this model's (`scan_layers`) is also told
-  the conversion with this model's layout."""
+  model laid out otherwise than this model (`layout`: launcher/convert.py:layout_of, its layers
+  stacked or not, its projections fused or not) is also told the conversion with this model's
+  layout."""
   if run_dir and not (pathlib.Path(run_dir) / "checkpoints").is_dir():
     kind = disk.not_a(run_dir, "directory")
     where = f"{run_dir} {kind}" if kind else f"{run_dir}: no checkpoints/ there"
@@ -175,12 +176,14 @@ def check_init_from(run_dir: str, abstract_params, *, scan_layers: bool | None =
     checkpoint.check_params_compatible(run_dir, abstract_params)
   except ConfigError as e:
     source = run_dir_lib.RunDir(pathlib.Path(run_dir))
-    model = (source.stored_config() or {}).get("model") or {}
-    if "converted_from" not in source.info() or model.get("scan_layers") in (None, scan_layers):
+    theirs = convert.layout_of((source.stored_config() or {}).get("model") or {})
+    if "converted_from" not in source.info() or layout in (None, theirs):
       raise
+    flags_ = "".join(f" --{name}={str(value).lower()}" for name, value in layout.items()
+                     if value != theirs[name] or value != convert.LAYOUT[name])
     raise ConfigError(f"{e}, or convert the model again with this model's layout: axtrain "
-                      f"convert --from_hf={source.info()['converted_from']} --scan_layers="
-                      f"{str(scan_layers).lower()} --output_dir=NEW_DIR") from None
+                      f"convert --from_hf={source.info()['converted_from']}{flags_} "
+                      f"--output_dir=NEW_DIR") from None
 
 
 def _stop_handling(this: Run, finish, progress):

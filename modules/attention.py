@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from modules import attn_registry, context, kv_cache, masks
@@ -43,6 +44,13 @@ class AttentionConfig:
   num_kv_heads: int | None = None  # key/value heads; None = num_heads (MHA), 1 = MQA
   head_dim: int | None = None  # per-head width; None or 0 = dim // num_heads
   qkv_bias: bool = False  # bias on the q, k, v projections (GPT-2: True)
+  # q, k and v as one matmul (MaxText's `fused_qkv`) by one kernel `qkv` [embed, kv_heads,
+  # heads / kv_heads + 2, head_dim]: each kv head's group of query heads, then its key and
+  # value (Megatron's grouped layout, so GQA and MQA fuse too); the `model` axis splits it by kv
+  # head (`kv_heads`), never across q/k/v. The same math as separate projections (their
+  # concatenation), but another parameter layout, drawn otherwise at init: a checkpoint restores
+  # only into the layout it was written in. False: q, k, v of their own (as before).
+  fused_qkv: bool = False
   out_bias: bool = False  # bias on the output projection (GPT-2: True)
   # A name of modules/attn_registry.py:IMPLEMENTATIONS, each in modules/attn_<name>.py. `xla`:
   # reference einsum/softmax; `dot_product`: jax.nn.dot_product_attention (its XLA path on every
@@ -135,18 +143,27 @@ class Attention(nn.Module):
     h, g, k = cfg.heads(self.dim)
     init = nn.initializers.normal(cfg.init_std)
 
-    def proj(name, heads, axes):
-      w = self.param(name, nn.with_logical_partitioning(init, ("embed", axes, "head_dim")),
-                     (self.dim, heads, k))
-      y = jnp.einsum("bld,dhk->blhk", x_BxLxD, w.astype(x_BxLxD.dtype))
+    def proj(name, heads: tuple[int, ...], axes: tuple[str | None, ...]):
+      w = self.param(name, nn.with_logical_partitioning(init, ("embed", *axes, "head_dim")),
+                     (self.dim, *heads, k))
+      ends = "hk" if len(heads) == 1 else "gjk"  # separate: [B, L, H, K]; fused: [B, L, G, J, K]
+      y = jnp.einsum(f"bld,d{ends}->bl{ends}", x_BxLxD, w.astype(x_BxLxD.dtype))
       if cfg.qkv_bias:
         bias = self.param(f"{name}_bias", nn.with_logical_partitioning(
-            nn.initializers.zeros, (axes, "head_dim")), (heads, k))
+            nn.initializers.zeros, (*axes, "head_dim")), (*heads, k))
         y = y + bias.astype(y.dtype)
-      y = nn.with_logical_constraint(y, ("act_batch", "act_length", "act_heads", None))
+      y = nn.with_logical_constraint(y, ("act_batch", "act_length", "act_heads",
+                                         *[None] * len(axes)))
       return checkpoint_name(y, "qkv_proj")
 
-    q, kk, v = proj("q", h, "heads"), proj("k", g, "kv_heads"), proj("v", g, "kv_heads")
+    if cfg.fused_qkv:  # [B, L, G, R + 2, K]: each group's R query heads, its key, its value
+      y = proj(QKV, (g, h // g + 2), ("kv_heads", "qkv"))
+      q, kk, v = split_heads(y, h)
+      q, kk, v = (nn.with_logical_constraint(t, ("act_batch", "act_length", "act_heads", None))
+                  for t in (q, kk, v))
+    else:
+      q, kk, v = (proj("q", (h,), ("heads",)), proj("k", (g,), ("kv_heads",)),
+                  proj("v", (g,), ("kv_heads",)))
     if cfg.norm is not None:  # QK-norm, before RoPE
       q = NORMS.build(cfg.norm, dim=k, name="q_norm")(q)
       kk = NORMS.build(cfg.norm, dim=k, name="k_norm")(kk)
@@ -186,3 +203,43 @@ class Attention(nn.Module):
                                    q, k, v, Mask(explicit_Bx1xLxS=mask), cfg))
     return impl.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
                        Mask(spec=spec, segment_ids_BxL=segment_ids_BxL), cfg)
+
+
+# -- the fused layout (fused_qkv) ------------------------------------------------------------
+
+QKV = "qkv"  # the fused kernel's name (and QKV + "_bias")
+
+
+def split_heads(y, heads: int):
+  """(q [..., H, K], k [..., G, K], v [..., G, K]) of the fused layout's [..., G, H/G + 2, K]:
+  query head i of kv head i // (H/G), as every implementation groups them."""
+  r = heads // y.shape[-3]
+  return y[..., :r, :].reshape(*y.shape[:-3], heads, y.shape[-1]), y[..., r, :], y[..., r + 1, :]
+
+
+def fuse_qkv(p: dict) -> dict:
+  """A layer's attention tree with separate q, k, v (and biases) in the fused layout: `qkv`
+  [..., embed, G, H/G + 2, K] (and `qkv_bias` [..., G, H/G + 2, K]); numpy or jax arrays,
+  leading (layer) axes kept, other entries unchanged. A concatenation: bit for bit."""
+  xp = np if isinstance(p["q"], np.ndarray) else jnp
+  g = p["k"].shape[-2]
+  out = {name: x for name, x in p.items() if name not in ("q", "k", "v", "q_bias", "k_bias",
+                                                         "v_bias")}
+  for suffix in ("", "_bias"):
+    if "q" + suffix in p:
+      q = p["q" + suffix]
+      grouped = q.reshape(*q.shape[:-2], g, q.shape[-2] // g, q.shape[-1])
+      out[QKV + suffix] = xp.concatenate(
+          [grouped, p["k" + suffix][..., None, :], p["v" + suffix][..., None, :]], axis=-2)
+  return out
+
+
+def split_qkv(p: dict) -> dict:
+  """The inverse of fuse_qkv: a fused attention tree with separate q, k, v (and biases)."""
+  out = {name: x for name, x in p.items() if name not in (QKV, QKV + "_bias")}
+  for suffix in ("", "_bias"):
+    if QKV + suffix in p:
+      y = p[QKV + suffix]
+      heads = y.shape[-3] * (y.shape[-2] - 2)
+      out["q" + suffix], out["k" + suffix], out["v" + suffix] = split_heads(y, heads)
+  return out

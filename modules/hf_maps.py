@@ -43,6 +43,7 @@ import numpy as np
 
 from core.registry import (REQUIRED, ConfigError, child_default_kind, child_registry,
                            map_registry, members, optional_child)
+from modules import attention, mlp
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -290,7 +291,43 @@ NOT_MATH = {
     "block.attention.pallas_block_kv": LAYOUT, "block.attention.pallas_products": LAYOUT,
     "embedding.init_std": INIT,
     "block.attention.init_std": INIT, "block.ffn.init_std": INIT, "quantization": TRAINING,
+    "block.attention.fused_qkv": LAYOUT, "block.ffn.fused_gate_up": LAYOUT,
 }
+
+
+# -- fused projections (attention.fused_qkv, mlp.fused_gate_up) -----------------------------
+
+# (the fused kernel's name, separate -> fused, fused -> separate) of each fused layout. Every
+# map speaks separate projections, as Hugging Face stores them (GPT-2's `c_attn` too: its map
+# stacks q, k, v itself): `export` splits a fused model's tree before the map reads it, and
+# `import_params` fuses the map's tree where the model's own tree is fused.
+_FUSED = ((attention.QKV, attention.fuse_qkv, attention.split_qkv),
+          (mlp.WI_WU, mlp.fuse_gate_up, mlp.split_gate_up))
+
+
+def separate(tree: Any) -> Any:
+  """A parameter tree with every fused projection split (a view: bit for bit)."""
+  if isinstance(tree, Mapping):
+    out = {k: separate(v) for k, v in tree.items()}
+    for name, _, split in _FUSED:
+      out = split(out) if name in out else out
+    return out
+  if isinstance(tree, (list, tuple)):
+    return [separate(v) for v in tree]
+  return tree
+
+
+def fused_like(tree: Any, like: Any) -> Any:
+  """A tree of separate projections with those fused where `like` (the model's tree of the same
+  structure) holds a fused kernel (a concatenation: bit for bit)."""
+  if isinstance(tree, Mapping) and isinstance(like, Mapping):
+    out = {k: fused_like(v, like.get(k)) for k, v in tree.items()}
+    for name, fuse, _ in _FUSED:
+      out = fuse(out) if name in like and name not in out else out
+    return out
+  if isinstance(tree, (list, tuple)) and isinstance(like, (list, tuple)):
+    return [fused_like(v, w) for v, w in zip(tree, like)]
+  return tree
 
 
 # -- completeness ----------------------------------------------------------------------------
@@ -345,8 +382,10 @@ def _names(paths) -> str:
 
 def export(family: Family, params: dict, m) -> dict:
   """`family.to_hf(params, m)` after checking that it reads every parameter of `params`
-  ({'layers': [layer, ...], ...}); ConfigError naming those it leaves unread."""
+  ({'layers': [layer, ...], ...}; fused projections split first); ConfigError naming those it
+  leaves unread."""
   reads: set = set()
+  params = separate(params)
   tensors = family.to_hf(_track(params, (), reads), m)
   unread = [p for p in _leaf_paths(params) if p not in reads]
   if unread:
@@ -357,16 +396,17 @@ def export(family: Family, params: dict, m) -> dict:
 
 def import_params(family: Family, get: Callable[[str], np.ndarray], hf_cfg: dict,
                   expected: Mapping) -> dict:
-  """`family.from_hf(get, hf_cfg)` after checking that it reads every tensor the HF config
-  implies and fills every parameter of the model (`expected`, the model's own tree of
-  shapes, layers as a list); ConfigError naming what is unmapped."""
+  """`family.from_hf(get, hf_cfg)` (its projections fused where the model's are) after
+  checking that it reads every tensor the HF config implies and fills every parameter of the
+  model (`expected`, the model's own tree of shapes, layers as a list); ConfigError naming
+  what is unmapped."""
   read: set = set()
 
   def tracked(name: str) -> np.ndarray:
     read.add(name)
     return get(name)
 
-  params = family.from_hf(tracked, hf_cfg)
+  params = fused_like(family.from_hf(tracked, hf_cfg), expected)
   unread = sorted(set(family.hf_shapes(hf_cfg)) - read)
   if unread:
     raise ConfigError(f"the {family.architecture} map reads no parameter from the tensors "

@@ -52,14 +52,14 @@ def model_shape(params, *, top_k: int | None) -> Shape:
     names, shape, n = flops_lib.without_layers(names, shape)
     size = dict(zip(names, shape))
     dim, vocab = max(dim, size.get("embed", 0)), max(vocab, size.get("vocab", 0))
-    if names == ("embed", "heads", "head_dim"):  # one query projection per layer
+    query, keys_values = flops_lib.projection_widths(names, shape)
+    if query:  # one query projection per layer (alone or fused with k and v)
       layers += n
-      q += n * size["heads"] * size["head_dim"]
-      heads += n * size["heads"]
-    elif names == ("embed", "kv_heads", "head_dim"):  # k and v
-      kv += n * size["kv_heads"] * size["head_dim"]
-    elif names[:1] == ("embed",) and "mlp" in names:  # ffn gate / up projections
-      mlp += n * size["mlp"] * (top_k if "experts" in size else 1)
+      q += n * query
+      heads += n * query // size["head_dim"]
+    kv += n * keys_values  # k and v
+    if names[:1] == ("embed",) and "mlp" in names:  # ffn gate / up projections (or both fused)
+      mlp += n * size["mlp"] * size.get("gate_up", 1) * (top_k if "experts" in size else 1)
   per = max(layers, 1)
   return Shape(layers=layers, dim=dim, mlp=mlp // per, q_width=q // per,
                kv_width=kv // (2 * per), heads=heads // per, vocab=vocab)

@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from configs.base import lm_config  # noqa: E402
 from modules import llama  # noqa: E402
+from modules.hf_maps import fused_like  # noqa: E402
 from trainer import config as config_lib, experiment, meshes  # noqa: E402
 
 STEPS = 10
@@ -38,10 +39,11 @@ MESHES = {"data=8": dict(data=8, fsdp=1, model=1),
           "data=2,fsdp=2,model=2": dict(data=2, fsdp=2, model=2)}
 
 
-def run_config(mesh: dict, *, remat="none", accum=1):
+def run_config(mesh: dict, *, remat="none", accum=1, fused=False):
   cfg = lm_config(llama.model_node("test"), max_steps=STEPS, learning_rate=1e-2, batch_size=8,
                   seq_len=32, warmup_steps=2, data_kind="stdlib")
   cfg.model.remat = remat
+  cfg.model.block.attention.fused_qkv = cfg.model.block.ffn.fused_gate_up = fused
   cfg.trainer.grad_accum_steps = accum
   cfg.eval.batch_size = 8
   for axis, n in mesh.items():
@@ -89,6 +91,25 @@ def device_bytes(tree, device) -> int:
              if s.device == device)
 
 
+def fused_projections(mesh: dict, devices, one_state) -> dict:
+  """The one-device run's start with its projections fused (the same weights: hf_maps.
+  fused_like; a fresh optimizer state either way), trained on `mesh` with fused_qkv and
+  fused_gate_up: its losses, the fused kernels' shardings and one device's share."""
+  exp = build(mesh, devices, fused=True)
+  state = exp.init()
+  params = fused_like(jax.device_get(one_state.params), jax.device_get(state.params))
+  state = state.replace(params=jax.device_put(params, exp.state_shardings.params))
+  losses = train(exp, state=state)[0]
+  block = exp.state_shardings.params["layers"]["block"]
+  held = state.params["layers"]["block"]["attention"]["qkv"].addressable_shards[0].data.shape
+  return {"losses": losses, "qkv_spec": [list(a) if isinstance(a, tuple) else a
+                                         for a in block["attention"]["qkv"].spec],
+          "wi_wu_spec": [list(a) if isinstance(a, tuple) else a
+                         for a in block["ffn"]["wi_wu"].spec],
+          "qkv_shape": list(state.params["layers"]["block"]["attention"]["qkv"].shape),
+          "qkv_shard_shape": list(held)}
+
+
 def main() -> None:
   devices = jax.devices()
   out = {"device_count": len(devices)}
@@ -100,6 +121,8 @@ def main() -> None:
     exp = build(mesh, devices)
     if name in ("data=8", "fsdp=4,model=2"):  # init under a mesh: checked by the other two
       out["losses"][name] = train(exp, state=jax.device_put(one_state, exp.state_shardings))[0]
+      if name == "fsdp=4,model=2":
+        out["fused"] = fused_projections(mesh, devices, one_state)
       continue
     if name != "fsdp=8":
       out["losses"][name] = train(exp)[0]

@@ -76,7 +76,10 @@ def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
   for flag, scan in (("--scan_layers", True), ("--scan_layers=true", True),
                      ("--scan_layers=False", False), ("--scan_layers=0", False),
                      ("--no_scan_layers", False), (None, True)):
-    assert convert.parse_args(base + ([flag] if flag else []))["scan_layers"] == scan, flag
+    assert convert.parse_args(base + ([flag] if flag else []))["layout"] == {
+        "scan_layers": scan, "fused_qkv": False, "fused_gate_up": False}, flag
+  assert convert.parse_args(base + ["--fused_qkv", "--fused_gate_up=false"])["layout"] == {
+      "scan_layers": True, "fused_qkv": True, "fused_gate_up": False}
   hf = _write_hf(tmp_path / "hf", tensors)
   assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={tmp_path / 'run'}",
                   "--scan_layers=false")[0] == 0
@@ -88,6 +91,11 @@ def test_scan_layers_flag_takes_its_value(tmp_path, capsys, tensors):
                         (["--no_scan_layers=true"], "--no_scan_layers takes no value"),
                         ([f"--to_hf={tmp_path / 'run'}", "--scan_layers=false"],
                          "--scan_layers goes with --from_hf"),
+                        (["--fused_qkv=yes"], "--fused_qkv=yes: expected true or false"),
+                        ([f"--to_hf={tmp_path / 'run'}", "--fused_qkv"],
+                         "--fused_qkv goes with --from_hf (the layout to write"),
+                        (["--fused_gate_up"], "--fused_gate_up: the GPT2LMHeadModel model's "
+                                              "MLP has no gate (nothing to fuse)"),
                         (["--step=3"], "--step goes with --to_hf (the checkpoint to export)"),
                         ([f"--to_hf={tmp_path / 'run'}", "--step=last"],
                          "--step=last: expected a whole number >= 0")):
@@ -134,21 +142,25 @@ def test_no_safetensors_and_not_a_directory(tmp_path, capsys, tensors):
                                                                         hf / "config.json")
 
 
-def test_fine_tuning_a_converted_model_in_the_other_layout_names_both_fixes(tmp_path, capsys,
-                                                                           tensors):
-  """A converted model (scanned layers, convert's default) fine-tuned by a config with unrolled
-  layers: the refusal names the setting that reads it and the conversion that fits the
-  config (README's `init.from_run` fine-tune)."""
+@pytest.mark.parametrize("setting,reads,flags", [
+    ("model.scan_layers=false", "model.scan_layers=true", "--scan_layers=false"),
+    ("model.block.attention.fused_qkv=true", "model.block.attention.fused_qkv=false",
+     "--fused_qkv=true")])
+def test_fine_tuning_a_converted_model_in_the_other_layout_names_both_fixes(
+    tmp_path, capsys, tensors, setting, reads, flags):
+  """A converted model (scanned layers and separate projections, convert's defaults)
+  fine-tuned by a config with unrolled layers, or fused q/k/v: the refusal names the setting
+  that reads it and the conversion that fits the config (README's `init.from_run` fine-tune)."""
   hf = _write_hf(tmp_path / "hf", tensors)
   run = tmp_path / "run"
   assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
-  code = main_lib.main(["axtrain", f"--config={run}/config.py", "--config.model.scan_layers=false",
+  code = main_lib.main(["axtrain", f"--config={run}/config.py", f"--config.{setting}",
                         f"--config.init.from_run={run}", f"--output_dir={tmp_path / 'tuned'}"])
   err = capsys.readouterr().err
   assert code == 2 and err.count("\n") == 1, err
-  assert err.endswith("; set --config.model.scan_layers=true to read it, or convert the model "
+  assert err.endswith(f"; set --config.{reads} to read it, or convert the model "
                       f"again with this model's layout: axtrain convert --from_hf={hf.resolve()} "
-                      "--scan_layers=false --output_dir=NEW_DIR\n"), err
+                      f"{flags} --output_dir=NEW_DIR\n"), err
   assert not (tmp_path / "tuned").exists()
 
 

@@ -31,6 +31,13 @@ def _llama_window(scan):
   return node
 
 
+def _llama_fused(scan):
+  """LLaMA with q/k/v and gate/up each one matmul (attention.fused_qkv, mlp.fused_gate_up)."""
+  node = _llama(scan)
+  node.block.attention.fused_qkv = node.block.ffn.fused_gate_up = True
+  return node
+
+
 def _gpt2(scan):
   node = gpt2.node(gpt2.Size(32, 2, 4, vocab_size=V, max_length=32))  # learned positions, biases
   node.scan_layers = scan
@@ -63,9 +70,9 @@ def _random(make, scan):
 
 @pytest.mark.parametrize("make,scan", [(_llama, True), (_llama, False), (_gpt2, True),
                                        (_gpt2, False), (_moe_parallel, False),
-                                       (_llama_window, True)],
+                                       (_llama_window, True), (_llama_fused, True)],
                          ids=["llama-scan", "llama-unrolled", "gpt2-scan", "gpt2-unrolled",
-                              "moe-parallel-unrolled", "llama-window-scan"])
+                              "moe-parallel-unrolled", "llama-window-scan", "llama-fused-scan"])
 def test_cached_decoding_matches_full_forward(make, scan):
   model, params = _random(make, scan)
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)

@@ -44,26 +44,51 @@ def _logits_ours(run_dir: pathlib.Path):
   return np.asarray(jax.jit(exp.model.apply)({"params": params}, TOKENS))
 
 
-def convert_both_ways(family, root: pathlib.Path, example=None):
+def convert_both_ways(family, root: pathlib.Path, example=None, layout: tuple[str, ...] = ()):
   """A random model of `family` (its `example`, or `example`) saved under root/hf, converted to
-  root/run and back to root/back; its transformers logits on TOKENS."""
+  root/run (with the convert flags `layout`) and back to root/back; its transformers logits on
+  TOKENS."""
   torch.manual_seed(0)
   hf = transformers_model(family, example).eval()
   hf.save_pretrained(root / "hf")
   with torch.no_grad():
     expected = hf(torch.tensor(TOKENS)).logits.numpy()
   # In-process (the CLI paths are covered by tests/test_convert.py): saves two jax start-ups.
-  assert convert.main(["axtrain", f"--from_hf={root / 'hf'}", f"--output_dir={root / 'run'}"]) == 0
+  assert convert.main(["axtrain", f"--from_hf={root / 'hf'}", f"--output_dir={root / 'run'}",
+                       *layout]) == 0
   assert convert.main(["axtrain", f"--to_hf={root / 'run'}", f"--output_dir={root / 'back'}"]) == 0
   return expected
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+def _fused_flags(family) -> tuple[str, ...]:
+  """The convert flags that fuse every projection the family's model has: q/k/v, and gate/up
+  where its MLP is gated (GPT-2's is not)."""
+  gated = '"gated": true' in family.model_node(family.example).to_json()
+  return ("--fused_qkv", "--fused_gate_up") if gated else ("--fused_qkv",)
+
+
+# Both parameter layouts of the model: its projections separate (convert's default) or fused
+# (attention.fused_qkv, mlp.fused_gate_up), which the maps split and fuse (modules/hf_maps.py).
+SEPARATE = [(name, "separate") for name in FAMILIES]
+BOTH = SEPARATE + [(name, "fused") for name in FAMILIES]
+
+
+@pytest.fixture(scope="module")
 def converted(request, tmp_path_factory):
-  """A random model of each registered family (its `example`), converted to a run directory
-  and back, and its logits on TOKENS."""
-  root = tmp_path_factory.mktemp(FAMILIES[request.param].name)
-  return root, convert_both_ways(FAMILIES[request.param], root)
+  """A random model of a registered family (its `example`), converted to a run directory in a
+  layout (request.param: (architecture, layout)) and back, and its logits on TOKENS."""
+  name, layout = request.param
+  family = FAMILIES[name]
+  root = tmp_path_factory.mktemp(f"{family.name}-{layout}")
+  flags = _fused_flags(family) if layout == "fused" else ()
+  expected = convert_both_ways(family, root, layout=flags)
+  run = json.loads((root / "run" / "config.json").read_text())
+  assert (f'"fused_qkv": {str(bool(flags)).lower()}' in json.dumps(run["model"])), flags
+  return root, expected
+
+
+def _ids(param) -> str:
+  return "-".join(param)
 
 
 def _assert_logits_match(run_dir: pathlib.Path, expected):
@@ -76,6 +101,7 @@ def _assert_logits_match(run_dir: pathlib.Path, expected):
   assert diff < 1e-4
 
 
+@pytest.mark.parametrize("converted", BOTH, indirect=True, ids=_ids)
 def test_logits_match_transformers(converted):
   root, expected = converted
   _assert_logits_match(root / "run", expected)
@@ -96,6 +122,7 @@ def test_qwen3_with_a_sliding_window_in_every_layer(tmp_path):
       True, 5, ["sliding_attention"] * 2)
 
 
+@pytest.mark.parametrize("converted", BOTH, indirect=True, ids=_ids)
 def test_round_trip_reproduces_every_tensor(converted):
   from safetensors.numpy import load_file
   root, expected = converted
@@ -110,6 +137,7 @@ def test_round_trip_reproduces_every_tensor(converted):
     np.testing.assert_array_equal(reloaded(torch.tensor(TOKENS)).logits.numpy(), expected)
 
 
+@pytest.mark.parametrize("converted", SEPARATE, indirect=True, ids=_ids)
 def test_what_the_map_writes_alone_makes_the_same_model(converted):
   """The HF config the map writes, without the source's config.json that `--to_hf` merges it
   into, is enough for transformers to compute the same logits: a setting that a map leaves to

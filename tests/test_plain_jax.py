@@ -18,13 +18,15 @@ from trainer import config as config_lib, experiment, meshes
 
 
 def _model(scan: bool, *, kv_heads: int = 4, vocab: int = 128, tied: bool = False,
-           position=None, implementation: str = "xla", norm: str = "rmsnorm"):
+           position=None, implementation: str = "xla", norm: str = "rmsnorm",
+           fused: bool = False):
   attention = r("attention").node(
       "attention", num_heads=4, num_kv_heads=kv_heads, implementation=implementation,
-      splash_block_size=128, position=position or r("position").node("rope"))
+      splash_block_size=128, position=position or r("position").node("rope"), fused_qkv=fused)
   block = r("block").node(
       "pre_norm", norm=r("norm").node(norm), attention=attention,
-      ffn=r("ffn").node("mlp", hidden_dim=96, activation="silu", gated=True))
+      ffn=r("ffn").node("mlp", hidden_dim=96, activation="silu", gated=True,
+                        fused_gate_up=fused))
   return r("model").node(
       "decoder_lm", vocab_size=vocab, dim=32, num_layers=2, scan_layers=scan, tie_embeddings=tied,
       embedding=r("embedding").node("token"),
@@ -157,6 +159,21 @@ def test_splash_blocks_are_axtrains():
   from modules import attn_splash  # pylint: disable=import-outside-toplevel
   for length, block in ((2048, 1024), (128, 1024), (512, 128), (4096, 512)):
     assert plain_jax.splash_blocks(length, block) == attn_splash.block_sizes(length, block)
+
+
+def test_plain_reads_axtrains_fused_projections():
+  """An axtrain model with fused_qkv and fused_gate_up (what `benchmarks.chip compare` times
+  with the options on) starts plain JAX from the same matrices as the separate model."""
+  from modules.hf_maps import fused_like  # pylint: disable=import-outside-toplevel
+  params = jax.device_get(_experiment(_model(scan=True, kv_heads=2)).init().params)
+  like = jax.eval_shape(_experiment(_model(scan=True, kv_heads=2, fused=True)).init).params
+  fused = fused_like(params, like)
+  assert "qkv" in fused["layers"]["block"]["attention"]
+  for options in (plain_jax.Options(), plain_jax.Options(fused=True, scan=True)):
+    want, got = plain_jax.from_axtrain(params, options), plain_jax.from_axtrain(fused, options)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
 
 
 def test_plain_refuses_what_it_does_not_write():

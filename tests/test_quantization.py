@@ -26,15 +26,16 @@ from trainer import config as config_lib, loop, meshes
 PROJECTIONS = 7
 
 
-def _model(kind: str, **fields):
+def _model(kind: str, *, fused: bool = False, **fields):
   node = llama.model_node("test").to_dict()
   node["quantization"] = {"kind": kind, **fields}
+  node["block"]["attention"]["fused_qkv"] = node["block"]["ffn"]["fused_gate_up"] = fused
   return node, MODELS.build(MODELS.parse(node, "model"))
 
 
-def _grad_step_ops(kind: str, **fields):
+def _grad_step_ops(kind: str, *, fused: bool = False, **fields):
   """(the model node, its parameters, the compiled CPU HLO ops of loss and gradients)."""
-  node, model = _model(kind, **fields)
+  node, model = _model(kind, fused=fused, **fields)
   tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, node["vocab_size"])
   params = model.init(jax.random.key(0), tokens)
   step = jax.jit(jax.value_and_grad(lambda p: model.apply(p, tokens).astype(jnp.float32).mean()))
@@ -61,6 +62,13 @@ def test_int8_runs_every_projection_in_int8_forward_and_backward(compiled):
   assert _int8_dots(compiled["none"][2]) == 0
   quantized = {o.module for o in ops if o.narrow}
   assert quantized and all("/block/" in m for m in quantized), quantized
+
+
+def test_int8_quantizes_the_fused_projections():
+  """attention.fused_qkv and mlp.fused_gate_up: q/k/v one dot and gate/up one, so 4 projections
+  a layer (qkv, o, wi_wu, wo), each forward and both gradient dots in int8."""
+  node, _, ops, _ = _grad_step_ops("int8", fused=True)
+  assert _int8_dots(ops) == node["num_layers"] * (PROJECTIONS - 3) * 3
 
 
 def test_backward_false_quantizes_the_forward_dots_only():

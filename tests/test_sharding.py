@@ -85,6 +85,20 @@ def test_mesh_matches_one_device(worker, mesh):
   assert max_rel_diff(worker["losses"][mesh], worker["losses"]["1"]) <= REL_TOL
 
 
+def test_fused_projections_shard_by_kv_head_and_match_one_device(worker):
+  """fused_qkv and fused_gate_up on fsdp=4,model=2 from the one-device run's weights (fused by
+  concatenation): the same losses; `model` splits the fused q/k/v kernel by kv head (each
+  device holds one of the 2 kv heads' groups, whole: its 2 query heads, key and value) and the
+  fused gate/up kernel by hidden unit, never across q/k/v or gate/up."""
+  f = worker["fused"]
+  assert max_rel_diff(f["losses"], worker["losses"]["1"]) <= REL_TOL
+  embed = ["fsdp", "expert", "context"]
+  assert f["qkv_spec"] == ["stage", embed, "model", None, None]
+  assert f["wi_wu_spec"] == ["stage", embed, None, "model"]
+  layers, dim, kv_heads, group, head_dim = f["qkv_shape"]
+  assert f["qkv_shard_shape"] == [layers, dim // 4, kv_heads // 2, group, head_dim]
+
+
 def test_fsdp_shards_hold_an_eighth_of_params_and_optimizer_state(worker):
   f = worker["fsdp8"]
   for held in f["per_device"]:

@@ -24,7 +24,6 @@ import gc
 import json
 import logging
 import pathlib
-import re
 import shutil
 import sys
 import time
@@ -39,7 +38,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.registry import ConfigError
-from trainer import disk
+from trainer import checkpoint_layout, disk
 from trainer.checkpoint_bounded import Transfers, handlers
 from trainer.checkpoint_files import (DATA, STATE, CheckpointError, check_step, committed_steps,
                                       move_aside, steps_holding, strays)
@@ -429,7 +428,7 @@ def check_params_compatible(run_dir: pathlib.Path | str, abstract_params, *,
   saved = {name: info.shape for name, info in saved.items() if name.startswith("params.")}
   want = _names(abstract_params, "params")
   where = f"the checkpoint ({step_dir})"
-  _check_stacking(saved, want, field=field, where=where)
+  checkpoint_layout.check(saved, want, field=field, where=where)
   for name, shape in want.items():
     if name not in saved:
       raise ConfigError(f"{field}: parameter {name} {shape} of this model is not in {where}")
@@ -440,26 +439,6 @@ def check_params_compatible(run_dir: pathlib.Path | str, abstract_params, *,
   if extra:
     raise ConfigError(f"{field}: {where} holds parameter {extra[0]} {saved[extra[0]]} that this "
                       f"model does not have ({len(extra)} such)")
-
-
-_UNROLLED = re.compile(r"^params\.layers_\d+\.")  # one subtree per layer
-_SCANNED = re.compile(r"^params\.layers\.")  # one stacked array per parameter (a layer axis)
-
-
-def _check_stacking(saved: dict, want: dict, *, field: str, where: str) -> None:
-  """ConfigError naming model.scan_layers when the checkpoint's layers and this model's are
-  stacked differently: the same weights, held as one array per layer or one array per stack."""
-  def scanned(names):
-    return (any(_SCANNED.match(n) for n in names), any(_UNROLLED.match(n) for n in names))
-  (saved_scan, saved_unrolled), (want_scan, want_unrolled) = scanned(saved), scanned(want)
-  if saved_scan and not saved_unrolled and want_unrolled and not want_scan:
-    have, need = "scanned (one stacked array per parameter)", "true"
-  elif saved_unrolled and not saved_scan and want_scan and not want_unrolled:
-    have, need = "unrolled (one set of arrays per layer)", "false"
-  else:
-    return
-  raise ConfigError(f"{field}: {where} holds its layers {have}, and this model's are the other "
-                    f"way; set --config.model.scan_layers={need} to read it")
 
 
 # -- whole-directory helpers (axtrain convert, init.from_run) ------------------------------

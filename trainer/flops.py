@@ -20,7 +20,8 @@ causal masking is NOT halved out. With a sliding window each query's keys are
 the window's: `keys_per_query` is min(sliding_window, seq_len)
 (modules/masks.py:Spec.span), `seq_len` without one; a layer pattern's layers each
 count their own (its mean over the layers, weighted by their query widths). Query projections are found
-by their axes: `embed` first, then `heads`, `head_dim`.
+by their axes (`projection_widths`): `embed` first, then `heads`, `head_dim`, or fused with
+keys and values `kv_heads`, `qkv`, `head_dim`.
 
 Nothing here names a layer, so a new layer needs no edit as long as its weights
 carry logical axis names.
@@ -70,6 +71,23 @@ def without_layers(names, shape):
   return names, shape, 1
 
 
+def projection_widths(names, shape) -> tuple[int, int]:
+  """(query width heads * head_dim, key + value width 2 * kv_heads * head_dim) of an attention
+  projection, found by its axes (its layer axis taken out): a query projection `embed, heads,
+  head_dim`, a key or value one `embed, kv_heads, head_dim` (half the pair), q/k/v fused
+  (attention.fused_qkv) `embed, kv_heads, qkv, head_dim`, whose `qkv` axis holds each kv head's
+  query heads, then its key and value; (0, 0) for any other parameter."""
+  size = dict(zip(names, shape))
+  if names == ("embed", "heads", "head_dim"):
+    return size["heads"] * size["head_dim"], 0
+  if names == ("embed", "kv_heads", "head_dim"):
+    return 0, size["kv_heads"] * size["head_dim"]
+  if names == ("embed", "kv_heads", "qkv", "head_dim"):
+    per_head = size["kv_heads"] * size["head_dim"]
+    return per_head * (size["qkv"] - 2), 2 * per_head
+  return 0, 0
+
+
 def count(params, *, seq_len: int, top_k: int | None = None, vocab_size: int | None = None,
           keys_per_query: float | None = None) -> FlopCount:
   """The FLOP model's inputs from boxed (abstract) parameters; `vocab_size`: the real
@@ -94,8 +112,7 @@ def count(params, *, seq_len: int, top_k: int | None = None, vocab_size: int | N
         raise ValueError("parameters have an 'experts' axis: pass top_k")
       size = size * top_k / experts
     matmul += size
-    if names[:1] == ("embed",) and names[1:] == ("heads", "head_dim"):
-      width += layers * shape[1] * shape[2]
+    width += layers * projection_widths(names, shape)[0]
   if not has_head:
     matmul += sum(size for names, size in tables if names[0] == "vocab")
   return FlopCount(matmul_params=matmul, attention_width=width, seq_len=seq_len,

@@ -51,6 +51,8 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "model"),
     ("mlp", "model"),
     ("head_dim", None),
+    ("qkv", None),  # a fused q/k/v kernel's query heads, key and value (attention.fused_qkv)
+    ("gate_up", None),  # a fused MLP kernel's gate and up (mlp.fused_gate_up)
     ("layers", "stage"),
     ("norm", None),
 )

@@ -8,8 +8,10 @@ Every parameter of the layer library carries logical axis names (flax
                lead a parameter's axes; a statistic over a parameter (a norm, an RMS) is
                taken per copy (stack_depth, trainer/optimizer.py:per_layer).
   spaces       the remaining axes, grouped into the vector spaces they index. Each axis is
-               its own space, except those in SPACE_OF: `heads`, `kv_heads` and `head_dim`
-               together index the attention space. An unnamed axis (None) is a space of its own.
+               its own space, except those in SPACE_OF: `heads`, `kv_heads`, `head_dim` (and
+               a fused q/k/v kernel's `qkv`) together index the attention space, `mlp` and a
+               fused gate/up kernel's `gate_up` the MLP's. An unnamed axis (None) is a space
+               of its own.
   weight       a parameter whose axes span at least two spaces: it maps one space to another
                (q `embed -> heads x head_dim`, wo `mlp -> embed`, router `embed -> None`).
                Norm scales (`norm`) and biases (`embed`, `mlp`, `heads x head_dim`) span one.
@@ -31,7 +33,8 @@ import flax.linen as nn
 import jax
 
 STACK_AXES = frozenset({"layers", "experts"})
-SPACE_OF = {"heads": "attention", "kv_heads": "attention", "head_dim": "attention"}
+SPACE_OF = {"heads": "attention", "kv_heads": "attention", "head_dim": "attention",
+            "qkv": "attention", "gate_up": "mlp"}
 LOOKUP_AXES = ("vocab", None)
 
 
