@@ -127,16 +127,22 @@ def test_to_hf_of_a_moe_run_on_an_expert_mesh_names_its_moe_parts(tmp_path, caps
 def test_a_converted_run_goes_back_to_the_class_it_came_from(tmp_path, capsys, tensors,
                                                              monkeypatch):
   """Two HF classes may hold the same math (Mistral's and Phi-3's layers): a run converted
-  from the second registered goes back to it, not to the first; one whose source class cannot
-  hold it (the architecture in its run.json is LLaMA's) goes to the nearest that can."""
+  from the one built on the other's map goes back to it; one trained here goes to the class the
+  other builds on (a class built on GPT-2's map that holds all of GPT-2's models does not take
+  them); one whose source class cannot hold it (the architecture in its run.json is LLaMA's)
+  goes to the nearest that can."""
   import dataclasses
 
-  from modules import hf_maps
+  from core.registry import registry
+  from modules import gpt2 as gpt2_lib, hf_maps
   gpt2 = hf_maps.FAMILIES["GPT2LMHeadModel"]
   top = {**gpt2.settings.kinds[""]["decoder_lm"], "architectures": ["GPT2TwinLMHeadModel"]}
   twin = dataclasses.replace(gpt2, architecture="GPT2TwinLMHeadModel", settings=dataclasses.replace(
-      gpt2.settings, kinds={**gpt2.settings.kinds, "": {"decoder_lm": top}}))
+      gpt2.settings, kinds={**gpt2.settings.kinds, "": {"decoder_lm": top}}),
+      extends="GPT2LMHeadModel")  # built on GPT-2's map: it holds every GPT-2 model
   monkeypatch.setitem(hf_maps.FAMILIES, twin.architecture, twin)  # registered after GPT-2's
+  m = registry("model").parse(gpt2_lib.node(gpt2_lib.SIZES["small"]), "model")
+  assert hf_maps.family_of_model(m) is gpt2  # trained here: the class the twin builds on
   for arch, want in (("GPT2TwinLMHeadModel", "GPT2TwinLMHeadModel"),
                      ("GPT2LMHeadModel", "GPT2LMHeadModel"),
                      ("LlamaForCausalLM", "GPT2LMHeadModel")):
