@@ -342,11 +342,12 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path, *, step: int | None = Non
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")
   exp = experiment_of(on_one_device(cfg))
   run, abstract = exp.run, abstract_params(exp)
-  family = family_of_model(run.model)
+  info = hf_files.read_json(run_dir / "run.json", "") if (run_dir / "run.json").exists() else {}
+  # a converted run goes back to the class it came from, where that class holds it
+  family = family_of_model(run.model, source=info.get("architecture"))
   hf_cfg = family.hf_config(run.model)
   source = run_dir / "hf_config.json"
   hf_cfg = {**(hf_files.read_json(source, "") if source.exists() else {}), **hf_cfg}
-  info = hf_files.read_json(run_dir / "run.json", "") if (run_dir / "run.json").exists() else {}
   dtype_name = _NUMPY_DTYPES.get(info.get("hf_dtype"), "float32")
   dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.dtype(dtype_name)
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name

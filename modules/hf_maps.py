@@ -459,11 +459,18 @@ def _depth(family: Family) -> int:
   return 0 if family.extends is None else 1 + _depth(FAMILIES[family.extends])
 
 
-def family_of_model(m) -> Family:
+def family_of_model(m, *, source: str | None = None) -> Family:
   """The family a parsed model config is written as: the one whose map finds the fewest
   settings it cannot hold (none, where any can; `_Writer.distance`: fields that must all equal
   one, a changed setting of a layer pattern's member, count once), so that a refusal names what
-  keeps the model from its nearest HF class; of two as near, the one that builds on the other
-  (a Qwen3 with MLP biases is refused as Qwen3, not LLaMA)."""
-  return min(FAMILIES.values(), key=lambda family: (_Writer(family, m).run().distance,
-                                                    -_depth(family)))
+  keeps the model from its nearest HF class; of two as near, the architecture it was converted
+  from (`source`); else, of two that both hold it, the one the other builds on (a class that
+  holds more, built on LLaMA's map, does not take LLaMA's models), and of two that both refuse
+  it, the one that builds on the other (a Qwen3 with MLP biases is refused as Qwen3, not LLaMA).
+  Two classes may hold the same math (Mistral's and Phi-3's layers): a converted model goes back
+  to its own class, one trained here to the more general class, or the first registered."""
+  def key(family: Family):
+    distance = _Writer(family, m).run().distance
+    return (distance, family.architecture != source,
+            _depth(family) if distance == 0 else -_depth(family))
+  return min(FAMILIES.values(), key=key)

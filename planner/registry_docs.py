@@ -16,6 +16,8 @@ and tests/test_registry_docs.py fails until it has run. The fragments (`FRAGMENT
     refused:REG+REG...        a table: each allowed range (`RANGES`), the fields it holds
     suffixes                  the file endings of each data kind that reads files
     mesh-table, gpu-table     the mesh entries, and the GPU entries' chips
+    family-files, hf-map-files  the files of the model families (a size table) and of the
+                              Hugging Face maps (modules/hf_maps.py:FAMILIES)
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import sys
 import typing
 from typing import Any, Callable
 
+import modules
 import trainer.experiment  # noqa: F401  (registers the layer library, data, optimizers)
 from core.registry import child_registry, registry
+from modules.hf_maps import FAMILIES
 from planner import doc_fragments
 from planner.gpu_targets import CAPABILITIES
 from trainer.config import RunConfig
@@ -129,6 +133,16 @@ def suffixes() -> str:
                    for k in document_kinds() if data.entry(k).target.SUFFIXES)
 
 
+def family_files() -> str:
+  """The files of the model families of modules/ (each with a size table)."""
+  return ", ".join(f"`modules/{name}.py`" for name in modules.families())
+
+
+def hf_map_files() -> str:
+  """The files of the Hugging Face maps."""
+  return ", ".join(f"`{source}`" for source in sorted({f.source for f in FAMILIES.values()}))
+
+
 # -- mesh entries -----------------------------------------------------------------------------
 
 def _num(x, unit, scale):
@@ -181,6 +195,7 @@ def gpu_table() -> str:
 FRAGMENTS: dict[str, Callable[..., str]] = {
     "kinds": kinds, "slots": slots, "choices": choices, "fields": fields, "refused": refused,
     "suffixes": suffixes, "mesh-table": mesh_table, "gpu-table": gpu_table,
+    "family-files": family_files, "hf-map-files": hf_map_files,
 }
 
 

@@ -122,3 +122,37 @@ def test_to_hf_of_a_moe_run_on_an_expert_mesh_names_its_moe_parts(tmp_path, caps
                                "LlamaForCausalLM: model.block.ffn.kind is 'moe' (LlamaForCausalLM takes "
                                "only 'mlp')\n"), err
   assert not (tmp_path / "hf").exists()
+
+
+def test_a_converted_run_goes_back_to_the_class_it_came_from(tmp_path, capsys, tensors,
+                                                             monkeypatch):
+  """Two HF classes may hold the same math (Mistral's and Phi-3's layers): a run converted
+  from the one built on the other's map goes back to it; one trained here goes to the class the
+  other builds on (a class built on GPT-2's map that holds all of GPT-2's models does not take
+  them); one whose source class cannot hold it (the architecture in its run.json is LLaMA's)
+  goes to the nearest that can."""
+  import dataclasses
+
+  from core.registry import registry
+  from modules import gpt2 as gpt2_lib, hf_maps
+  gpt2 = hf_maps.FAMILIES["GPT2LMHeadModel"]
+  top = {**gpt2.settings.kinds[""]["decoder_lm"], "architectures": ["GPT2TwinLMHeadModel"]}
+  twin = dataclasses.replace(gpt2, architecture="GPT2TwinLMHeadModel", settings=dataclasses.replace(
+      gpt2.settings, kinds={**gpt2.settings.kinds, "": {"decoder_lm": top}}),
+      extends="GPT2LMHeadModel")  # built on GPT-2's map: it holds every GPT-2 model
+  monkeypatch.setitem(hf_maps.FAMILIES, twin.architecture, twin)  # registered after GPT-2's
+  m = registry("model").parse(gpt2_lib.node(gpt2_lib.SIZES["small"]), "model")
+  assert hf_maps.family_of_model(m) is gpt2  # trained here: the class the twin builds on
+  for arch, want in (("GPT2TwinLMHeadModel", "GPT2TwinLMHeadModel"),
+                     ("GPT2LMHeadModel", "GPT2LMHeadModel"),
+                     ("LlamaForCausalLM", "GPT2LMHeadModel")):
+    hf, run = tmp_path / arch / "hf", tmp_path / arch / "run"
+    _write_hf(hf, tensors, architectures=[arch if arch != "LlamaForCausalLM" else
+                                          "GPT2LMHeadModel"])
+    assert _convert(capsys, f"--from_hf={hf}", f"--output_dir={run}")[0] == 0
+    if arch == "LlamaForCausalLM":  # a source class that cannot hold the model
+      info = json.loads((run / "run.json").read_text())
+      (run / "run.json").write_text(json.dumps({**info, "architecture": arch}))
+    assert _convert(capsys, f"--to_hf={run}", f"--output_dir={run.parent / 'back'}")[0] == 0
+    back = json.loads((run.parent / "back" / "config.json").read_text())
+    assert back["architectures"] == [want], arch

@@ -316,3 +316,19 @@ def test_kinds_and_meshes_named_in_the_docs_exist():
         except ValueError:
           bad.append(f"{doc.name}: --mesh={name}")
   assert not bad, bad
+
+
+def test_every_model_family_and_hugging_face_class_is_in_the_models_doc():
+  """docs/models.md has a section for every family of modules/ (a size table: its file named in
+  the heading), names every Hugging Face class that `axtrain convert` reads (modules/hf_maps.py:
+  FAMILIES) and the file of its map: a family found by the tests with no line to add is not
+  left out of its doc."""
+  from modules import hf_maps  # pylint: disable=import-outside-toplevel
+  from tests.test_families import FAMILIES  # pylint: disable=import-outside-toplevel
+  text = (ROOT / "docs" / "models.md").read_text()
+  headings = re.findall(r"^## .*$", text, re.M)
+  missing = [f"section of modules/{name}.py" for name in FAMILIES
+             if not any(f"(`modules/{name}.py`)" in h for h in headings)]
+  missing += [f"{arch} ({family.source})" for arch, family in hf_maps.FAMILIES.items()
+              if f"`{arch}`" not in text or f"`{family.source}`" not in text]
+  assert len(FAMILIES) >= 4 and not missing, missing

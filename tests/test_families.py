@@ -7,16 +7,14 @@ test's. Counts are taken without vocabulary padding (model.vocab_multiple=1); th
 are checked on their own (test_vocab_padding_adds_only_the_pad_rows)."""
 
 import functools
-import importlib
 import math
-import pkgutil
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 
-import modules  # noqa: F401  (registers the layer library)
+import modules  # registers the layer library
 from modules import gpt2, hf_maps, llama
 from modules.decoder import MODELS
 
@@ -65,15 +63,7 @@ def count(node, *, vocab_multiple: int | None = 1) -> int:
   return sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
 
 
-def _families() -> dict:
-  """{name: module} of the model families of modules/: a size table and the node of a row."""
-  found = {info.name: importlib.import_module(f"modules.{info.name}")
-           for info in pkgutil.iter_modules(modules.__path__)}
-  return {name: module for name, module in found.items()
-          if isinstance(getattr(module, "SIZES", None), dict) and hasattr(module, "model_node")}
-
-
-FAMILIES = _families()
+FAMILIES = modules.families()  # {name: module} of the model families of modules/
 ROWS = [(family, size) for family, module in FAMILIES.items() for size in module.SIZES]
 
 

@@ -147,7 +147,9 @@ def test_what_the_map_writes_alone_makes_the_same_model(converted):
   root, expected = converted
   m = registry("model").parse(json.loads((root / "run" / "config.json").read_text())["model"],
                               "model")
-  family = family_of_model(m)
+  source = json.loads((root / "run" / "run.json").read_text())["architecture"]
+  family = family_of_model(m, source=source)  # as `--to_hf` chooses it
+  assert family.architecture == source
   written = {k: v for k, v in family.hf_config(m).items() if k != "model_type"}
   cfg = transformers.AutoConfig.for_model(family.name, **written)
   model = transformers.AutoModelForCausalLM.from_pretrained(root / "back", config=cfg).eval()

@@ -27,14 +27,16 @@ def test_the_docs_are_what_the_registries_render_to(path):
 
 def test_the_lists_the_issue_names_are_rendered():
   """docs/data.md's file endings, docs/optimizers.md's state_dtype choices and its refused
-  values, docs/models.md's kinds per slot, docs/meshes.md's tables."""
+  values, docs/models.md's kinds per slot, docs/meshes.md's tables, the model families' and
+  Hugging Face maps' files in docs/ARCHITECTURE.md and docs/models.md."""
   keys = {p.name: {m[2] for m in registry_docs.FRAGMENT.finditer(p.read_text())}
           for p in registry_docs.DOCS}
   assert {"suffixes", "choices:data.on_error", "kinds:tokenizer"} <= keys["data.md"]
   assert {"choices:optimizer.state_dtype", "refused:optimizer+schedule",
           "fields:optimizer.adamw", "fields:schedule.wsd"} <= keys["optimizers.md"]
-  assert "slots:model" in keys["models.md"]
+  assert {"slots:model", "hf-map-files"} <= keys["models.md"]
   assert {"mesh-table", "gpu-table"} <= keys["meshes.md"]
+  assert {"family-files", "hf-map-files"} <= keys["ARCHITECTURE.md"]  # found by issue 47's probe
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
