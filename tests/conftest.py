@@ -68,16 +68,17 @@ def cli(*args: str, cwd: pathlib.Path | str | None = None, env: dict | None = No
                         env=_env(env, devices), capture_output=True, text=True, timeout=timeout)
 
 
-def cli_batch(commands: list[list[str]], *, devices: int | None = None,
+def cli_batch(commands: list[list[str]], *, devices: int | None = None, env: dict | None = None,
               timeout: float = 600) -> list[subprocess.CompletedProcess]:
   """Runs each `axtrain ARGS` of `commands` in one fresh process (tests/cli_batch.py), one after
-  another, from this checkout; returns one result per command, its output captured as `cli`'s.
+  another, from this checkout, with `env` added to its environment; returns one result per
+  command, its output captured as `cli`'s.
 
   For commands that need a process only for `devices` (fake CPU devices, set before jax
-  imports): one process start and jax import instead of one per command.
+  imports) or `env`: one process start and jax import instead of one per command.
   """
   done = subprocess.run([sys.executable, "-m", "tests.cli_batch"], cwd=ROOT,
-                        env=_env(None, devices), input=json.dumps(commands),
+                        env=_env(env, devices), input=json.dumps(commands),
                         capture_output=True, text=True, timeout=timeout, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   return [subprocess.CompletedProcess(["axtrain", *args], r["code"], r["stdout"], r["stderr"])
