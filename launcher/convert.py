@@ -12,8 +12,9 @@ get_config() returns that config, so `axtrain --config=RUN_DIR/config.py
 --output_dir=RUN_DIR` continues training from the converted weights), run.json,
 hf_config.json (the source's config, reused by --to_hf) and a step-0 checkpoint,
 its layers scanned (one stacked `layers` tree; --scan_layers=false or
---no_scan_layers: unrolled layers_0, layers_1, ..., as model.scan_layers says), its projections
-separate (--fused_qkv, --fused_gate_up: q/k/v, or a gated MLP's gate and up,
+--no_scan_layers: unrolled layers_0, layers_1, ..., as model.scan_layers says; a block
+group's layers past its whole repeats, Gemma 3 1b's last two, in layers_remainder), its
+projections separate (--fused_qkv, --fused_gate_up: q/k/v, or a gated MLP's gate and up,
 as one kernel each, as model.block.attention.fused_qkv and
 model.block.ffn.fused_gate_up say; default false).
 Training in RUN_DIR keeps config.py, hf_config.json and checkpoints/0,
@@ -169,28 +170,35 @@ def _check_empty(path: pathlib.Path) -> None:
 
 def stack_layers(params: dict, model, *, scan: bool) -> dict:
   """{'layers': [layer, ...]} -> scanned ('layers' with a leading axis) or layers_i, for parsed
-  model config `model` (a block group's layers gathered into its repeats first)."""
+  model config `model` (a block group's layers gathered into its repeats first, the layers
+  after its whole repeats into its remainder)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from modules import block_group  # pylint: disable=import-outside-toplevel
+  from modules import block_group, decoder  # pylint: disable=import-outside-toplevel
   out = {k: v for k, v in params.items() if k != "layers"}
-  repeats = block_group.per_repeat(params["layers"], model.block)
+  whole = model.repeats * block_group.depth(model.block)
+  repeats = block_group.per_repeat(params["layers"][:whole], model.block)
   if scan:
     out["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *repeats)
   else:
     out.update({f"layers_{i}": repeat for i, repeat in enumerate(repeats)})
+  if model.remainder is not None:
+    out[decoder.REMAINDER] = block_group.per_repeat(params["layers"][whole:], model.remainder)[0]
   return out
 
 
 def split_layers(params: dict, model) -> dict:
   """The inverse of stack_layers, for either layout."""
   import jax  # pylint: disable=import-outside-toplevel
-  from modules import block_group  # pylint: disable=import-outside-toplevel
-  out = {k: v for k, v in params.items() if k != "layers" and not k.startswith("layers_")}
+  from modules import block_group, decoder  # pylint: disable=import-outside-toplevel
+  out = {k: v for k, v in params.items()
+         if k not in ("layers", decoder.REMAINDER) and not k.startswith("layers_")}
   if "layers" in params:
     repeats = [jax.tree.map(lambda x, i=i: x[i], params["layers"]) for i in range(model.repeats)]
   else:
     repeats = [params[f"layers_{i}"] for i in range(model.repeats)]
   out["layers"] = block_group.per_layer(repeats, model.block)
+  if model.remainder is not None:
+    out["layers"] += block_group.per_layer([params[decoder.REMAINDER]], model.remainder)
   return out
 
 

@@ -20,12 +20,20 @@ split the repeats), optimizer statistics per layer and the FLOP count read them 
 Layer r * len(pattern) + j of the model is repeat r of position j: `per_layer` and
 `per_repeat` convert between that order and the stack (Hugging Face maps see one block's
 parameters per layer, as for a plain stack).
+
+A depth that is no multiple of the pattern's length is refused, unless `remainder` is `first`:
+then R = num_layers // len(pattern) whole repeats are followed by the pattern's first
+k = num_layers % len(pattern) layers, as Hugging Face lays out Gemma 3 (every sixth layer
+global: 26 layers = 4 x (5 local, 1 global) + 2 local). The repeats stay one scan; the
+remainder (`remainder`: a group of the pattern's first k layers, each its own parameters,
+`layers_remainder/block/<name>_<position>`) runs once after them, so the compiled program grows
+by k layers, not by the depth. Layer i of the model is position i % len(pattern) either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 
@@ -40,9 +48,12 @@ _HOW = ("named block nodes, which a config file sets: registry('block').node('gr
 class BlockGroupConfig:
   kind: str = "group"
   # The group's layers in order, each a name of `blocks`, e.g. ("sliding",) * 5 + ("full",);
-  # model.num_layers must be a multiple of its length (the group's repeats)
+  # model.num_layers must be a multiple of its length (the group's repeats), but see remainder
   pattern: tuple[str, ...] = REQUIRED
   blocks: Any = child_map("block", how=_HOW)  # {name: block node}: the kinds of layer
+  # Layers past the last whole repeat (model.num_layers % len(pattern)): none = refused; first =
+  # the pattern's first layers, after the repeats (Hugging Face's Gemma 3: 26 = 4 x 6 + 2)
+  remainder: Literal["none", "first"] = "none"
 
   @property
   def depth(self) -> int:
@@ -95,12 +106,40 @@ def member_name(name: str, position: int) -> str:
   return f"{name}_{position}"
 
 
+def remainder(block_cfg: Any, num_layers: int) -> BlockGroupConfig | None:
+  """The group of a stack's layers after its whole repeats (the pattern's first
+  num_layers % len(pattern), where `remainder` is `first`), None where there are none;
+  ConfigError where the depth is no multiple of the pattern and the group takes no remainder."""
+  g = depth(block_cfg)
+  k = num_layers % g
+  if not k:
+    return None
+  head, repeats = block_cfg.pattern[:k], num_layers // g
+  if block_cfg.remainder != "first":
+    fix = (f", or set --config.model.block.remainder=first ({repeats} whole repeats, then "
+           f"{head})" if repeats else "")
+    raise ConfigError(f"model.num_layers ({num_layers}) must be a multiple of the {g} layers "
+                      f"of model.block.pattern {block_cfg.pattern}{fix}")
+  if not repeats:
+    raise ConfigError(f"model.num_layers ({num_layers}) is fewer than the {g} layers of "
+                      f"model.block.pattern {block_cfg.pattern}, whose remainder follows whole "
+                      f"repeats; make the pattern the model's {num_layers} layers")
+  return dataclasses.replace(block_cfg, pattern=head, remainder="none",
+                             blocks=tuple((n, c) for n, c in block_cfg.blocks if n in head))
+
+
+def layer_names(block_cfg: BlockGroupConfig, num_layers: int) -> list[str]:
+  """The block name of each of a group's stack's `num_layers` layers, in order (the repeats,
+  then any remainder: layer i is position i % len(pattern))."""
+  return [block_cfg.pattern[i % len(block_cfg.pattern)] for i in range(num_layers)]
+
+
 def layer_blocks(block_cfg: Any, num_layers: int) -> list:
   """The block config of each of a stack's `num_layers` layers, in order."""
   if not isinstance(block_cfg, BlockGroupConfig):
     return [block_cfg] * num_layers
   named = members(block_cfg.blocks)
-  return [named[name] for name in block_cfg.pattern] * (num_layers // len(block_cfg.pattern))
+  return [named[name] for name in layer_names(block_cfg, num_layers)]
 
 
 def per_layer(repeats: list, block_cfg: Any) -> list:

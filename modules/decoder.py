@@ -18,15 +18,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from modules import context, pipeline
+from modules import block_group, context, pipeline
 from modules.block import BLOCKS
-from modules.block_group import depth
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
 from modules.quantization import QUANTIZATION
 from core.registry import REQUIRED, ConfigError, Registry, child
 
 MODELS = Registry("model")
+# The scope of the layers after a block group's whole repeats (modules/block_group.py), beside
+# the stack's `layers` (scanned) or `layers_<i>` (unrolled)
+REMAINDER = "layers_remainder"
 
 # Rematerialisation policies by name. Names other than these are taken as the
 # names of tagged activations to save (`jax.ad_checkpoint.checkpoint_name`).
@@ -63,7 +65,7 @@ class DecoderLMConfig:
   # of the softmax), so the vocabulary splits over a tensor-parallel axis; 1 = no padding.
   vocab_multiple: int = 128
   dim: int = REQUIRED  # model width (residual stream)
-  num_layers: int = REQUIRED  # decoder layers (a multiple of a block group's pattern length)
+  num_layers: int = REQUIRED  # decoder layers (a block group's whole repeats, then any remainder)
   scan_layers: bool = True  # one compiled block (or group) scanned over layers, or unrolled
   # Microbatches per (accumulation) batch through the pipeline stages when the mesh splits the
   # layer stack (mesh.stage > 1; modules/pipeline.py); the idle fraction of a step is
@@ -92,10 +94,7 @@ class DecoderLMConfig:
     if self.pipeline_microbatches < 0:
       raise ConfigError(f"model.pipeline_microbatches must be >= 0 (0 = as many as stages), got "
                         f"{self.pipeline_microbatches}")
-    if self.num_layers % depth(self.block):
-      raise ConfigError(f"model.num_layers ({self.num_layers}) must be a multiple of the "
-                        f"{depth(self.block)} layers of model.block.pattern "
-                        f"{self.block.pattern}")
+    self.remainder  # pylint: disable=pointless-statement  (refuses a depth the block can't fill)
     if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
       raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
@@ -103,8 +102,14 @@ class DecoderLMConfig:
 
   @property
   def repeats(self) -> int:
-    """Blocks in the stack: the layers, or the repeats of a block group."""
-    return self.num_layers // depth(self.block)
+    """Blocks in the scanned stack: the layers, or the whole repeats of a block group."""
+    return self.num_layers // block_group.depth(self.block)
+
+  @property
+  def remainder(self) -> Any:
+    """The block group of the layers after the stack's whole repeats, run once after them
+    (modules/block_group.py:remainder); None where the repeats are all the layers."""
+    return block_group.remainder(self.block, self.num_layers)
 
   @property
   def padded_vocab_size(self) -> int:
@@ -152,6 +157,13 @@ class _Layer(nn.Module):
     return block(x_BxLxD, positions_BxL, segment_ids_BxL, decode=self.decode), None
 
 
+def _layer_class(cfg: DecoderLMConfig, *, decode: bool, scanned: bool):
+  """_Layer, rematerialised by `cfg.remat` while training (CSE prevented outside a scan)."""
+  if cfg.remat == "none" or decode:
+    return _Layer
+  return nn.remat(_Layer, policy=remat_policy(cfg.remat), prevent_cse=not scanned)
+
+
 class DecoderLM(nn.Module):
   """tokens [B, L] -> logits [B, L, V] (in the parameters' dtype).
 
@@ -185,9 +197,7 @@ class DecoderLM(nn.Module):
       x = x + pos
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
 
-    layer = _Layer
-    if cfg.remat != "none" and not decode:
-      layer = nn.remat(layer, policy=remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
+    layer = _layer_class(cfg, decode=decode, scanned=cfg.scan_layers)
     stage_axes, stages = pipeline.stages()
     if stages > 1 and not decode and not self.is_initializing():
       x = self._pipelined(x, positions_BxL, segment_ids_BxL, axes=stage_axes, stages=stages)
@@ -201,6 +211,10 @@ class DecoderLM(nn.Module):
       for i in range(cfg.repeats):
         x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
+    if cfg.remainder is not None:  # the group's first layers after its whole repeats, once
+      x, _ = _layer_class(cfg, decode=decode, scanned=False)(
+          cfg=cfg.remainder, dim=cfg.dim, decode=decode, name=REMAINDER)(
+              x, positions_BxL, segment_ids_BxL)
 
     if shards > 1:
       x = nn.with_logical_constraint(context.unzigzag(x, shards),
@@ -224,7 +238,9 @@ class DecoderLM(nn.Module):
 
   def _pipelined(self, x_BxLxD, positions_BxL, segment_ids_BxL, *, axes, stages: int):
     """The scanned stack's layers as pipeline stages (modules/pipeline.py), on the parameters
-    that `nn.scan` made for it ("layers", [repeats, ...]: a block group's repeats stay whole)."""
+    that `nn.scan` made for it ("layers", [repeats, ...]: a block group's repeats stay whole).
+    A group's remainder runs after them, outside the stages, where the stage axes split the
+    batch as they do for the LM head."""
     cfg = self.cfg
     microbatches = cfg.pipeline_microbatches or stages
     pipeline.check(num_layers=cfg.num_layers, repeats=cfg.repeats, scan_layers=cfg.scan_layers,
@@ -252,7 +268,10 @@ class DecoderLM(nn.Module):
     if any(sows):  # the layers' own losses (MoE load balancing), summed over layers
       self.sow("losses", "pipeline_layers", aux)
     for key, total in metrics.items():  # means over layers, as the scanned stack reports them
-      self.sow("metrics", names[key], total / cfg.repeats)
+      mean = total / cfg.repeats
+      if cfg.remainder is not None:  # once per repeat, beside the remainder's layers' own
+        mean = jnp.full((cfg.repeats,), mean)
+      self.sow("metrics", names[key], mean)
     return x
 
 

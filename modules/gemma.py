@@ -18,9 +18,11 @@ Shapes of the published models are copied from their Hugging Face `config.json`:
   3-4b, 3-12b, 3-27b  google/gemma-3-{4b,12b,27b}-pt (their `text_config`: the language model
         of Gemma3ForConditionalGeneration)
 `2-test` and `3-test` are ours (byte vocabulary, for tests). Gemma 3's 1b, 4b and 27b have 26,
-34 and 62 layers, no whole number of groups of six: their group is all their layers
-(`gemma3_layers`), repeated once, so their scan body is the whole stack (compiled like an
-unrolled one); 12b's is six layers, repeated eight times.
+34 and 62 layers, no whole number of groups of six: as Hugging Face lays them out (layer i full
+where (i + 1) % 6 == 0), their group of six is scanned over its 4, 5 and 10 whole repeats and
+followed by its first 2, 4 and 2 layers, all sliding (the group's `remainder`, `first`:
+modules/block_group.py), so the compiled step stays the size of one group and a remainder;
+12b's 48 are the group repeated eight times.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ GEMMA2 = ("sliding", "full")  # Gemma 2: sliding-window layers alternate with fu
 GEMMA3 = ("sliding",) * 5 + ("full",)  # Gemma 3: five sliding-window layers to one full
 
 
-def gemma3_layers(n: int) -> tuple[str, ...]:
-  """Gemma 3's `n` layers as one group (HF: every sixth layer full), for a depth that is no
-  whole number of GEMMA3's groups: one repeat, its scan body the whole stack."""
-  return GEMMA3 * (n // 6) + ("sliding",) * (n % 6)
+def remainder(num_layers: int, pattern: tuple[str, ...]) -> str:
+  """The block group's `remainder` for a depth: `first` (HF's layout, layer i is the pattern's
+  i % len(pattern)) where it is no multiple of the pattern, else `none` (the default)."""
+  return "first" if num_layers % len(pattern) else "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Size:
   hidden_dim: int
   vocab_size: int
   sliding_window: int  # the sliding layers' window (tokens)
+  # The group of layers, repeated; a depth that is no multiple of it ends with its first layers
   pattern: tuple[str, ...] = GEMMA2
   query_pre_attn_scalar: float = 256.0  # the logits scaled by its inverse square root
   attn_softcap: float | None = None  # Gemma 2: 50
@@ -70,12 +73,11 @@ SIZES: dict[str, Size] = {
     "2-9b": Size(3584, 42, 16, 8, 256, 14_336, 256_000, 4096, **_G2),
     "2-27b": Size(4608, 46, 32, 16, 128, 36_864, 256_000, 4096, query_pre_attn_scalar=144.0, **_G2),
     "3-test": Size(64, 6, 4, 2, 32, 128, 256, 16, query_pre_attn_scalar=32.0, **_G3),
-    "3-1b": Size(1152, 26, 4, 1, 256, 6912, 262_144, 512, **{**_G3, "pattern": gemma3_layers(26)}),
-    "3-4b": Size(2560, 34, 8, 4, 256, 10_240, 262_208, 1024, full_linear_factor=8.0,
-                 **{**_G3, "pattern": gemma3_layers(34)}),
+    "3-1b": Size(1152, 26, 4, 1, 256, 6912, 262_144, 512, **_G3),
+    "3-4b": Size(2560, 34, 8, 4, 256, 10_240, 262_208, 1024, full_linear_factor=8.0, **_G3),
     "3-12b": Size(3840, 48, 16, 8, 256, 15_360, 262_208, 1024, full_linear_factor=8.0, **_G3),
     "3-27b": Size(5376, 62, 32, 16, 128, 21_504, 262_208, 1024, query_pre_attn_scalar=168.0,
-                  full_linear_factor=8.0, **{**_G3, "pattern": gemma3_layers(62)}),
+                  full_linear_factor=8.0, **_G3),
 }
 
 
@@ -114,5 +116,6 @@ def node(s: Size):
       tie_embeddings=True, final_logit_softcap=s.final_softcap,
       embedding=r("embedding").node("token", scale_by_sqrt_dim=True),
       position_embedding=r("position_embedding").node("none"),
-      block=r("block").node("group", pattern=s.pattern, blocks=blocks),
+      block=r("block").node("group", pattern=s.pattern, blocks=blocks,
+                            remainder=remainder(s.num_layers, s.pattern)),
       final_norm=r("norm").node("rmsnorm", eps=s.norm_eps, scale_offset=1.0))

@@ -4,14 +4,16 @@ ways (LLaMA's projections, modules/llama_hf.py, with Gemma's four norms a layer 
 QK-norm) and the settings maps (modules/hf_maps.py:FieldMap).
 
 HF's `layer_types` (sliding_attention / full_attention per layer) become the block group's
-pattern (modules/block_group.py): its shortest period that repeats whole, of `sliding` and `full`
-blocks; export writes the pattern repeated over the layers.
+pattern (modules/block_group.py): its shortest period, of `sliding` and `full` blocks, repeated
+whole and then, where the depth is no multiple of it, its first layers (the group's remainder:
+Gemma 3 1b's 26 layers are 4 groups of six and two sliding layers); export writes the pattern
+over the layers the same way.
 """
 
 from __future__ import annotations
 
 from core.registry import ConfigError, members
-from modules import gemma, llama_hf
+from modules import block_group, gemma, llama_hf
 from modules.hf_maps import NOT_MATH, Family, FieldMap, Fixed, Key, Same, only, register
 
 _NAMES = {"sliding_attention": "sliding", "full_attention": "full"}
@@ -31,14 +33,16 @@ def _layer_types(c: dict, every: int) -> list[str]:
 
 
 def pattern(types: list[str]) -> tuple[str, ...]:
-  """Our names of the shortest period of `types` that repeats whole."""
+  """Our names of the shortest period of `types`: layer i is its layer i % len(period) (its
+  whole repeats, then its first layers, where len(types) is no multiple of it)."""
   unknown = sorted(set(types) - set(_NAMES))
   if unknown:
     raise ConfigError(f"config.json: layer_types {unknown[0]!r} is not supported "
                       f"({', '.join(_NAMES)})")
   names = [_NAMES[t] for t in types]
   n = len(names)
-  period = next(p for p in range(1, n + 1) if n % p == 0 and names == names[:p] * (n // p))
+  period = next(p for p in range(1, n + 1)
+                if all(names[i] == names[i % p] for i in range(n)))
   return tuple(names[:period])
 
 
@@ -142,8 +146,8 @@ def _heads(m):
 
 
 def _layer_types_of(m) -> list[str]:
-  """HF's layer_types of the model: its pattern, repeated."""
-  return [_TYPES[name] for name in m.block.pattern] * m.repeats
+  """HF's layer_types of the model: its pattern, repeated, then any remainder."""
+  return [_TYPES[name] for name in block_group.layer_names(m.block, m.num_layers)]
 
 
 def _whole(value, _):
@@ -215,6 +219,9 @@ def _settings(name: str, architecture: str, *, gemma3: bool) -> FieldMap:
               "embedding.scale_by_sqrt_dim": only(True),
               "block.pattern": Fixed(lambda v, _: set(v) <= set(_TYPES),  # layer_types above
                                      "a pattern of 'sliding' and 'full'"),
+              "block.remainder": Fixed(lambda v, m: v == gemma.remainder(
+                                           m.num_layers, m.block.pattern), "'first' where "
+                                       "num_layers is no multiple of the pattern, else 'none'"),
               "final_norm.eps": Same(f"{_SLIDING}.norm.eps"), "final_norm.scale_offset": only(1.0),
               **_member_rules(gemma3), **theta})
 
@@ -232,8 +239,9 @@ def _family(name: str, architecture: str, *, gemma3: bool, example: dict) -> Fam
 
 # Small random models that transformers builds (tests/test_hf_parity.py): GQA, a head_dim other
 # than dim / heads, a scalar other than head_dim, a window shorter than the tests' 12 tokens,
-# caps low enough to bite; Gemma 3 with a group of 3 (two sliding, one full) repeated twice,
-# each kind with its own RoPE theta, the full layers' positions linearly scaled.
+# caps low enough to bite; Gemma 3 with a group of 3 (two sliding, one full) repeated twice and
+# its first two layers after them (the group's remainder, as in Gemma 3 1b's 26 layers), each
+# kind with its own RoPE theta, the full layers' positions linearly scaled.
 _COMMON = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
            "query_pre_attn_scalar": 20, "sliding_window": 4, "rms_norm_eps": 1e-6,
@@ -242,7 +250,8 @@ GEMMA2 = _family("gemma2", "Gemma2ForCausalLM", gemma3=False, example={
     **_COMMON, "num_hidden_layers": 4, "rope_theta": 500.0, "attn_logit_softcapping": 0.5,
     "final_logit_softcapping": 5.0})
 GEMMA3 = _family("gemma3_text", "Gemma3ForCausalLM", gemma3=True, example={
-    **_COMMON, "num_hidden_layers": 6,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    **_COMMON, "num_hidden_layers": 8,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    + ["sliding_attention"] * 2,
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 500.0,
     "rope_scaling": {"rope_type": "linear", "factor": 8.0}})

@@ -7,10 +7,11 @@ whole model (`modules/decoder.py`), so no layer sees it: Qwix intercepts the `jn
 `lax.dot_general` calls made inside the model's `__call__` and, under a rule, quantizes them.
 
 What is quantized: every dot inside a decoder layer's block (module path `layers/block/...`,
-`layers_<i>/block/...`) that multiplies by a parameter of the module making it: attention q/k/v/o,
-the MLP's gate/up/down, and MoE's router and experts where they are einsums. Not quantized,
-as in MaxText (its rule matches `decoder/.*layers.*`): the embedding, the LM head (outside the
-layers), and attention's own products (scores and values: no parameter among the operands).
+`layers_<i>/block/...`, a group's remainder `layers_remainder/block/...`) that multiplies by a
+parameter of the module making it: attention q/k/v/o, the MLP's gate/up/down, and MoE's router
+and experts where they are einsums. Not quantized, as in MaxText (its rule matches
+`decoder/.*layers.*`): the embedding, the LM head (outside the layers), and attention's own
+products (scores and values: no parameter among the operands).
 
 How: the inputs of each such dot are quantized per channel with absmax scales (dynamic range:
 computed from the values of this step), the dot runs on the quantized values, and the output is
@@ -32,8 +33,9 @@ from core.registry import ConfigError, Registry
 QUANTIZATION = Registry("quantization")
 
 # The decoder layers' blocks (scanned: "layers/block/..."; unrolled: "layers_3/block/...";
-# a pipeline stage applies the block on its own: "block/...").
-LAYER_PATHS = r"(layers(_\d+)?/)?block/.*"
+# a block group's remainder: "layers_remainder/block/..."; a pipeline stage applies the block on
+# its own: "block/...").
+LAYER_PATHS = r"(layers(_\d+|_remainder)?/)?block/.*"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

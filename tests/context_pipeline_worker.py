@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from configs.base import lm_config  # noqa: E402
 from modules import llama  # noqa: E402
 from trainer import config as config_lib, experiment, loop, meshes  # noqa: E402
-from trainer.step import loss_sums  # noqa: E402
+from trainer.step import loss_sums, sown_means  # noqa: E402
 
 STEPS = 6
 ONE = {"data": 1, "fsdp": 1, "model": 1}
@@ -57,26 +57,31 @@ GRAD_ONLY = {
                                  {"num_layers": 4, "pipeline_microbatches": 2}),
     # a block group (dense then MoE, modules/block_group.py): the stages split its repeats
     "stage=2,data=4 (dense, moe group)": ({"data": 4, "fsdp": 1, "stage": 2},
-                                          {"num_layers": 8, "group": True}),
+                                          {"num_layers": 8, "group": ["dense", "moe"]}),
+    # 9 layers of (MoE, dense): its 4 repeats split by the stages, then its remainder (an MoE
+    # layer) after them, over the whole mesh
+    "stage=2,data=4 (group, remainder)": ({"data": 4, "fsdp": 1, "stage": 2},
+                                          {"num_layers": 9, "group": ["moe", "dense"]}),
 }
 
 
-def group_model():
-  """The `test` LLaMA whose layers alternate a dense MLP and a dropless MoE without its
-  load-balancing loss (taken per microbatch, it would move the gradients a little)."""
+def group_model(pattern):
+  """The `test` LLaMA whose layers alternate a dense MLP and a dropless MoE (in the order of
+  `pattern`) without its load-balancing loss (taken per microbatch, it would move the gradients
+  a little); an odd depth ends with the pattern's first layer (the group's remainder)."""
   from core.registry import registry  # pylint: disable=import-outside-toplevel
   node = llama.model_node("test")
   moe = node.block.copy_and_resolve_references()
   moe.ffn = registry("ffn").node("moe", num_experts=4, hidden_dim=32, capacity_factor=0.0,
                                  aux_loss_coef=0.0)
-  node.block = registry("block").node("group", pattern=("dense", "moe"),
+  node.block = registry("block").node("group", pattern=tuple(pattern), remainder="first",
                                       blocks={"dense": node.block, "moe": moe})
   return node
 
 
 def run_config(mesh: dict, *, attention="xla", num_layers=None, remat="none",
                pipeline_microbatches=0, max_steps=STEPS, group=False):
-  cfg = lm_config(group_model() if group else llama.model_node("test"), max_steps=max_steps,
+  cfg = lm_config(group_model(group) if group else llama.model_node("test"), max_steps=max_steps,
                   learning_rate=1e-2, batch_size=8, seq_len=32, warmup_steps=2,
                   data_kind="stdlib")
   cfg.optimizer.schedule.decay_steps = 9  # the same schedule whatever max_steps
@@ -129,13 +134,26 @@ def grads(exp, params, batch):
   return jax.tree.map(np.asarray, out)
 
 
+def router_means(exp, params, batch) -> dict:
+  """The MoE layers' router statistics on `batch`, means over layers (trainer/step.py:
+  sown_means, as the step reports them)."""
+  def means(params, batch):
+    _, state = exp.model.apply({"params": params}, batch["inputs"], batch["positions"],
+                               batch["segment_ids"], mutable=["metrics"])
+    return sown_means(state["metrics"])
+  fn = jax.jit(means, in_shardings=(exp.state_shardings.params, exp.batch_sharding))
+  params = jax.device_put(copy(params), exp.state_shardings.params)
+  with exp.context():
+    return {k: float(v) for k, v in fn(params, exp.global_batch(batch)).items()}
+
+
 def device_bytes(tree, device) -> int:
   return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
              if s.device == device)
 
 
 def equality(devices) -> dict:
-  out = {"losses": {}, "grads": {}, "temp_bytes": {}, "layer_bytes": {}, "one": {}}
+  out = {"losses": {}, "grads": {}, "router": {}, "temp_bytes": {}, "layer_bytes": {}, "one": {}}
   refs = {}
   for name, (mesh, model) in {**CASES, **GRAD_ONLY}.items():
     # One device's run of the same model; the attention implementation and remat policy change
@@ -146,7 +164,7 @@ def equality(devices) -> dict:
       state = one.init()
       batch = next(one.source.train_iterator(process_index=0, process_count=1))
       losses, compiled = train(one, state)
-      refs[key] = dict(state=state, batch=batch, losses=losses, compiled=compiled,
+      refs[key] = dict(one=one, state=state, batch=batch, losses=losses, compiled=compiled,
                        grads=grads(one, state.params, batch))
       out["one"][key] = losses
     ref = refs[key]
@@ -164,6 +182,10 @@ def equality(devices) -> dict:
                                          ref["grads"]))
     scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref["grads"]))
     out["grads"][name] = {"max_abs_diff": max(diffs), "max_abs": scale}
+    if model.get("group"):
+      out["router"][name] = {"mesh": router_means(exp, ref["state"].params, ref["batch"]),
+                             "one": router_means(ref["one"], ref["state"].params,
+                                                 ref["batch"])}
     if "stage" in mesh:
       placed = jax.device_put(copy(ref["state"].params), exp.state_shardings.params)
       layers = placed["layers"]

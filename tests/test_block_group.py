@@ -1,10 +1,11 @@
 """Layer patterns (`block` kind `group`, modules/block_group.py): a repeating group of named blocks,
-first dense then MoE (Llama 4's interleaving), scanned over its repeats.
+first dense then MoE (Llama 4's interleaving), scanned over its repeats, and followed by the
+pattern's first layers where the depth is no multiple of it (`remainder`).
 
 The group's layers are checked against the plain stack (a group of one block kind is the plain
-model with its layers regrouped), scanned against unrolled, its compiled size against its depth,
-its parameters' axes, and its config on the command line: one member overridden or switched by
-name, and the one-line refusals."""
+model with its layers regrouped), a remainder against one group of every layer, scanned against
+unrolled, its compiled size against its depth, its parameters' axes, and its config on the
+command line: one member overridden or switched by name, and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ from trainer import config as config_lib
 TOKENS = jnp.array([[5, 17, 99, 3, 64, 120, 7, 42], [1, 2, 3, 4, 5, 6, 7, 8]])
 
 
-def group_node(*, num_layers: int = 4, scan: bool = True, pattern=("dense", "moe")):
+def group_node(*, num_layers: int = 4, scan: bool = True, pattern=("dense", "moe"),
+               remainder: str = "none"):
   """The `test` LLaMA whose layers alternate a dense MLP and a dropless 4-expert MoE."""
   node = llama.model_node("test")
   dense = node.block
   moe = dense.copy_and_resolve_references()
   moe.ffn = registry("ffn").node("moe", num_experts=4, top_k=2, hidden_dim=32,
                                  capacity_factor=0.0)
-  node.block = registry("block").node("group", pattern=pattern,
+  node.block = registry("block").node("group", pattern=pattern, remainder=remainder,
                                       blocks={"dense": dense, "moe": moe})
   node.num_layers, node.scan_layers = num_layers, scan
   return node
@@ -105,6 +107,50 @@ def test_scanned_and_unrolled_groups_compute_the_same():
   assert loss(sa) == pytest.approx(loss(sb), rel=1e-5) and loss(sa) > 0  # the MoE layers' aux
 
 
+def test_a_remainder_is_the_pattern_s_first_layers_after_the_whole_repeats():
+  """5 layers of ('dense', 'moe'): 2 repeats stacked, then layer 4 (dense) on its own."""
+  boxed = abstract_init(group_node(num_layers=5, remainder="first"))
+  assert set(boxed["layers"]["block"]) == {"dense_0", "moe_1"}
+  assert boxed["layers"]["block"]["dense_0"]["ffn"]["wi"].value.shape == (2, 64, 128)
+  assert set(boxed["layers_remainder"]["block"]) == {"dense_0"}
+  wi = boxed["layers_remainder"]["block"]["dense_0"]["ffn"]["wi"]
+  assert wi.names == ("embed", "mlp") and wi.value.shape == (64, 128)
+
+
+def _as_one_group(params, *, repeats: int):
+  """The parameters of ('dense', 'moe') x repeats + a remainder ('dense',) as those of one group
+  of every layer, ('dense', 'moe', ..., 'dense'), repeated once: layer 2r + j is position j
+  of repeat r, the last layer the remainder's."""
+  stack, out = params["layers"]["block"], {}
+  for r in range(repeats):
+    out[f"dense_{2 * r}"] = jax.tree.map(lambda x, r=r: x[r:r + 1], stack["dense_0"])
+    out[f"moe_{2 * r + 1}"] = jax.tree.map(lambda x, r=r: x[r:r + 1], stack["moe_1"])
+  out[f"dense_{2 * repeats}"] = jax.tree.map(lambda x: x[None],
+                                             params["layers_remainder"]["block"]["dense_0"])
+  rest = {k: v for k, v in params.items() if k not in ("layers", "layers_remainder")}
+  return {**rest, "layers": {"block": out}}
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_remainder_computes_what_one_group_of_every_layer_does(scan):
+  """The same weights give the same logits and MoE losses as the stack laid out as one group of
+  all 5 layers (how Gemma 3's 26, 34 and 62 layers were configured before remainders)."""
+  node = group_node(num_layers=5, remainder="first", scan=scan)
+  whole = group_node(num_layers=5, pattern=("dense", "moe") * 2 + ("dense",))
+  params = random_params(group_node(num_layers=5, remainder="first"))
+  regrouped = _as_one_group(params, repeats=2)
+  assert jax.tree.map(jnp.shape, regrouped) == jax.tree.map(
+      jnp.shape, nn.meta.unbox(abstract_init(whole)))
+  if not scan:
+    params = convert.stack_layers(convert.split_layers(params, MODELS.parse(node, "model")),
+                                  MODELS.parse(node, "model"), scan=False)
+    assert set(params) >= {"layers_0", "layers_1", "layers_remainder"}
+  (a, sa), (b, sb) = logits(build(node), params), logits(build(whole), regrouped)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  loss = lambda state: sum(float(jnp.sum(x)) for x in jax.tree.leaves(state["losses"]))
+  assert loss(sa) == pytest.approx(loss(sb), rel=1e-5) and loss(sa) > 0
+
+
 def _program_lines(node) -> int:
   """Lines of the lowered gradient of the model's summed logits."""
   model = build(node)
@@ -115,6 +161,9 @@ def _program_lines(node) -> int:
 
 def test_the_compiled_program_does_not_grow_with_the_repeats():
   assert _program_lines(group_node(num_layers=4)) == _program_lines(group_node(num_layers=16))
+  # with a remainder, 2 or 8 repeats: the program grows by the remainder's layer only
+  with_remainder = [_program_lines(group_node(num_layers=n, remainder="first")) for n in (5, 17)]
+  assert with_remainder[0] == with_remainder[1] > _program_lines(group_node(num_layers=4))
   # unrolled, it does: the count sees the layers
   assert _program_lines(group_node(num_layers=2, scan=False)) < _program_lines(
       group_node(num_layers=4, scan=False))
@@ -122,7 +171,11 @@ def test_the_compiled_program_does_not_grow_with_the_repeats():
 
 @pytest.mark.parametrize("change,message", [
     (dict(num_layers=5), "model.num_layers (5) must be a multiple of the 2 layers of "
-                         "model.block.pattern ('dense', 'moe')"),
+                         "model.block.pattern ('dense', 'moe'), or set --config.model.block."
+                         "remainder=first (2 whole repeats, then ('dense',))"),
+    (dict(num_layers=1, remainder="first"), "model.num_layers (1) is fewer than the 2 layers of "
+                                            "model.block.pattern ('dense', 'moe'), whose "
+                                            "remainder follows whole repeats"),
     (dict(pattern=("dense", "mo")), "block.pattern names 'mo', which is not one of "
                                     "block.blocks (did you mean 'moe'?): dense, moe"),
     (dict(pattern=("dense", "dense")), "block.blocks.moe is in no layer of block.pattern "
@@ -213,22 +266,29 @@ def test_the_command_line_refuses_a_depth_that_is_no_multiple_in_one_line(config
   assert done.returncode == 2, done.stderr
   assert done.stderr.strip().splitlines() == [
       "axtrain: error: model.num_layers (5) must be a multiple of the 2 layers of "
-      "model.block.pattern ('dense', 'moe')"]
+      "model.block.pattern ('dense', 'moe'), or set --config.model.block.remainder=first (2 "
+      "whole repeats, then ('dense',))"]
 
 
 @pytest.mark.parametrize("scan", [True, False])
-def test_conversion_sees_one_block_per_layer_in_model_order(scan):
+@pytest.mark.parametrize("num_layers", [6, 7])
+def test_conversion_sees_one_block_per_layer_in_model_order(scan, num_layers):
   """launcher/convert.py hands Hugging Face maps a list of layers, one block's tree each: layer
-  2r + j is position j of repeat r, and stacking the list again gives the model's tree."""
-  node = group_node(num_layers=6, scan=scan)
+  2r + j is position j of repeat r, a remainder's layers last, and stacking the list again
+  gives the model's tree."""
+  node = group_node(num_layers=num_layers, scan=scan, remainder="first")
   model_cfg = MODELS.parse(node, "model")
   params = random_params(node)
   layers = convert.split_layers(params, model_cfg)["layers"]
-  assert len(layers) == 6
-  assert ["router" in layer["block"]["ffn"] for layer in layers] == [False, True] * 3
+  assert len(layers) == num_layers
+  assert ["router" in layer["block"]["ffn"] for layer in layers] == [
+      i % 2 == 1 for i in range(num_layers)]
   key = "layers" if scan else "layers_1"
   want = params[key]["block"]["moe_1"]["ffn"]["wi"][1 if scan else slice(None)]
   np.testing.assert_array_equal(layers[3]["block"]["ffn"]["wi"], want)
+  if num_layers == 7:
+    np.testing.assert_array_equal(layers[6]["block"]["ffn"]["wi"],
+                                  params["layers_remainder"]["block"]["dense_0"]["ffn"]["wi"])
   back = convert.stack_layers(convert.split_layers(params, model_cfg), model_cfg, scan=scan)
   jax.tree.map(np.testing.assert_array_equal, back, params)
   zeros = convert.layer_tree(jax.eval_shape(lambda: params), model_cfg)

@@ -57,11 +57,22 @@ def test_losses_equal_one_device(worker, case):
 
 
 @pytest.mark.parametrize("case", [*CASES, "context=8 (dot_product)", "stage=2,context=2,fsdp=2",
-                                  "stage=2,data=4 (dense, moe group)"])
+                                  "stage=2,data=4 (dense, moe group)",
+                                  "stage=2,data=4 (group, remainder)"])
 def test_gradients_equal_one_device(worker, case):
   grads = worker["equality"]["grads"][case]
   assert grads["max_abs"] > 0.1  # gradients worth comparing
   assert grads["max_abs_diff"] <= GRAD_TOL
+
+
+@pytest.mark.parametrize("case", ["stage=2,data=4 (dense, moe group)",
+                                  "stage=2,data=4 (group, remainder)"])
+def test_router_statistics_equal_one_device(worker, case):
+  """Means over the MoE layers, the stages' and a remainder's after them each weighed once."""
+  router = worker["equality"]["router"][case]
+  assert router["one"] and router["mesh"].keys() == router["one"].keys()
+  for name, value in router["one"].items():
+    assert router["mesh"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -80,7 +91,8 @@ def test_context_gathers_keys_and_stages_pass_activations(worker):
 
 
 @pytest.mark.parametrize("case", ["stage=4,data=2", "stage=2,fsdp=4 (remat)",
-                                  "stage=2,data=4 (dense, moe group)"])
+                                  "stage=2,data=4 (dense, moe group)",
+                                  "stage=2,data=4 (group, remainder)"])
 def test_each_stage_holds_its_share_of_the_layers(worker, case):
   held = worker["equality"]["layer_bytes"][case]
   share = held["total"] / (held["stages"] * held["fsdp"])

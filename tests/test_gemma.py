@@ -10,7 +10,7 @@ import pytest
 
 from core.registry import ConfigError
 from launcher import config_loading
-from modules import gemma, gemma_hf
+from modules import block_group, gemma, gemma_hf
 from tests.conftest import ROOT
 from tests.test_families import row_count
 from trainer import config as config_lib
@@ -49,9 +49,15 @@ def test_published_rows_have_the_published_parameters(name):
     (["sliding_attention", "full_attention"] * 13, ("sliding", "full")),  # Gemma 2
     ((["sliding_attention"] * 5 + ["full_attention"]) * 8, ("sliding",) * 5 + ("full",)),
     (["full_attention"] * 4, ("full",)),
-    (["sliding_attention", "full_attention", "sliding_attention"], ("sliding", "full", "sliding")),
+    (["sliding_attention", "full_attention", "sliding_attention"], ("sliding", "full")),
+    # Gemma 3 1b (HF: layer i full where (i + 1) % 6 == 0): 4 whole groups, then 2 layers
+    (["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)],
+     ("sliding",) * 5 + ("full",)),
+    (["sliding_attention"] * 2 + ["full_attention"], ("sliding", "sliding", "full")),
 ])
-def test_layer_types_become_the_shortest_whole_period(types, want):
+def test_layer_types_become_the_shortest_period(types, want):
+  """Layer i of the model is the period's layer i % len(period): whole repeats, then the
+  period's first layers (the group's remainder)."""
   assert gemma_hf.pattern(types) == want
 
 
@@ -72,13 +78,51 @@ def test_the_rows_are_gemma_2_and_3_shaped():
   assert (s3.sliding_theta, s3.full_theta, s3.full_linear_factor) == (1e4, 1e6, 8.0)
 
 
-@pytest.mark.parametrize("name,layers", [("3-1b", 26), ("3-4b", 34), ("3-27b", 62)])
-def test_gemma_3_depths_that_are_no_whole_groups_are_one_group_of_every_layer(name, layers):
-  """HF: layer i is full where (i + 1) % 6 == 0; one repeat of all the layers."""
-  want = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(layers))
-  assert gemma.SIZES[name].pattern == want and gemma.SIZES[name].num_layers == layers
-  assert gemma_hf.pattern([{"full": "full_attention", "sliding": "sliding_attention"}[t]
-                           for t in want]) == want
+@pytest.mark.parametrize("name,layers,repeats", [("3-1b", 26, 4), ("3-4b", 34, 5),
+                                                 ("3-12b", 48, 8), ("3-27b", 62, 10)])
+def test_gemma_3_s_layers_are_whole_groups_and_the_group_s_first_layers(name, layers, repeats):
+  """HF: layer i is full where (i + 1) % 6 == 0; ours: the group of six scanned over its whole
+  repeats, then its first layers (all sliding), each layer with its kind's attention window."""
+  from modules.decoder import MODELS
+  from trainer import flops
+
+  want = ["full" if (i + 1) % 6 == 0 else "sliding" for i in range(layers)]
+  m = MODELS.parse(gemma.model_node(name), "model")
+  assert m.num_layers == layers and m.block.pattern == gemma.GEMMA3 and m.repeats == repeats
+  assert m.block.remainder == ("none" if layers == 48 else "first")
+  assert (m.remainder and m.remainder.pattern) == (tuple(want[6 * repeats:]) or None)
+  assert block_group.layer_names(m.block, m.num_layers) == want
+  window = gemma.SIZES[name].sliding_window
+  assert [a.sliding_window for a in flops.layer_attentions(m)] == [
+      None if t == "full" else window for t in want]
+  assert gemma_hf.pattern([f"{t}_attention" for t in want]) == gemma.GEMMA3
+
+
+def _gemma3_lines(num_layers: int, pattern=gemma.GEMMA3) -> int:
+  """Lines of the lowered forward pass of the 3-test shape at a depth."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from modules.decoder import MODELS
+
+  node = gemma.model_node("3-test")
+  node.num_layers, node.block.pattern = num_layers, pattern
+  node.block.remainder = gemma.remainder(num_layers, pattern)
+  model = MODELS.build(MODELS.parse(node, "model"))
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens)["params"])
+  forward = jax.jit(lambda p: model.apply({"params": p}, tokens))
+  return len(forward.lower(params).as_text().splitlines())
+
+
+def test_gemma_3_compiles_one_group_and_its_remainder_at_any_depth():
+  """2 or 8 repeats of the group of six, then two sliding layers: one program size, smaller than
+  one group of all 14 layers (how 1b, 4b and 27b were laid out before remainders)."""
+  two, eight = _gemma3_lines(6 * 2 + 2), _gemma3_lines(6 * 8 + 2)
+  assert two == eight
+  whole = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(14))
+  assert two < _gemma3_lines(14, whole)
 
 
 def test_one_member_is_set_on_the_command_line():

@@ -10,7 +10,7 @@ import pytest
 
 import modules  # noqa: F401  (registers the layer library)
 from core.registry import registry
-from modules import gpt2, llama
+from modules import gemma, gpt2, llama
 from modules.decoder import MODELS
 from trainer.generate import SamplingOptions, generate, init_cache, zeros_like_cache
 
@@ -56,6 +56,15 @@ def _moe_parallel(scan):
   return node
 
 
+def _gemma_remainder(scan):
+  """Gemma-style layers (sliding window 3, full) x 2, then a sliding layer: the group's remainder,
+  whose cache follows the scanned repeats' (modules/block_group.py)."""
+  node = gemma.node(gemma.Size(32, 5, 4, 2, 8, 64, V, WINDOW, pattern=("sliding", "full"),
+                               query_pre_attn_scalar=8.0, qk_norm=True))
+  node.scan_layers = scan
+  return node
+
+
 def _model(node):
   return MODELS.build(MODELS.parse(node, "model"))
 
@@ -70,9 +79,11 @@ def _random(make, scan):
 
 @pytest.mark.parametrize("make,scan", [(_llama, True), (_llama, False), (_gpt2, True),
                                        (_gpt2, False), (_moe_parallel, False),
-                                       (_llama_window, True), (_llama_fused, True)],
+                                       (_llama_window, True), (_llama_fused, True),
+                                       (_gemma_remainder, True)],
                          ids=["llama-scan", "llama-unrolled", "gpt2-scan", "gpt2-unrolled",
-                              "moe-parallel-unrolled", "llama-window-scan", "llama-fused-scan"])
+                              "moe-parallel-unrolled", "llama-window-scan", "llama-fused-scan",
+                              "gemma-remainder-scan"])
 def test_cached_decoding_matches_full_forward(make, scan):
   model, params = _random(make, scan)
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)

@@ -122,6 +122,19 @@ def test_qwen3_with_a_sliding_window_in_every_layer(tmp_path):
       True, 5, ["sliding_attention"] * 2)
 
 
+@pytest.mark.parametrize("converted", [("Gemma3ForCausalLM", "separate")], indirect=True,
+                         ids=_ids)
+def test_gemma3_layers_past_whole_groups_are_the_group_s_remainder(converted):
+  """The example's 8 layers (two groups of sliding, sliding, full, then two sliding): one group
+  of three scanned twice and its first two layers after it, written back as HF's 8 layers."""
+  root, _ = converted
+  model = json.loads((root / "run" / "config.json").read_text())["model"]
+  assert model["block"]["pattern"] == ["sliding", "sliding", "full"]
+  assert model["block"]["remainder"] == "first" and model["num_layers"] == 8
+  back = json.loads((root / "back" / "config.json").read_text())
+  assert back["layer_types"] == FAMILIES["Gemma3ForCausalLM"].example["layer_types"]
+
+
 @pytest.mark.parametrize("converted", BOTH, indirect=True, ids=_ids)
 def test_round_trip_reproduces_every_tensor(converted):
   from safetensors.numpy import load_file
