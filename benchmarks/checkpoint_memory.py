@@ -44,11 +44,14 @@ VARIANTS = ("orbax_default", "save_concurrent", "checkpointer")
 KINDS = ("device", "pinned_host")
 
 
-def state_shapes(gb: float) -> list[tuple[int, ...]]:
+def state_shapes(gb: float, stack: int = 1) -> list[tuple[int, ...]]:
   """Per layer: four d x d attention matrices, three d x 4d MLP matrices, two norm scales;
-  layers of d=1024 until the float32 arrays take `gb` GB (10**9 bytes), plus an embedding."""
+  layers of d=1024 until the float32 arrays take `gb` GB (10**9 bytes), plus an embedding.
+  stack > 1: each array holds `stack` layers, as a scanned stack's do (llm_1b's MLP matrices
+  are 16 layers of 2048 x 8192, 1.07 GB an array)."""
   d = 1024
-  layer = [(d, d)] * 4 + [(d, 4 * d)] * 3 + [(d,)] * 2
+  lead = (stack,) if stack > 1 else ()
+  layer = [lead + s for s in [(d, d)] * 4 + [(d, 4 * d)] * 3 + [(d,)] * 2]
   shapes = [(8192, d)]
   while sum(4 * _size(s) for s in shapes) < gb * 1e9:
     shapes += layer
@@ -83,7 +86,7 @@ def _save(variant: str, directory: pathlib.Path, state, bound_gb: float) -> None
   manager.close()
 
 
-def measure(variant: str, kind: str, gb: float, bound_gb: float) -> dict:
+def measure(variant: str, kind: str, gb: float, bound_gb: float, stack: int = 1) -> dict:
   """One variant in this process: the save's extra peak RSS over the state's bytes."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -94,7 +97,7 @@ def measure(variant: str, kind: str, gb: float, bound_gb: float) -> dict:
   made = host_memory.Peak()
   made.__enter__()
   state = {f"a{i}": jax.device_put(rng.standard_normal(s, np.float32), sharding)
-           for i, s in enumerate(state_shapes(gb))}
+           for i, s in enumerate(state_shapes(gb, stack))}
   jax.block_until_ready(state)
   nbytes = sum(a.nbytes for a in state.values())
   gc.collect()
@@ -151,14 +154,14 @@ def _restore(directory: pathlib.Path, shapes: dict, state: dict, gb) -> dict:
 
 
 def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0,
-                env: dict | None = None) -> dict:
+                env: dict | None = None, stack: int = 1) -> dict:
   """`measure` in a fresh process (its peak is its own), with this checkout on the path and
   `env` added to the environment."""
   root = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
              **(env or {}))
   out = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_memory", "--one",
-                        f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}"],
+                        f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}", f"--stack={stack}"],
                        cwd=root, env=env, capture_output=True, text=True, check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
   if out.returncode or not lines:
@@ -174,14 +177,17 @@ def main(argv=None) -> None:
   parser.add_argument("--variants", default=",".join(f"{v}:{k}" for v in VARIANTS
                                                      for k in KINDS),
                       help="comma-separated variant:memory_kind pairs")
+  parser.add_argument("--stack", type=int, default=1,
+                      help="layers per array (a scanned stack's arrays: one array per matrix)")
   parser.add_argument("--one", action="store_true", help="measure in this process (internal)")
   args = parser.parse_args(argv)
   for pair in args.variants.split(","):
     variant, kind = pair.split(":")
     if variant not in VARIANTS or kind not in KINDS:
       parser.error(f"unknown {pair!r}: variants {VARIANTS}, memory kinds {KINDS}")
-    result = (measure(variant, kind, args.gb, args.bound_gb) if args.one
-              else run_variant(variant, kind, gb=args.gb, bound_gb=args.bound_gb))
+    result = (measure(variant, kind, args.gb, args.bound_gb, args.stack) if args.one
+              else run_variant(variant, kind, gb=args.gb, bound_gb=args.bound_gb,
+                               stack=args.stack))
     print(json.dumps(result), flush=True)
 
 

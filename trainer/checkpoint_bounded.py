@@ -13,6 +13,11 @@ or a restore must not take them again. Three things would:
   every byte written, and llm_1b's save (15.2 GB) ran the 40 GiB machine out of memory. On CPU
   the copy is a view and nothing grows. `drop_host_copies` frees those caches after each batch
   is written (`Transfers.on_write_end`); the arrays keep their buffers.
+- TensorStore writes OCDBT data files of up to 2 GB (Orbax's default), each one chunk per array
+  of up to that size, and holds a file's encoded chunks until it is written: llm_1b's 1.07 GB
+  arrays (a 16-layer stack of MLP matrices) added 1.0-1.6 GB on CPU, where no copy is made. A
+  host-memory save writes files of HOST_STATE_FILE_BYTES (its arrays chunked to fit): 0.23 GB,
+  and 3x faster (14 s to 5 s for three such arrays).
 - A restore reads every array at once by default (restore_concurrent_gb=96); a host-memory
   target is read a batch at a time (`StateHandler.restore`).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
@@ -38,6 +43,8 @@ from trainer.checkpoint_files import DATA, STATE
 # (save_device_host_concurrent_gb), and that a restore reads at once; a larger array is copied
 # or read alone.
 HOST_STATE_SAVE_GB = 0.25
+# OCDBT data file (and so chunk) size of a host-memory save: what TensorStore holds encoded
+HOST_STATE_FILE_BYTES = 16 * 2**20
 SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
 _ORBAX_CONCURRENT_GB = 96  # StandardCheckpointHandler's save_ and restore_concurrent_gb
 
@@ -126,12 +133,23 @@ class StateHandler(ocp.StandardCheckpointHandler):
 
   def __init__(self, transfers: Transfers):
     super().__init__()
+    self._transfers = transfers
     arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=ArrayMetadataStore(),
                                             callback=transfers)
     self._registry = ocp.type_handlers.create_type_handler_registry(
         *[(ty, arrays if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
           for ty in ocp.type_handlers.supported_types()])
     self._impl = self._pytree_handler(restore_gb=_ORBAX_CONCURRENT_GB)
+
+  async def async_save(self, directory, item=None, save_args=None, args=None):
+    """StandardCheckpointHandler's save; a bounded one (a state in host memory) in OCDBT files
+    of HOST_STATE_FILE_BYTES."""
+    if not self._transfers.bounded or args is None:
+      return await super().async_save(directory, item, save_args, args)
+    state = self._validate_save_state(args.item, save_args=args.save_args)
+    return await self._impl.async_save(directory, args=ocp.args.PyTreeSave(
+        item=state, save_args=args.save_args, custom_metadata=args.custom_metadata,
+        ocdbt_target_data_file_size=HOST_STATE_FILE_BYTES))
 
   def _pytree_handler(self, *, restore_gb: float) -> ocp.PyTreeCheckpointHandler:
     return ocp.PyTreeCheckpointHandler(
