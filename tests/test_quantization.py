@@ -134,6 +134,7 @@ def _losses(kind: str) -> list[float]:
   return [r["loss"] for r in loop.train(exp).records if "loss" in r]
 
 
+@pytest.mark.slow  # 19 s of the quick suite; int8's quality is tests/test_int8_quality.py's (slow)
 def test_tiny_int8_loss_curve_follows_bf16():
   """configs/tiny.py (seq_len 32), 40 steps in bf16 and in int8 (bf16 compute both): each
   10-step window's mean training loss within 0.05 nats of bf16's. Measured (this test's runs,
