@@ -68,6 +68,9 @@ class Op:
   pass_: str  # forward, backward or step
   count: int  # times it runs per step
   narrow: str  # "int8" / "fp8": its dots multiply quantized operands (model.quantization); ""
+  # An asynchronous copy's direction across the host link: "to_host" (its destination is in
+  # host memory, memory space S(5)), "to_device" (its source is), else ""
+  host: str = ""
   bytes: float
   flops: float
   sent: float  # bytes it sends to other devices (collectives)
@@ -122,6 +125,12 @@ class Report:
       t["flops"] += o.flops
       t["seconds"] += o.seconds
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+  def host_bytes(self, direction: str) -> float:
+    """Bytes per step the program's asynchronous copies move across the host link in
+    `direction` ("to_host" / "to_device"): offloaded activations, a host-resident state's
+    write-back (an Op's `bytes` counts a copy's read and write: half of it crosses)."""
+    return sum(o.bytes / 2 for o in self.ops if o.host == direction)
 
   @property
   def bytes(self) -> float:
@@ -367,6 +376,20 @@ def _category(instr: Instr, inner) -> str:
   return "elementwise"
 
 
+# A layout's memory space: S(5) is host memory (TPU's and GPU's compilers), in a copy-start's
+# (destination, source, context) tuple
+_SPACES = re.compile(r"\w+\[[\d,]*\](\{[^}]*\})?")
+
+
+def _host_direction(out_type: str) -> str:
+  """"to_host" / "to_device" for an asynchronous copy whose destination / source (the first /
+  second element of its result tuple) is in host memory, else ""."""
+  parts = [m[1] or "" for m in _SPACES.finditer(out_type)][:2]
+  if len(parts) < 2:
+    return ""
+  return "to_host" if "S(5)" in parts[0] else "to_device" if "S(5)" in parts[1] else ""
+
+
 def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwidth: float,
                link_bandwidth: float, compiler_bytes: float = 0.0, compiler_flops: float = 0.0,
                narrow_peaks: dict[str, float] | None = None) -> Report:
@@ -389,9 +412,11 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       inner = _inner(comps, called[1]) if called and i.op == "fusion" else []
       if any(j.op == "custom-call" and "AsyncCollectiveDone" in j.rest for j, _ in inner):
         continue  # the finishing half of an asynchronous collective: counted at its start
+      host = ""
       if i.op in ("copy-start", "slice-start"):
         # (source, destination, context): one read and one write of what is copied.
         size = 2 * min((b for b in hlo_collectives.shape_bytes(i.out) if b > 8), default=0)
+        host = _host_direction(i.out)
       elif i.op == "fusion" and called:
         size = _fusion_bytes(comps, roots, called[1], i, shapes)
       elif i.op in ("dynamic-slice", "slice"):
@@ -416,6 +441,6 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       module, prim, pass_ = name_stack(_metadata(i, inner))
       prim = prim or i.op  # no metadata (e.g. copies the compiler adds): the opcode
       out.append(Op(name=i.name, opcode=i.op, category=category, module=module, primitive=prim,
-                    pass_=pass_, count=n, narrow=narrow, bytes=size * n, flops=flops * n, sent=sent * n,
+                    pass_=pass_, count=n, narrow=narrow, host=host, bytes=size * n, flops=flops * n, sent=sent * n,
                     seconds=seconds * n))
   return Report(ops=tuple(out), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)

@@ -207,6 +207,12 @@ class Estimate:
   transfer_s: float = 0.0
   to_device: float = 0.0  # bytes per step per device read from host memory
   to_host: float = 0.0  # ... written to it
+  # Bytes per step per device of activations saved to host memory (model.remat=offload_*) and
+  # read back: the compiled program's copies to host memory beyond the state's write-back.
+  # Counted in transfer_s at the calibrated rates, device to host at the host-to-device rate
+  # where the calibration measured none (the state's write-back hides beside the update; a
+  # forward pass's offloaded activations have nothing to hide beside that was measured).
+  offloaded: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -372,6 +378,15 @@ def host_transfers(compiled: Compiled, params_bytes: int) -> tuple[float, float]
   return float(params_bytes + compiled.host_in), float(compiled.host_out)
 
 
+def offloaded_activations(compiled: Compiled) -> float:
+  """Bytes per step per device of activations the program saves to host memory (and reads
+  back once): its copies to host memory (planner/hlo_ops.py, loops times their trips) beyond a
+  host-resident state's write-back (`host_out`)."""
+  if compiled.ops is None:
+    return 0.0
+  return max(0.0, compiled.ops.host_bytes("to_host") - compiled.host_out)
+
+
 def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops: float,
              tokens: int, params_bytes: int = 0, attention: str | None = None) -> Estimate | None:
   """The calibrated step time of `compiled` on `entry`'s hardware (see Estimate); `attention`:
@@ -402,6 +417,10 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
   to_device, to_host = host_transfers(compiled, params_bytes)
   transfer_s = ((to_device / cal.host_to_device if to_device and cal.host_to_device else 0.0)
                 + (to_host / cal.device_to_host if to_host and cal.device_to_host else 0.0))
+  offloaded = offloaded_activations(compiled)
+  if offloaded and cal.host_to_device:
+    transfer_s += offloaded / cal.host_to_device + offloaded / (cal.device_to_host
+                                                                or cal.host_to_device)
   step_s = max(busy, collective_s) + transfer_s
   serial_s = busy + collective_s + transfer_s
   peak = hw.peak_bf16_flops * entry.num_devices
@@ -409,7 +428,8 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
                   collective_s=collective_s, step_s=step_s, serial_s=serial_s,
                   tokens_per_s=tokens / step_s, mfu=plan_flops / (step_s * peak),
                   mfu_serial=plan_flops / (serial_s * peak), calibration=cal,
-                  transfer_s=transfer_s, to_device=to_device, to_host=to_host)
+                  transfer_s=transfer_s, to_device=to_device, to_host=to_host,
+                  offloaded=offloaded)
 
 
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,

@@ -178,10 +178,15 @@ def _time(p: Plan) -> list[str]:
         f"{secs(e.collective_s)}",
         f"    {num(e.tokens_per_s)} tokens/s, MFU {e.mfu:.2f} overlapped, "
         f"{e.mfu_serial:.2f} serial",
-        *([f"    both include host transfers {secs(e.transfer_s)}: {gib(e.to_device)} from "
-           f"host memory at {c.host_to_device / 1e9:.3g} GB/s, {gib(e.to_host)} back "
-           + (f"at {c.device_to_host / 1e9:.3g} GB/s" if c.device_to_host
-              else "beside the update (not counted)")
+        *([f"    both include host transfers {secs(e.transfer_s)}: " + "; ".join(
+            ([f"{gib(e.to_device)} from host memory at {c.host_to_device / 1e9:.3g} GB/s, "
+              f"{gib(e.to_host)} back "
+              + (f"at {c.device_to_host / 1e9:.3g} GB/s" if c.device_to_host
+                 else "beside the update (not counted)")] if e.to_device or e.to_host else [])
+            + ([f"offloaded activations {gib(e.offloaded)} to host memory and back at "
+                f"{c.host_to_device / 1e9:.3g} GB/s each way"
+                + ("" if c.device_to_host else " (the rate of their writes not measured)")]
+               if e.offloaded else []))
            + f" per device ({c.transfer_source})"]
           if e.transfer_s else []),
         f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "

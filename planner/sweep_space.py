@@ -45,6 +45,10 @@ RECIPE = {STATE_DTYPE: "bfloat16", KIND: "adafactor"}
 # Most recompute last: nothing recomputed, the matmul outputs kept, the q/k/v projections and
 # attention output kept, every layer recomputed.
 REMAT_SWEEP = ("none", "dots_with_no_batch_dims_saveable", "save_attn_out", "full")
+# Where devices hold arrays in host memory (OFFLOAD_PLATFORMS), the memory sweep also saves
+# activations there instead of recomputing them (modules/decoder.py): the plan times their
+# trips over the host link (planner/plan.py:offloaded_activations).
+REMAT_OFFLOAD = ("offload_dots_with_no_batch_dims", "offload_attn_out")
 # The named policies, most kept first (modules/decoder.py): a later one never needs more memory.
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "save_attn_out",
                "save_qkv_proj", "full")
@@ -257,7 +261,7 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
                 recipe: bool = False) -> dict[str, list]:
   """The values each knob of the memory sweep takes, the run's own first. Train step:
   accumulation (microbatches per step: `accum_knob` says how a candidate sets them), remat
-  policy, loss chunk, attention (and, with `recipe`, the optimizer state's dtype); eval step:
+  policy (on OFFLOAD_PLATFORMS also those that save activations in host memory), loss chunk, attention (and, with `recipe`, the optimizer state's dtype); eval step:
   eval.microbatch_rows (0, the whole batch, then ever fewer rows per pass), loss chunk,
   attention."""
   seq, own, values = run.data.seq_len, lambda p: [get_path(run, p)], {}
@@ -270,6 +274,7 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
     values[ACCUM] = ([mine] if mine else []) + accumulations(run.data.batch_size, shards)
     values[REMAT] = own(REMAT) + list(REMAT_SWEEP)
     if platform in OFFLOAD_PLATFORMS:
+      values[REMAT] += list(REMAT_OFFLOAD)
       values[STATE_MEMORY] = own(STATE_MEMORY) + ["host"]
   values[CHUNK] = own(CHUNK) + [0] + [seq // k for k in CHUNK_SPLITS if seq % k == 0]
   path = attention_path(run)
