@@ -2,6 +2,8 @@
 
     python -m benchmarks.checkpoint_memory                 # ~1.5 GB state, every variant
     python -m benchmarks.checkpoint_memory --gb=0.3 --variants=checkpointer:pinned_host
+    python -m benchmarks.checkpoint_memory --config=configs/llm_1b.py --made_by=jit \
+        --variants=checkpointer:pinned_host     # a recipe's train state (on the chip)
 
 Each variant runs in its own process: it builds a state of float32 arrays of a decoder's
 shapes (`state_shapes`) with memory kind `device` or `pinned_host`, saves it as the training
@@ -86,7 +88,36 @@ def _save(variant: str, directory: pathlib.Path, state, bound_gb: float) -> None
   manager.close()
 
 
-def measure(variant: str, kind: str, gb: float, bound_gb: float, stack: int = 1) -> dict:
+def config_state(config: str, kind: str, made_by: str) -> dict:
+  """The train state of `config` (a config file, its arguments after ':') on this machine's
+  devices (--mesh=auto's entry), its state in host memory for `kind` pinned_host, as a dict of
+  arrays by tree path, filled with random values: by `device_put` of NumPy arrays (as a
+  restore makes them) or by a jitted program (as a train step does)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import modules  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from launcher import config_loading  # pylint: disable=import-outside-toplevel
+  from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
+  memory = "host" if kind == "pinned_host" else "device"
+  cfg = config_loading.load(config, f"--config.trainer.state_memory={memory}")
+  exp = experiment.build(config_lib.parse(cfg), meshes.select("auto"))
+  abstract = {jax.tree_util.keystr(path): leaf for path, leaf in
+              jax.tree_util.tree_flatten_with_path(exp.abstract_state_inputs())[0]}
+  if made_by == "device_put":
+    rng = np.random.default_rng(0)
+    return {k: jax.device_put(rng.random(a.shape, np.float32).astype(a.dtype, copy=False),
+                              a.sharding) for k, a in abstract.items()}
+
+  def fill(key):
+    return {k: (jax.random.uniform(jax.random.fold_in(key, i), a.shape, a.dtype)
+                if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)
+                else jax.numpy.zeros(a.shape, a.dtype)) for i, (k, a) in enumerate(abstract.items())}
+  return jax.jit(fill, out_shardings={k: a.sharding for k, a in abstract.items()})(
+      jax.random.key(0))
+
+
+def measure(variant: str, kind: str, gb: float, bound_gb: float, stack: int = 1,
+            config: str = "", made_by: str = "device_put") -> dict:
   """One variant in this process: the save's extra peak RSS over the state's bytes."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -96,8 +127,9 @@ def measure(variant: str, kind: str, gb: float, bound_gb: float, stack: int = 1)
   host_memory.release()
   made = host_memory.Peak()
   made.__enter__()
-  state = {f"a{i}": jax.device_put(rng.standard_normal(s, np.float32), sharding)
-           for i, s in enumerate(state_shapes(gb, stack))}
+  state = (config_state(config, kind, made_by) if config else
+           {f"a{i}": jax.device_put(rng.standard_normal(s, np.float32), sharding)
+            for i, s in enumerate(state_shapes(gb, stack))})
   jax.block_until_ready(state)
   nbytes = sum(a.nbytes for a in state.values())
   gc.collect()
@@ -154,14 +186,16 @@ def _restore(directory: pathlib.Path, shapes: dict, state: dict, gb) -> dict:
 
 
 def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0,
-                env: dict | None = None, stack: int = 1) -> dict:
+                env: dict | None = None, stack: int = 1, config: str = "",
+                made_by: str = "device_put") -> dict:
   """`measure` in a fresh process (its peak is its own), with this checkout on the path and
   `env` added to the environment."""
   root = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
              **(env or {}))
   out = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_memory", "--one",
-                        f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}", f"--stack={stack}"],
+                        f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}", f"--stack={stack}",
+                        f"--config={config}", f"--made_by={made_by}"],
                        cwd=root, env=env, capture_output=True, text=True, check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
   if out.returncode or not lines:
@@ -179,15 +213,22 @@ def main(argv=None) -> None:
                       help="comma-separated variant:memory_kind pairs")
   parser.add_argument("--stack", type=int, default=1,
                       help="layers per array (a scanned stack's arrays: one array per matrix)")
+  parser.add_argument("--config", default="",
+                      help="a config file's train state instead (--gb and --stack unused), "
+                           "e.g. configs/llm_1b.py")
+  parser.add_argument("--made_by", default="device_put", choices=("device_put", "jit"),
+                      help="with --config: fill the state by device_put of NumPy arrays (as a "
+                           "restore does) or by a jitted program (as a train step does)")
   parser.add_argument("--one", action="store_true", help="measure in this process (internal)")
   args = parser.parse_args(argv)
   for pair in args.variants.split(","):
     variant, kind = pair.split(":")
     if variant not in VARIANTS or kind not in KINDS:
       parser.error(f"unknown {pair!r}: variants {VARIANTS}, memory kinds {KINDS}")
-    result = (measure(variant, kind, args.gb, args.bound_gb, args.stack) if args.one
+    result = (measure(variant, kind, args.gb, args.bound_gb, args.stack, args.config,
+                      args.made_by) if args.one
               else run_variant(variant, kind, gb=args.gb, bound_gb=args.bound_gb,
-                               stack=args.stack))
+                               stack=args.stack, config=args.config, made_by=args.made_by))
     print(json.dumps(result), flush=True)
 
 

@@ -66,3 +66,20 @@ def test_a_host_state_save_writes_small_data_files(tmp_path):
   # a file closes once it passes the target: at most the target and one 16 MiB chunk
   data = [n for n in files["pinned_host"] if n > 2**20]
   assert len(data) >= 2 and data[-1] <= 2 * HOST_STATE_FILE_BYTES, files
+
+
+def test_a_recipes_state_is_built_either_way_with_its_shapes_and_memory():
+  """benchmarks/checkpoint_memory.py --config: the recipe's train state, in host memory, filled
+  by device_put (as a restore makes it) or by a jitted program (as a step does)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from benchmarks.checkpoint_memory import config_state  # pylint: disable=import-outside-toplevel
+  made = {how: config_state("configs/llama.py:size=test", "pinned_host", how)
+          for how in ("device_put", "jit")}
+  assert made["device_put"].keys() == made["jit"].keys() and len(made["jit"]) > 20
+  for key, a in made["jit"].items():
+    b = made["device_put"][key]
+    assert (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding), key
+  host = sum(a.nbytes for a in made["jit"].values() if a.sharding.memory_kind == "pinned_host")
+  assert host > 0.99 * sum(a.nbytes for a in made["jit"].values())  # all but the step counter
+  assert any(float(jax.numpy.abs(a).sum()) > 0 for a in made["jit"].values())
