@@ -90,7 +90,7 @@ def _save(variant: str, directory: pathlib.Path, state, bound_gb: float) -> None
 
 def config_state(config: str, kind: str, made_by: str) -> dict:
   """The train state of `config` (a config file, its arguments after ':') on this machine's
-  devices (--mesh=auto's entry), its state in host memory for `kind` pinned_host, as a dict of
+  devices (--mesh=auto's entry, its mesh rule applied, as the run's), its state in host memory for `kind` pinned_host, as a dict of
   arrays by tree path, filled with random values: by `device_put` of NumPy arrays (as a
   restore makes them) or by a jitted program (as a train step does)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -98,9 +98,12 @@ def config_state(config: str, kind: str, made_by: str) -> dict:
   import modules  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from launcher import config_loading  # pylint: disable=import-outside-toplevel
   from trainer import config as config_lib, experiment, meshes  # pylint: disable=import-outside-toplevel
+  from trainer import mesh_rules  # pylint: disable=import-outside-toplevel
   memory = "host" if kind == "pinned_host" else "device"
   cfg = config_loading.load(config, f"--config.trainer.state_memory={memory}")
-  exp = experiment.build(config_lib.parse(cfg), meshes.select("auto"))
+  entry = meshes.select("auto")
+  mesh_rules.apply_rules(cfg, entry, {"trainer.state_memory"})  # the layout the run has here
+  exp = experiment.build(config_lib.parse(cfg), entry)
   abstract = {jax.tree_util.keystr(path): leaf for path, leaf in
               jax.tree_util.tree_flatten_with_path(exp.abstract_state_inputs())[0]}
   if made_by == "device_put":

@@ -441,6 +441,6 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       module, prim, pass_ = name_stack(_metadata(i, inner))
       prim = prim or i.op  # no metadata (e.g. copies the compiler adds): the opcode
       out.append(Op(name=i.name, opcode=i.op, category=category, module=module, primitive=prim,
-                    pass_=pass_, count=n, narrow=narrow, host=host, bytes=size * n, flops=flops * n, sent=sent * n,
-                    seconds=seconds * n))
+                    pass_=pass_, count=n, narrow=narrow, host=host, bytes=size * n,
+                    flops=flops * n, sent=sent * n, seconds=seconds * n))
   return Report(ops=tuple(out), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)

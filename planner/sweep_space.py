@@ -261,8 +261,8 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
                 recipe: bool = False) -> dict[str, list]:
   """The values each knob of the memory sweep takes, the run's own first. Train step:
   accumulation (microbatches per step: `accum_knob` says how a candidate sets them), remat
-  policy (on OFFLOAD_PLATFORMS also those that save activations in host memory), loss chunk, attention (and, with `recipe`, the optimizer state's dtype); eval step:
-  eval.microbatch_rows (0, the whole batch, then ever fewer rows per pass), loss chunk,
+  policy (on OFFLOAD_PLATFORMS also those that save activations in host memory), loss chunk,
+  attention (and, with `recipe`, the optimizer state's dtype); eval step: eval.microbatch_rows (0, the whole batch, then ever fewer rows per pass), loss chunk,
   attention."""
   seq, own, values = run.data.seq_len, lambda p: [get_path(run, p)], {}
   if eval_step:

@@ -1,7 +1,7 @@
 """What a checkpoint save or restore of a train state in host memory adds to host RAM: a batch.
 
 A state in host memory (trainer.state_memory=host) already takes its bytes of host RAM; a save
-or a restore must not take them again. Three things would:
+or a restore must not take them again. Four things would:
 
 - Orbax (0.12) copies every array of a save to host RAM before `save` returns and holds the
   copies until all are written. Its `save_device_host_concurrent_gb` option bounds the copies
@@ -14,10 +14,11 @@ or a restore must not take them again. Three things would:
   the copy is a view and nothing grows. `drop_host_copies` frees those caches after each batch
   is written (`Transfers.on_write_end`); the arrays keep their buffers.
 - TensorStore writes OCDBT data files of up to 2 GB (Orbax's default), each one chunk per array
-  of up to that size, and holds a file's encoded chunks until it is written: llm_1b's 1.07 GB
-  arrays (a 16-layer stack of MLP matrices) added 1.0-1.6 GB on CPU, where no copy is made. A
-  host-memory save writes files of HOST_STATE_FILE_BYTES (its arrays chunked to fit): 0.23 GB,
-  and 3x faster (14 s to 5 s for three such arrays).
+  of up to that size, and holds a file's encoded chunks until it is written: three arrays of
+  1.07 GB (llm_1b's MLP matrices scanned over its 16 layers; its embedding and the embedding's
+  moments are 1.05 GB each) added 1.0-1.6 GB on CPU, where no copy is made. A host-memory save
+  writes files of HOST_STATE_FILE_BYTES (its arrays chunked to fit): 0.23 GB, and 3x faster
+  (14 s to 5 s for the three).
 - A restore reads every array at once by default (restore_concurrent_gb=96); a host-memory
   target is read a batch at a time (`StateHandler.restore`).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
