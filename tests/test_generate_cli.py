@@ -15,7 +15,14 @@ from modules.hf_maps import FAMILIES
 PROMPTS = [[5, 17, 99, 3, 64, 120, 7], [1, 2, 3, 4]]
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+# Gemma 2 and 3 (14 s of the quick suite on 2 cores) in the slow lane: their logits against
+# transformers' stay in the quick one (tests/test_hf_parity.py), and so does their cache against
+# their own forward pass (tests/test_generate.py)
+_SLOW = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a in _SLOW else a
+                                  for a in FAMILIES])
 def test_greedy_equals_transformers_generate(tmp_path, arch):
   """Every registered family's example, as tests/test_hf_parity.py builds it."""
   torch = pytest.importorskip("torch")
