@@ -116,8 +116,9 @@ def remainder(block_cfg: Any, num_layers: int) -> BlockGroupConfig | None:
     return None
   head, repeats = block_cfg.pattern[:k], num_layers // g
   if block_cfg.remainder != "first":
-    fix = (f", or set --config.model.block.remainder=first ({repeats} whole repeats, then "
-           f"{head})" if repeats else "")
+    whole = f"{repeats} whole repeat{'s' if repeats != 1 else ''}"
+    fix = (f", or set --config.model.block.remainder=first ({whole}, then {head})"
+           if repeats else "")
     raise ConfigError(f"model.num_layers ({num_layers}) must be a multiple of the {g} layers "
                       f"of model.block.pattern {block_cfg.pattern}{fix}")
   if not repeats:

@@ -23,7 +23,7 @@ from modules.block import BLOCKS
 from modules.embedding import EMBEDDINGS, POSITION_EMBEDDINGS
 from modules.norms import NORMS
 from modules.quantization import QUANTIZATION
-from core.registry import REQUIRED, ConfigError, Registry, child
+from core.registry import REQUIRED, ConfigError, Registry, child, suggest
 
 MODELS = Registry("model")
 # The scope of the layers after a block group's whole repeats (modules/block_group.py), beside
@@ -96,7 +96,12 @@ class DecoderLMConfig:
                         f"{self.pipeline_microbatches}")
     self.remainder  # pylint: disable=pointless-statement  (refuses a depth the block can't fill)
     if self.remat not in REMAT_NAMES and not set(self.remat.split(",")) <= set(CHECKPOINT_NAMES):
-      raise ConfigError(f"model.remat: unknown policy '{self.remat}'; known: {', '.join(REMAT_NAMES)}"
+      # a name cut short ('offload_dots') is the one it starts, else the closest spelling
+      starts = [n for n in REMAT_NAMES if n.startswith(self.remat)]
+      hint = (f" (did you mean '{starts[0]}'?)" if len(starts) == 1
+              else suggest(self.remat, REMAT_NAMES))
+      raise ConfigError(f"model.remat: unknown policy '{self.remat}'{hint}; known: "
+                        f"{', '.join(REMAT_NAMES)}"
                         f", or tagged activations to save (comma-separated): "
                         f"{', '.join(CHECKPOINT_NAMES)}")
 

@@ -372,8 +372,9 @@ def attention_call_flops(exp: experiment_lib.Experiment) -> float:
 def host_transfers(compiled: Compiled, params_bytes: int) -> tuple[float, float]:
   """(bytes read from host memory, bytes written to it) per step per device of a program
   with host-resident state (trainer/offload.py): the parameters once for the microbatches,
-  then the whole state for the update, which returns to host memory."""
-  if not compiled.host:
+  then the whole state for the update, which returns to host memory. None where the state is
+  on the device (no argument in host memory), offloaded activations or not."""
+  if not compiled.host or not compiled.host_in:
     return 0.0, 0.0
   return float(params_bytes + compiled.host_in), float(compiled.host_out)
 

@@ -400,3 +400,18 @@ def test_the_recipes_that_need_host_memory_fit_their_chips_by_the_stored_plans(n
   assert plan.train.host > 0 and plan.fit_source == "compiler", name
   assert plan.needed <= plan.usable and plan.host_needed <= plan.host_ram, name
   assert plan.fits and rule and "max_hbm_gb=20" in rule, (name, rule)
+
+
+@pytest.mark.parametrize("given,want", [("offload_dots", "offload_dots_with_no_batch_dims"),
+                                        ("offload_attn", "offload_attn_out"),
+                                        ("ful", "full")])
+def test_a_remat_policy_cut_short_or_misspelt_is_named(given, want):
+  """One line naming the policy meant: the one a name cut short starts (difflib alone took
+  'offload_dots' for 'offload_attn_out'), else the closest spelling."""
+  from core.registry import ConfigError  # pylint: disable=import-outside-toplevel
+  from modules import llama  # pylint: disable=import-outside-toplevel
+  from modules.decoder import MODELS  # pylint: disable=import-outside-toplevel
+  node = llama.model_node("test")
+  node.remat = given
+  with pytest.raises(ConfigError, match=f"unknown policy '{given}' \\(did you mean '{want}'\\?\\)"):
+    MODELS.parse(node, "model").check()
