@@ -224,7 +224,6 @@ def run(argv: list[str]) -> int:
 
 HISTORY = ROOT / "benchmarks" / "chip_runs.jsonl"  # every measured row, oldest first
 PLANS = ROOT / "benchmarks" / "chip_plans.json"  # setting -> what `axtrain plan` said of it
-BENCHMARKS = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- chip: begin -->", "<!-- chip: end -->"
 _KEEP = ("date", "commit", "device", "setting", "argv", "code", "step_time_s", "tokens_per_sec",
          "mfu", "memory_peak_bytes", "compiled_step", "mesh", "memory_stats_max", "loss_last")
@@ -303,7 +302,7 @@ def write(argv: list[str]) -> int:
              + "\n".join(f"- `{n}`: `axtrain --config={c} {' '.join(o)}`"
                           for n, (c, o) in SETTINGS.items()) + "\n\n" + table(rows, plans)
              + f"\n{END}")
-  sections.write_section(section, begin=BEGIN, end=END, path=BENCHMARKS)
+  sections.write_section(section, begin=BEGIN, end=END)
   return 0
 
 

@@ -127,7 +127,7 @@ def run(argv: list[str]) -> int:
             _last(result["records"], "eval_loss").get("eval_loss")
             == _last(ref, "eval_loss").get("eval_loss"))
   (out / "whole_run.json").write_text(json.dumps(result, indent=1) + "\n")
-  print(json.dumps({k: v for k, v in phases.items()}), flush=True)
+  print(json.dumps(phases), flush=True)
   return 0
 
 

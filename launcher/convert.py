@@ -265,8 +265,8 @@ def _load_params(run_dir: pathlib.Path, abstract_params, step: int | None = None
 
 def from_hf(hf_dir: pathlib.Path, output: pathlib.Path, *, layout: dict,
             tokenizer: str | None, argv: list[str]) -> None:
-  if disk.not_a(hf_dir, "directory"):
-    raise UserError(f"--from_hf {hf_dir} {disk.not_a(hf_dir, 'directory')}")
+  if (why := disk.not_a(hf_dir, "directory")):
+    raise UserError(f"--from_hf {hf_dir} {why}")
   hf_cfg = hf_files.read_json(hf_dir / "config.json", "expected a Hugging Face model directory")
   family = hf_files.family(hf_cfg, hf_dir)
   try:
@@ -343,8 +343,8 @@ def to_hf(run_dir: pathlib.Path, output: pathlib.Path, *, step: int | None = Non
 
   from modules.hf_maps import (  # pylint: disable=import-outside-toplevel
       drop_vocab_padding, family_of_model)
-  if disk.not_a(run_dir, "directory"):
-    raise UserError(f"--to_hf {run_dir} {disk.not_a(run_dir, 'directory')}")
+  if (why := disk.not_a(run_dir, "directory")):
+    raise UserError(f"--to_hf {run_dir} {why}")
   cfg = hf_files.read_json(run_dir / "config.json", "expected an axtrain run directory")
   if not (run_dir / "checkpoints").is_dir():
     raise UserError(f"{run_dir} holds no checkpoints/ directory; nothing to convert")

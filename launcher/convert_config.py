@@ -127,8 +127,8 @@ def _named(value: str, vocab_size: int) -> dict:
   to check that it is one and that its ids fit the model's vocabulary."""
   if value == BytesTokenizer.name:
     node = {"kind": BytesTokenizer.name}
-  elif disk.not_a(value, "file"):
-    raise UserError(f"convert: --tokenizer={value} {disk.not_a(value, 'file')}; give the model's "
+  elif (why := disk.not_a(value, "file")):
+    raise UserError(f"convert: --tokenizer={value} {why}; give the model's "
                     f"tokenizer.json (or SentencePiece .model), or {BytesTokenizer.name}")
   else:
     node = {"kind": "huggingface" if value.endswith(".json") else "sentencepiece",

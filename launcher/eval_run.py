@@ -142,8 +142,8 @@ def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
 def main(argv: list[str]) -> int:
   args, config_args = parse_args(argv)
   run_dir = args["run_dir"]
-  if disk.not_a(run_dir, "directory"):
-    raise UserError(f"eval: --run_dir={run_dir} {disk.not_a(run_dir, 'directory')}")
+  if (why := disk.not_a(run_dir, "directory")):
+    raise UserError(f"eval: --run_dir={run_dir} {why}")
   cfg = load_config(run_dir, config_args)
   if not (run_dir / "checkpoints").is_dir():  # before anything compiles
     raise UserError(f"eval: {run_dir} holds no checkpoints/ directory; nothing to evaluate")

@@ -67,8 +67,8 @@ def read_prompts(args: dict) -> list[str]:
       raise UserError("generate: --prompt is empty; give some text to continue")
     return [args["prompt"]]
   path = pathlib.Path(os.path.expanduser(args["prompt_file"]))
-  if disk.not_a(path, "file"):
-    raise UserError(f"generate: --prompt_file {path} {disk.not_a(path, 'file')}")
+  if (why := disk.not_a(path, "file")):
+    raise UserError(f"generate: --prompt_file {path} {why}")
   lines = path.read_text(encoding="utf-8").splitlines()
   if not lines:
     raise UserError(f"generate: --prompt_file {path} is empty; write one prompt per line")
@@ -80,8 +80,8 @@ def read_prompts(args: dict) -> list[str]:
 
 
 def read_run_config(run_dir: pathlib.Path) -> dict:
-  if disk.not_a(run_dir, "directory"):
-    raise UserError(f"generate: --run_dir {run_dir} {disk.not_a(run_dir, 'directory')}")
+  if (why := disk.not_a(run_dir, "directory")):
+    raise UserError(f"generate: --run_dir {run_dir} {why}")
   from launcher import folders  # pylint: disable=import-outside-toplevel
   if folders.hf_model(run_dir):
     raise UserError(f"generate: {run_dir} is a Hugging Face model, not a run directory; convert "

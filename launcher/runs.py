@@ -179,8 +179,7 @@ def read(path: pathlib.Path) -> Run:
             info=_read_json(path / "run.json"),
             train=[r for r in records if "loss" in r],
             evals=[r for r in records if "eval_loss" in r])
-  trained = _trained(run)
-  if not run.train and trained:
+  if not run.train and (trained := _trained(run)):
     metrics = path / "metrics.jsonl"
     state = ("is missing" if not metrics.is_file() else "is empty"
              if metrics.stat().st_size == 0 else "holds no train record")

@@ -216,9 +216,9 @@ class DecoderLM(nn.Module):
       for i in range(cfg.repeats):
         x, _ = layer(cfg=cfg.block, dim=cfg.dim, decode=decode, name=f"layers_{i}")(
             x, positions_BxL, segment_ids_BxL)
-    if cfg.remainder is not None:  # the group's first layers after its whole repeats, once
+    if (rest := cfg.remainder) is not None:  # the group's first layers after its repeats, once
       x, _ = _layer_class(cfg, decode=decode, scanned=False)(
-          cfg=cfg.remainder, dim=cfg.dim, decode=decode, name=REMAINDER)(
+          cfg=rest, dim=cfg.dim, decode=decode, name=REMAINDER)(
               x, positions_BxL, segment_ids_BxL)
 
     if shards > 1:

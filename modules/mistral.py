@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.registry import ConfigError, suggest
+from core.config_args import row
 from modules import llama
 
 
@@ -33,10 +33,7 @@ SIZES: dict[str, Size] = {
 
 
 def size(name: str) -> Size:
-  if name not in SIZES:
-    raise ConfigError(f"unknown Mistral size '{name}'{suggest(name, SIZES)}; sizes: "
-                      f"{', '.join(SIZES)}")
-  return SIZES[name]
+  return row(SIZES, name, "Mistral")
 
 
 def model_node(name: str):

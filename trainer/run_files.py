@@ -199,7 +199,8 @@ def _by_layout(run_dir: pathlib.Path, rel: str, info: dict | None) -> bool:
   if rel == "metrics.jsonl":
     return _metrics_file(path)
   if rel == COMPILER_LOG:
-    return _first_line(path) is not None and bool(_COMPILER_LOG_HEAD.match(_first_line(path)))
+    line = _first_line(path)
+    return line is not None and bool(_COMPILER_LOG_HEAD.match(line))
   if parts[0] == "tensorboard" and len(parts) == 2:
     return _event_file(path)
   if parts[0] == "profile" and info.get("profiles"):
@@ -236,10 +237,8 @@ def contents(run_dir: pathlib.Path, names: Iterable[str]) -> Contents:
       if any(s in file.parents for s in steps):
         continue
       rel = file.relative_to(run_dir).as_posix()
-      if rel == MANIFEST:  # ours, or damaged (emptied) in a run directory of ours
-        mine = listed is not None or info is not None
-      elif rel in _OWN:  # write_json's temporary files, left by a crash
-        mine = listed is not None or info is not None
+      if rel == MANIFEST or rel in _OWN:  # the manifest (ours, or emptied in a run directory of
+        mine = listed is not None or info is not None  # ours), write_json's temporary files
       else:
         mine = (rel in listed) if listed is not None else _by_layout(run_dir, rel, info)
       (ours.append(file) if mine else unproven.append(rel))

@@ -36,8 +36,8 @@ class ModelFileConfig:
   SHARED: ClassVar = ("add_bos", "add_eos")  # not path: a .model is not a tokenizer.json
 
   def check(self):
-    if disk.not_a(self.path, "file"):
-      raise ConfigError(f"tokenizer file '{self.path}' {disk.not_a(self.path, 'file')}")
+    if (why := disk.not_a(self.path, "file")):
+      raise ConfigError(f"tokenizer file '{self.path}' {why}")
 
 
 class Tokenizer(abc.ABC):

@@ -74,8 +74,8 @@ def read_tokens_meta(path: str, *, what: str) -> dict:
   """The metadata of a directory written by `axtrain tokenize` (shards, dtype, tokenizer)."""
   root = pathlib.Path(path).expanduser()
   meta_path = root / META
-  if disk.not_a(root, "directory"):
-    raise ConfigError(f"{what} '{path}' {disk.not_a(root, 'directory')} (data.kind=tokens reads "
+  if (why := disk.not_a(root, "directory")):
+    raise ConfigError(f"{what} '{path}' {why} (data.kind=tokens reads "
                       f"the output directory of `axtrain tokenize`)")
   if not meta_path.is_file():
     raise ConfigError(f"{what} '{path}': no {META}; is it an `axtrain tokenize` output directory?")
