@@ -139,9 +139,7 @@ def pallas_hd64_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   b, _, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   mesh = jax.sharding.get_abstract_mesh()
-  device = getattr(mesh, "abstract_device", None)
-  platform = device.platform if device is not None else jax.default_backend()
-  local = functools.partial(_local, cfg=cfg, interpret=platform != "tpu")
+  local = functools.partial(_local, cfg=cfg, interpret=context.platform(mesh) != "tpu")
   # 64**-0.5 is a power of two: scaling the queries in their own dtype is exact.
   q = (q_BxLxHxK * k ** -0.5).astype(q_BxLxHxK.dtype)
   if mesh.empty:

@@ -134,11 +134,9 @@ def splash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask: Mask, cfg):
   b, _, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   mesh = jax.sharding.get_abstract_mesh()
-  device = getattr(mesh, "abstract_device", None)
-  platform = device.platform if device is not None else jax.default_backend()
   q = (q_BxLxHxK * k ** -0.5).astype(q_BxLxHxK.dtype).transpose(0, 2, 1, 3)
   kk, v = k_BxLxGxK.transpose(0, 2, 1, 3), v_BxLxGxK.transpose(0, 2, 1, 3)
-  interpret = platform != "tpu"
+  interpret = context.platform(mesh) != "tpu"
   if mesh.empty:
     return _kernel(q, kk, v, segment_ids_BxL, segment_ids_BxL, cfg, spec=spec,
                    interpret=interpret).transpose(0, 2, 1, 3)

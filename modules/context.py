@@ -44,6 +44,14 @@ def mesh_axes(logical: str, size: int, mesh) -> tuple[str, ...] | None:
   return names if names and size % shards == 0 else None
 
 
+def platform(mesh) -> str:
+  """The platform a program is traced for: the abstract mesh's devices' (a compile-only TPU
+  topology included), else JAX's default backend. A Pallas TPU kernel runs natively only on
+  "tpu" (in interpret mode elsewhere)."""
+  device = getattr(mesh, "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
 def free_axes(mesh) -> set[str]:
   """The mesh axes not already manual: those of a shard_map inside another one (a pipeline
   stage, modules/pipeline.py) on the other axes."""
