@@ -250,7 +250,7 @@ def _load_params(run_dir: pathlib.Path, abstract_params, step: int | None = None
   """The parameters of `step`'s checkpoint, or of the newest that reads (a warning names a newer
   one that does not)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from launcher.eval_run import warn  # pylint: disable=import-outside-toplevel
+  from launcher.errors import warn  # pylint: disable=import-outside-toplevel
   from trainer import checkpoint, checkpoint_files  # pylint: disable=import-outside-toplevel
   shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
                            abstract_params)

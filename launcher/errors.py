@@ -1,6 +1,8 @@
 """User mistakes: printed as one `axtrain: error: ...` line with exit code 2; a disk without room
 (trainer/disk.py:NoSpace) is one such line too, with exit code 74."""
 
+import sys
+
 from core.registry import ConfigError, suggest
 
 EXIT_USAGE = 2
@@ -14,3 +16,8 @@ class UserError(ConfigError):
 
 
 __all__ = ["EXIT_NO_SPACE", "EXIT_USAGE", "ConfigError", "UserError", "suggest"]
+
+
+def warn(text: str) -> None:
+  """One `axtrain: warning:` line on stderr, flushed (beside a run's progress lines)."""
+  print(f"axtrain: warning: {text}", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launcher import config_loading
-from launcher.errors import ConfigError, UserError, suggest
+from launcher.errors import ConfigError, UserError, suggest, warn
 from trainer import disk
 
 USAGE = ("usage: axtrain eval --run_dir=DIR [--step=N] [--config.eval.FIELD=VALUE ...] "
@@ -108,10 +108,6 @@ def load_config(run_dir: pathlib.Path, config_args: list[str]) -> ml_collections
   return fv["config"].value
 
 
-def warn(text: str) -> None:
-  print(f"axtrain: warning: {text}", file=sys.stderr, flush=True)
-
-
 def _restore_params(exp, run_dir: pathlib.Path, step: int | None):
   """(step, parameters) of a committed checkpoint: `step`, or the newest that reads (a newer
   one that does not is named in a warning)."""
@@ -178,7 +174,7 @@ def main(argv: list[str]) -> int:
     manifest = Manifest(run_dir)  # a run older than manifests: its layout shows metrics.jsonl
     writer = JsonlWriter(run_dir / "metrics.jsonl",  # one line, one write: safe beside training
                          record=manifest.record if manifest.files() is not None else no_record,
-                         warn=lambda text: print(f"axtrain: warning: {text}", file=sys.stderr))
+                         warn=warn)
     writer.on_record(record)
     writer.on_train_end(None)
   print(result_line(step, result, run_dir / "metrics.jsonl"))

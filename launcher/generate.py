@@ -241,7 +241,7 @@ def load_run_params(run_dir: pathlib.Path, *, run, model, mesh, rules, step: int
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
-  from launcher.eval_run import warn  # pylint: disable=import-outside-toplevel
+  from launcher.errors import warn  # pylint: disable=import-outside-toplevel
   from trainer import checkpoint, checkpoint_files, sharding  # pylint: disable=import-outside-toplevel
   from trainer.experiment import compute_dtype  # pylint: disable=import-outside-toplevel
   from trainer.step import cast_floats  # pylint: disable=import-outside-toplevel

@@ -37,7 +37,7 @@ import statistics
 import sys
 
 from launcher import folders
-from launcher.errors import UserError, suggest
+from launcher.errors import UserError, suggest, warn
 from launcher.flat import flatten
 from trainer import disk
 from launcher.runs_table import cut_text, fitted, show_value, table  # noqa: F401  (runs_lib.table)
@@ -113,10 +113,6 @@ def _time(text):
     return None
 
 
-def _warn(text: str) -> None:
-  print(f"axtrain: warning: {text}", file=sys.stderr)
-
-
 # -- finding and reading runs ---------------------------------------------------------------
 
 def is_run_dir(path: pathlib.Path) -> bool:
@@ -146,7 +142,7 @@ def _read_json(path: pathlib.Path) -> dict:
   try:
     value = json.loads(path.read_text())
   except (OSError, ValueError) as e:
-    _warn(f"{path}: not readable JSON ({' '.join(str(e).split())}); shown as empty")
+    warn(f"{path}: not readable JSON ({' '.join(str(e).split())}); shown as empty")
     return {}
   return value if isinstance(value, dict) else {}
 
@@ -163,10 +159,10 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
       try:
         record = json.loads(line)
       except ValueError:
-        _warn(f"{path} line {number}: not valid JSON; skipped")
+        warn(f"{path} line {number}: not valid JSON; skipped")
         continue
       if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-        _warn(f"{path} line {number}: not a metrics record (an object with an integer step); "
+        warn(f"{path} line {number}: not a metrics record (an object with an integer step); "
               f"skipped")
         continue
       records.append(record)
@@ -183,7 +179,7 @@ def read(path: pathlib.Path) -> Run:
     metrics = path / "metrics.jsonl"
     state = ("is missing" if not metrics.is_file() else "is empty"
              if metrics.stat().st_size == 0 else "holds no train record")
-    _warn(f"{metrics} {state}, although the run {trained}: its steps, losses and throughput "
+    warn(f"{metrics} {state}, although the run {trained}: its steps, losses and throughput "
           f"are unknown (steps shown as ?)")
     run.records_lost = True
   return run

@@ -177,12 +177,13 @@ def check_init_from(run_dir: str, abstract_params, *, layout: dict | None = None
   except ConfigError as e:
     source = run_dir_lib.RunDir(pathlib.Path(run_dir))
     theirs = convert.layout_of((source.stored_config() or {}).get("model") or {})
-    if "converted_from" not in source.info() or layout in (None, theirs):
+    info = source.info()
+    if "converted_from" not in info or layout in (None, theirs):
       raise
     flags_ = "".join(f" --{name}={str(value).lower()}" for name, value in layout.items()
                      if value != theirs[name] or value != convert.LAYOUT[name])
     raise ConfigError(f"{e}, or convert the model again with this model's layout: axtrain "
-                      f"convert --from_hf={source.info()['converted_from']}{flags_} "
+                      f"convert --from_hf={info['converted_from']}{flags_} "
                       f"--output_dir=NEW_DIR") from None
 
 
