@@ -243,7 +243,8 @@ def plan_setting(name: str) -> dict:
     raise SystemExit(f"benchmarks.chip: plan of {name} failed ({code})")
   p = json.loads(out.getvalue())
   e = p["estimate"] or {}
-  return {"step_s": e.get("step_s"), "mfu": e.get("mfu"), "train_peak": p["train_peak"],
+  return {"from": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+          "step_s": e.get("step_s"), "mfu": e.get("mfu"), "train_peak": p["train_peak"],
           "calibration": (e.get("calibration") or {}).get("source")}
 
 
@@ -258,7 +259,11 @@ def table(rows: list[dict], plans: dict) -> str:
   for r in rows:
     if r.get("code") != 0 or "step_time_s" not in r:
       continue
+    extra = _extra(r)
     plan = plans.get(r["setting"], {})
+    # A setting's plan is of it as shipped when it was planned ("from"): not of a row with
+    # overrides, nor of one that ran before the recipe last changed.
+    plan = {} if extra or r["date"] < plan.get("from", "") else plan
     step = plan.get("step_s")
     err = f" ({step / r['step_time_s'] - 1:+.0%})" if step else ""
     compiled = (r.get("compiled_step") or {}).get("total_bytes")
@@ -267,11 +272,25 @@ def table(rows: list[dict], plans: dict) -> str:
     # (trainer/metrics.py:device_peak), polled; the allocator's own peaks last the process.
     peak = (watched["bytes_in_use"] + watched.get("bytes_reserved", 0)
             if "bytes_in_use" in watched else r.get("memory_peak_bytes"))
-    lines.append(f"| {r['date']} | {r['commit']} | {r['setting']} | {r['step_time_s']:.4g} s | "
+    setting = r["setting"] + "".join(f" `{o}`" for o in extra)
+    lines.append(f"| {r['date']} | {r['commit']} | {setting} | {r['step_time_s']:.4g} s | "
                  f"{r['tokens_per_sec']:,.0f} | {r['mfu']:.3f} | "
                  f"{_gib(peak)} | {_gib(compiled)} | "
                  + (f"{step:.4g} s{err}" if step else "-") + f" | {_gib(plan.get('train_peak'))} |")
   return "\n".join(lines)
+
+
+_PLUMBING = ("trainer.max_steps", "trainer.log_every", "checkpoint.every_steps", "trainer.profile_steps")
+
+
+def _extra(r: dict) -> list[str]:
+  """A row's overrides beyond its setting's own and the run's plumbing, shortened to their last
+  two names (`attention.implementation=pallas_hd64`)."""
+  own = set(SETTINGS.get(r["setting"], ("", ()))[1])
+  return [".".join(a.removeprefix("--config.").split("=")[0].split(".")[-2:]) + "="
+          + a.split("=", 1)[1] for a in r.get("argv", ())
+          if a.startswith("--config.") and a not in own and "=" in a
+          and a.removeprefix("--config.").split("=")[0] not in _PLUMBING]
 
 
 def write(argv: list[str]) -> int:
@@ -298,7 +317,9 @@ def write(argv: list[str]) -> int:
              f"SETTING...` (benchmarks/chip.py: the settings trained through axtrain's CLI, "
              f"medians of the logged steps), written here by `python -m benchmarks.chip write "
              f"chip.jsonl --plan` with what `axtrain plan --mesh=tpu-v5e-1` estimated for the "
-             f"same setting (planner/calibration.py). Settings:\n\n"
+             f"same setting as shipped (planner/calibration.py; `-` for a row with overrides, "
+             f"shown after its setting, or one that ran before the recipe changed). "
+             f"Settings:\n\n"
              + "\n".join(f"- `{n}`: `axtrain --config={c} {' '.join(o)}`"
                           for n, (c, o) in SETTINGS.items()) + "\n\n" + table(rows, plans)
              + f"\n{END}")

@@ -15,11 +15,13 @@ On the lent TPU chip (../shared/chip/README.md), after `../shared/chip/wheels.sh
     reference   with --reference: the same command, uninterrupted, in another directory
     export      `axtrain convert --to_hf` of the resumed run
 
-The machine's RAM in use (MemTotal - MemAvailable) is polled every second; a phase that passes
---ram_limit_gb is killed (the lent machine returns nothing at all from a call killed for RAM).
-It writes whole_run.json: each phase's exit code, wall time and RAM peak, the runs' metrics
-records and run.json `startup`, and `bit_exact` (the last step's loss, norms and eval loss of
-the resumed run against the reference's, compared as float64 from their JSON).
+(`--noexport` leaves the export out.) The machine's RAM in use (MemTotal - MemAvailable) is
+polled every second into <phase>_ram.tsv (seconds, GB, the log's last line then); a phase that
+passes --ram_limit_gb is killed (the lent machine returns nothing at all from a call killed for
+RAM). It writes whole_run.json after each phase (a call cut short brings back what finished):
+each phase's exit code, wall time, RAM peak and its run's run.json `startup`, the run's metrics
+records, and `bit_exact` (the last step's loss, norms and eval loss of the resumed run against
+the reference's, compared as float64 from their JSON).
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ COMPARED = ("loss", "grad_norm", "param_norm", "update_norm")
 
 
 class _Phase:
-  """One command as a subprocess, its RAM peak polled; killed past `limit` bytes in use."""
+  """One command as a subprocess, its RAM peak polled; killed past `limit` bytes in use. Each
+  poll goes to `trace`: seconds since the start, GB in use, and the log's last line then (what
+  the run was doing: a step, a save, a restore)."""
 
   def __init__(self, argv: list[str], log: pathlib.Path, limit: float):
     self.argv, self.log, self.limit = argv, log, limit
     self.peak, self.killed = 0, False
+    self.trace: list[tuple[float, float, str]] = []
 
   def run(self, *, stop_after_s: float | None = None) -> dict:
     start = time.time()
@@ -60,12 +65,20 @@ class _Phase:
       while proc.poll() is None:
         used = host_memory.system_used() or 0
         self.peak = max(self.peak, used)
+        self.trace.append((round(time.time() - start, 1), round(used / 1e9, 3), self._last_line()))
         if used > self.limit:
           self.killed = True
           proc.kill()
         time.sleep(1)
     return {"argv": self.argv, "code": proc.returncode, "wall_s": round(time.time() - start, 1),
             "ram_peak_gb": round(self.peak / 1e9, 2), "killed_for_ram": self.killed}
+
+  def _last_line(self) -> str:
+    lines = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
+    return lines[-1][:80] if lines else ""
+
+  def write_trace(self, path: pathlib.Path) -> None:
+    path.write_text("".join(f"{t}\t{gb}\t{line}\n" for t, gb, line in self.trace))
 
   def _stop_after(self, proc, seconds: float) -> None:
     while proc.poll() is None:
@@ -96,6 +109,8 @@ def run(argv: list[str]) -> int:
   p.add_argument("--reference", action="store_true", help="also run it uninterrupted")
   p.add_argument("--ram_limit_gb", type=float, default=38.0)
   p.add_argument("--work", default="/tmp/axtrain-whole-run")
+  p.add_argument("--noexport", dest="export", action="store_false",
+                 help="leave out the export (where the call's time is short)")
   args = p.parse_args(argv)
   out, work = pathlib.Path(args.out), pathlib.Path(args.work)
   out.mkdir(parents=True, exist_ok=True)
@@ -106,19 +121,32 @@ def run(argv: list[str]) -> int:
             "command": "axtrain " + " ".join(command), "phases": {}}
   phases = result["phases"]
   run_dir, ref_dir = work / "run", work / "reference"
-  phases["stopped"] = _Phase([*command, f"--output_dir={run_dir}", "--overwrite"],
-                             out / "stopped.log", limit).run(stop_after_s=args.stop_after_s)
-  phases["resumed"] = _Phase([*command, f"--output_dir={run_dir}"], out / "resumed.log",
-                             limit).run()
+  steps = [("stopped", [*command, f"--output_dir={run_dir}", "--overwrite"], args.stop_after_s),
+           ("resumed", [*command, f"--output_dir={run_dir}"], None)]
   if args.reference:
-    phases["reference"] = _Phase([*command, f"--output_dir={ref_dir}", "--overwrite"],
-                                 out / "reference.log", limit).run()
-  phases["export"] = _Phase(["convert", f"--to_hf={run_dir}", f"--output_dir={work / 'hf'}"],
-                            out / "export.log", limit).run()
+    steps.append(("reference", [*command, f"--output_dir={ref_dir}", "--overwrite"], None))
+  if args.export:
+    steps.append(("export", ["convert", f"--to_hf={run_dir}", f"--output_dir={work / 'hf'}"],
+                  None))
+  for name, phase_argv, stop_after in steps:
+    phase = _Phase(phase_argv, out / f"{name}.log", limit)
+    phases[name] = phase.run(stop_after_s=stop_after)
+    phase.write_trace(out / f"{name}_ram.tsv")
+    _finish(result, run_dir, ref_dir if args.reference else None)
+    if name in ("stopped", "resumed"):
+      phases[name]["startup"] = result["startup"]  # run.json's: each run writes its own
+    # Written after each phase: a call cut short still brings back the phases it finished.
+    (out / "whole_run.json").write_text(json.dumps(result, indent=1) + "\n")
+  print(json.dumps(phases), flush=True)
+  return 0
+
+
+def _finish(result: dict, run_dir: pathlib.Path, ref_dir: pathlib.Path | None) -> None:
+  """The run's records, run.json `startup` and, with a reference, `bit_exact`, as they stand."""
   result["records"] = _records(run_dir)
   info = run_dir / "run.json"
   result["startup"] = json.loads(info.read_text()).get("startup") if info.exists() else None
-  if args.reference:
+  if ref_dir is not None:
     ref = _records(ref_dir)
     mine, theirs = _last(result["records"], "loss"), _last(ref, "loss")
     result["reference_records"] = ref
@@ -126,9 +154,6 @@ def run(argv: list[str]) -> int:
         mine.get(k) == theirs.get(k) for k in COMPARED) and (
             _last(result["records"], "eval_loss").get("eval_loss")
             == _last(ref, "eval_loss").get("eval_loss"))
-  (out / "whole_run.json").write_text(json.dumps(result, indent=1) + "\n")
-  print(json.dumps(phases), flush=True)
-  return 0
 
 
 def row(r: dict) -> str:
@@ -142,8 +167,12 @@ def row(r: dict) -> str:
   return (f"| {r['date']} | {r.get('commit', '-')} | `{r['command']}` | {codes} | "
           f"{max(steps) if steps else 0:.4g} s | {max(saves) if saves else 0:.3g} s | "
           f"{max(evals) if evals else 0:.3g} s | "
-          f"{phases['stopped']['ram_peak_gb']} / {phases['resumed']['ram_peak_gb']} GB | "
-          f"{phases['export']['wall_s']} s | {exact} |")
+          f"{_peak(phases, 'stopped')} / {_peak(phases, 'resumed')} GB | "
+          f"{phases['export']['wall_s'] if 'export' in phases else '-'} s | {exact} |")
+
+
+def _peak(phases: dict, name: str):
+  return phases[name]["ram_peak_gb"] if name in phases else "-"
 
 
 def write(argv: list[str]) -> int:

@@ -57,10 +57,15 @@ def _rows(n: int) -> dict:
 _TPU_16GB = {"platform": "tpu", "max_hbm_gb": 20}
 # ... and one alone: the whole model, its gradients and optimizer state on it.
 _ONE_TPU_16GB = {**_TPU_16GB, "num_devices": 1}
-# What trains fastest on a TPU chip (measured on one v5e, benchmarks/chip.py): the Pallas splash
-# kernel, layers unrolled (a scanned stack spends ~10% of 125m's step stacking and slicing
-# per-layer buffers).
-_TPU_FAST = {"model.block.attention.implementation": "splash", "model.scan_layers": False}
+# What trains fastest on a TPU chip (measured on one v5e, benchmarks/chip.py): layers unrolled (a
+# scanned stack spends ~10% of 125m's step stacking and slicing per-layer buffers) and a Pallas
+# attention kernel: our own for head_dim 64 (125m as shipped: 3.28 s a step, MFU 0.717, against
+# splash's 3.93 s, 0.598; docs/chip.md) ...
+_TPU_FAST = {"model.block.attention.implementation": "pallas_hd64", "model.scan_layers": False}
+# ... or splash, where ours does not fit: llm_1b on one chip (state in host memory, full remat,
+# 8 rows) needs 18.8 GB of temporaries with it, by the TPU compiler, 12.8 GB with splash (at 4 of
+# its layers both 8.7 GiB, and ours 4% faster on the chip: 15.92 s against 16.59 s).
+_TPU_FAST_SPLASH = {**_TPU_FAST, "model.block.attention.implementation": "splash"}
 
 
 # 125m: GPT-3 Small's 0.5M-token batches and peak rate (Brown et al. 2020, Table 2.1).
@@ -78,7 +83,8 @@ RECIPES: dict[str, Recipe] = {
         # microbatches run on bfloat16 weights (docs/offload.md), 8 rows at a time with full
         # remat (the fastest that `axtrain plan` found: 2 rows without remat make the compiler
         # rematerialise on its own, 1.48x the model's FLOPs).
-        (_ONE_TPU_16GB, {"trainer.state_memory": "host", **_fit(256, **_rows(8)), **_TPU_FAST}),
+        (_ONE_TPU_16GB, {"trainer.state_memory": "host", **_fit(256, **_rows(8)),
+                          **_TPU_FAST_SPLASH}),
         ({"platform": "tpu"}, _fit(256, **_rows(4))),
         (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
         # Several such hosts (the launch examples' gpu-h100-8x2 and 8x4): the same recipe, 4 rows

@@ -11,8 +11,8 @@ times each at the rate the device reaches on ops of its kind:
                planner/plan.py:attention_call_flops) at `attention` x peak for a forward
                pass; a backward pass takes
                `attention_backward` forward passes. A row's attention figures are one
-               kernel's (`attention_kernel`); another implementation's kernel is planned at
-               them until it is timed itself (ATTENTION_STAND_INS), and the plan says so
+               kernel's (`attention_kernel`); `kernels` holds those of the other kernels
+               timed on that hardware, and the run's implementation picks its own
     the rest   bytes / (memory x HBM bandwidth)
 
 and adds them (one device runs one op at a time), collectives beside them.
@@ -27,6 +27,14 @@ from __future__ import annotations
 import dataclasses
 
 from trainer.meshes import Hardware
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One attention kernel's figures on a row's hardware (Calibration.attention's meaning)."""
+  attention: float  # achieved / peak on its forward pass (causal FLOPs)
+  attention_backward: float  # its backward pass, in forward passes
+  note: str  # how they were measured
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,6 +60,8 @@ class Calibration:
   # on; "" where they are assumed. `attention_note`: what the plan says of them.
   attention_kernel: str = ""
   attention_note: str = ""
+  # Other attention implementations timed on this hardware: name -> their kernel's figures.
+  kernels: tuple[tuple[str, Kernel], ...] = ()
 
   @property
   def matmul_quantized(self) -> float:
@@ -85,9 +95,31 @@ class Calibration:
 # step's time (issue 45); timed truly (trainer/step_clock.py, 2026-12-06, steps 2-4 of 4) the
 # same setting took 16.59 s, and llm_1b as shipped 46.97 s against this row's 45.83 s (-2%), so
 # the row stands.
+# pallas_hd64 (modules/attn_pallas_hd64.py, blocks of 512 queries and 512 keys, products
+# transposed: the layer's default) against splash as modules/attn_splash.py sets it up, timed side
+# by side in one run on the chip (2026-12-06, `bash .chip/on_chip.sh bash
+# benchmarks/attention_on_chip.sh --out=$OUT`: 125m's attention, 4 rows, 12 heads, 2048
+# positions, 4 documents a row; docs/chip.md): forward 0.6469 / 0.7393 ms, forward and backward
+# 1.4382 / 2.316 ms. Its figures are splash's row scaled by those ratios (the row's splash
+# figures were timed inside a step, which runs the kernels faster than alone).
+_SPLASH_V5E = (0.22, 1.95)
+_HD64_FORWARD, _HD64_BOTH = 0.6469 / 0.7393, 1.4382 / 2.316
+
+
+def _scaled(splash: tuple[float, float], forward: float, both: float) -> tuple[float, float]:
+  """A kernel's (attention, attention_backward) from splash's and its time ratios to splash's
+  forward pass (`forward`) and forward and backward (`both`)."""
+  share, backward = splash
+  ours = share / forward
+  return ours, both * (1 + backward) / share * ours - 1
+
+
 _V5E = Calibration(
-    matmul=0.83, attention=0.22, attention_backward=1.95, memory=0.85, measured=True,
-    attention_kernel="splash",
+    matmul=0.83, attention=_SPLASH_V5E[0], attention_backward=_SPLASH_V5E[1], memory=0.85,
+    measured=True, attention_kernel="splash",
+    kernels=(("pallas_hd64", Kernel(*_scaled(_SPLASH_V5E, _HD64_FORWARD, _HD64_BOTH),
+                                    note="pallas_hd64's kernel: splash's figures scaled by "
+                                         "their times side by side on the chip, 2026-12-06")),),
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
            "splash kernel timings)",
     host_to_device=13.9e9, device_to_host=0.0,
@@ -112,14 +144,6 @@ _NEURON = Calibration(
     transfer_source="assumed: 25 GB/s each way (no Trainium measured here)")
 
 _V5E_KIND = r"TPU v5 ?lite|TPU v5e"
-
-# Attention implementations whose kernels have not been timed on any hardware of ours yet:
-# implementation -> the one whose figures stand in for them. pallas_hd64 (modules/
-# attn_pallas_hd64.py: our Pallas kernel for head_dim 64) takes splash's until
-# benchmarks/attention.py has timed it on the chip (docs/chip.md, "Attention kernels at
-# head_dim 64"); then its row gets figures of its own.
-ATTENTION_STAND_INS = {"pallas_hd64": "splash"}
-
 
 # (platform, the registry's device_kind of that hardware or None for any, row): first match.
 ROWS: tuple[tuple[str, str | None, Calibration], ...] = (
@@ -186,14 +210,14 @@ def host_ram_for(hw: Hardware) -> HostRam | None:
 
 def for_hardware(hw: Hardware, *, attention: str | None = None) -> Calibration:
   """The row for `hw`: its own where measured; another TPU generation takes v5e's fractions,
-  labelled as such. `attention`: the run's attention implementation; one of
-  ATTENTION_STAND_INS is planned at its stand-in's kernel figures, and `attention_note` says
-  so."""
+  labelled as such. `attention`: the run's attention implementation; one that the row timed
+  among its `kernels` is planned at its own figures, and `attention_note` says so."""
   row = _row(hw)
-  stand_in = ATTENTION_STAND_INS.get(attention or "")
-  if stand_in is not None and stand_in == row.attention_kernel:
-    row = dataclasses.replace(row, attention_note=(
-        f"{attention}'s kernel not timed yet: {stand_in}'s figures stand in"))
+  kernel = dict(row.kernels).get(attention or "")
+  if kernel is not None:
+    row = dataclasses.replace(row, attention=kernel.attention,
+                              attention_backward=kernel.attention_backward,
+                              attention_kernel=attention, attention_note=kernel.note)
   return row
 
 

@@ -73,7 +73,7 @@ SHIPPED = (
     *(_shipped("llm_70b", m) for m in ("tpu-v5p-512", "gpu-h100-8x16", "neuron-trn2-64x8",
                                         "tpu-v5p-1024", "gpu-h100-8")),
     Report("llama_125m@tpu-v5e-1", "configs/llama.py:size=125m", "tpu-v5e-1",
-           note="`grad_accum_steps=64` (4 rows a microbatch), `splash`, `scan_layers=false`: "
+           note="`grad_accum_steps=64` (4 rows a microbatch), `pallas_hd64`, `scan_layers=false`: "
                 "the chip's rule as shipped"),
 )
 _BY_NAME = {r.name: r for r in SHIPPED}

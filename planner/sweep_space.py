@@ -5,7 +5,7 @@ Two searches. The **layout** sweep (an entry of several devices) tries mesh axes
 and gradient accumulation (`candidates`). The **memory** sweep (one device, or an entry where no
 layout fits by the analytic model) tries, for each layout, the knobs that trade speed for memory
 (`knob_values`): gradient accumulation, remat policies, `trainer.loss_chunk_size`, the attention
-implementation that the platform runs natively without whole [queries, keys] logits
+implementations that the platform runs natively without whole [queries, keys] logits
 (LEAN_ATTENTION) and the other `model.scan_layers`, and on TPU and GPU
 `trainer.state_memory=host` (the train state in host memory: trainer/offload.py); then the eval
 step's `eval.microbatch_rows` for the best. Knobs that change the training recipe (RECIPE:
@@ -24,7 +24,7 @@ import dataclasses
 import itertools
 
 from core.registry import ConfigError
-from modules import attn_registry, attn_splash
+from modules import attn_pallas_hd64, attn_registry, attn_splash
 from planner import memory_model
 from trainer import experiment as experiment_lib, flops as flops_lib, sharding
 from trainer.config import RunConfig
@@ -52,11 +52,12 @@ REMAT_OFFLOAD = ("offload_dots_with_no_batch_dims", "offload_attn_out")
 # The named policies, most kept first (modules/decoder.py): a later one never needs more memory.
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "save_attn_out",
                "save_qkv_proj", "full")
-# The attention implementation that holds no whole [queries, keys] logits and runs natively on
-# each platform: splash is a Pallas TPU kernel (Pallas interpret mode elsewhere: slow), chunked
-# is XLA everywhere. Ranked by how little they hold (0: xla, dot_product; the Pallas kernels
-# none: pallas_hd64 as splash, which stays the lean choice on TPU until pallas_hd64 is timed).
-LEAN_ATTENTION = {"tpu": "splash"}
+# The attention implementations that hold no whole [queries, keys] logits and run natively on
+# each platform, each tried where the model's attention can take it: on TPU the Pallas kernels,
+# pallas_hd64 (head_dim 64 only; 1.6x splash's speed on the chip, docs/chip.md) and splash
+# (Pallas interpret mode elsewhere: slow); chunked is XLA everywhere. Ranked by how little they
+# hold (0: xla, dot_product; the Pallas kernels none).
+LEAN_ATTENTION = {"tpu": ("pallas_hd64", "splash")}
 ATTENTION_ORDER = {"chunked": 1, "splash": 2, "pallas_hd64": 2}
 CHUNK_SPLITS = (2, 4, 8, 16)  # loss_chunk_size: seq_len / these (and 0, the whole sequence)
 
@@ -244,14 +245,20 @@ def recipe_values(run: RunConfig, recipe: bool) -> dict[str, list]:
 
 def _attention_runs(run: RunConfig, path: str, implementation: str) -> bool:
   """Whether the model's attention can run as `implementation` with packed documents at the
-  run's sequence length (its options declared, splash's blocks dividing the length) and then
-  holds less of the [queries, keys] logits (chunked: query_chunk_size divides the length)."""
+  run's sequence length (its options declared, splash's blocks dividing the length,
+  pallas_hd64's head_dim 64 and pairs of heads) and then holds less of the [queries, keys]
+  logits (chunked: query_chunk_size divides the length)."""
   node = replace_path(run, path, implementation)
   attention = get_path(node, path.rsplit(".", 1)[0])
   try:
     attn_registry.choose(attention, segments=True)
     if implementation == "splash":
       attn_splash.block_sizes(run.data.seq_len, attention.splash_block_size)
+    if implementation == "pallas_hd64":
+      heads, kv_heads, head_dim = attention.heads(get_path(run, "model.dim"))
+      attn_pallas_hd64.layout(attention, batch=1, length=run.data.seq_len, heads=heads,
+                              kv_heads=kv_heads, head_dim=head_dim, segments=True,
+                              interpret=True)
   except ConfigError:
     return False
   return memory_model.scores_share(node, run.data.seq_len)[1] < 1  # chunked: when it chunks
@@ -278,9 +285,9 @@ def knob_values(run: RunConfig, *, platform: str, shards: int, eval_step: bool =
       values[STATE_MEMORY] = own(STATE_MEMORY) + ["host"]
   values[CHUNK] = own(CHUNK) + [0] + [seq // k for k in CHUNK_SPLITS if seq % k == 0]
   path = attention_path(run)
-  lean = LEAN_ATTENTION.get(platform, "chunked")
   if path:
-    values[path] = own(path) + ([lean] if _attention_runs(run, path, lean) else [])
+    values[path] = own(path) + [lean for lean in LEAN_ATTENTION.get(platform, ("chunked",))
+                                if _attention_runs(run, path, lean)]
   if not eval_step:
     values.update(recipe_values(run, recipe))
   return {p: list(dict.fromkeys(v)) for p, v in values.items() if v and v != [None]}

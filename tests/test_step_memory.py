@@ -207,7 +207,8 @@ def test_parameters_larger_than_the_device_get_no_recipe_that_cannot_fit():
 
 
 def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
-  """splash is offered on TPU only, and never where it is set; chunked where it chunks."""
+  """splash is offered on TPU only, and never where it is set; chunked where it chunks;
+  pallas_hd64 too on TPU where the heads are 64 wide and pair up (the `test` model's are 16)."""
   run = _test_exp(**{"data.seq_len": 256}).run
   path = sweep_space.attention_path(run)
   assert path == "model.block.attention.implementation"
@@ -217,6 +218,13 @@ def test_lean_attention_is_the_platforms_own_and_not_one_already_set():
   assert sweep_space.knob_values(short, platform="cpu", shards=1)[path] == ["xla", "chunked"]
   splash = _test_exp(**{"model.block.attention.implementation": "splash"}).run
   assert sweep_space.knob_values(splash, platform="tpu", shards=1)[path] == ["splash"]
+  wide = _test_exp(**{"data.seq_len": 256, "model.block.attention.head_dim": 64}).run
+  assert sweep_space.knob_values(wide, platform="tpu", shards=1)[path] == [
+      "xla", "pallas_hd64", "splash"]
+  odd = _test_exp(**{"data.seq_len": 256, "model.block.attention.head_dim": 64,
+                     "model.block.attention.num_heads": 3,
+                     "model.block.attention.num_kv_heads": 1}).run
+  assert sweep_space.knob_values(odd, platform="tpu", shards=1)[path] == ["xla", "splash"]
 
 
 def test_the_tpu_compilers_refusal_is_read_in_any_unit():
