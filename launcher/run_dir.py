@@ -19,6 +19,7 @@ trainer.max_steps alone extends a run: it continues from its last checkpoint (`p
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import json
 import os
@@ -163,12 +164,15 @@ def _read_json(path: pathlib.Path):
 
 def differences(stored: dict, resolved: dict) -> list[str]:
   """Flat keys whose values differ. A key that `stored` lacks is no difference where `resolved`
-  holds that field's default: the field was added to axtrain after the run was written."""
+  holds that field's default: the field was added to axtrain after the run was written. Values
+  are compared as JSON with sorted keys: config.json is written so, and a dict inside a list (a
+  mesh rule) is the same dict in any order."""
+  same = functools.partial(json.dumps, sort_keys=True)
   try:  # flatten: defaults() may give the nested tree as well as flat keys
-    defaults = {k: json.dumps(v) for k, v in flatten(config_lib.defaults(resolved)).items()}
+    defaults = {k: same(v) for k, v in flatten(config_lib.defaults(resolved)).items()}
   except ConfigError:  # a kind this axtrain does not know: every key counts
     defaults = {}
-  flat_a, flat_b = ({k: json.dumps(v) for k, v in flatten(d).items()} for d in (stored, resolved))
+  flat_a, flat_b = ({k: same(v) for k, v in flatten(d).items()} for d in (stored, resolved))
   return sorted(k for k in set(flat_a) | set(flat_b)
                 if flat_a.get(k) != flat_b.get(k)
                 and not (k not in flat_a and defaults.get(k, object()) == flat_b[k]))
