@@ -388,6 +388,7 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   rd = this.run_dir
   startup = ({"startup": this.startup.record(state_s=result.state_s,
                                              first_step_s=result.time_to_first_step_s,
+                                             first_compile_s=result.first_compile_s,
                                              first_step_at=result.first_step_at)}
              if result.first_step_at else {})
   if result.preempted:
@@ -416,6 +417,7 @@ def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str
   notes: list[str] = []
   with compiler_output.compiler_log(notes, rest=lines):
     compiled = _check_memory(this.exp, this.mesh)
+    this.startup.note("to_steps_compiled_s")
     if initialises:  # the loop will initialise: its program compiled here too
       this.exp.init_fn.lower(jax.random.key(this.exp.run.trainer.seed)).compile()
   # The compiler's freed heap goes back to the system: llm_1b's steps on one v5e host kept

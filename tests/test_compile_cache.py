@@ -31,8 +31,9 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   assert first.returncode == 0, first.stderr[-2000:]
   assert READ not in first.stderr and _entries(tmp_path / "cache")
   startup = json.loads((tmp_path / "a" / "run.json").read_text())["startup"]  # trainer/startup.py
-  assert 0 < startup["to_experiment_s"] <= startup["to_compiled_s"] <= startup["to_first_step_s"]
-  assert startup["first_step_s"] > 0 and startup["state_s"] >= 0
+  assert (0 < startup["to_experiment_s"] <= startup["to_steps_compiled_s"]
+          <= startup["to_compiled_s"] <= startup["to_first_step_s"])
+  assert startup["first_step_s"] > startup["first_compile_s"] > 0 and startup["state_s"] >= 0
   for run in (second, extended):  # a second run of the setting; the same run extended (resumed)
     assert run.returncode == 0 and READ in run.stderr, run.stderr[-2000:]
 

@@ -49,6 +49,7 @@ class Result:
   profiles: list = dataclasses.field(default_factory=list)  # profiler captures (run.json)
   state_s: float = 0.0  # the initial state: initialised or restored
   first_step_at: float = 0.0  # time.time() when the first step finished
+  first_compile_s: float = 0.0  # of first_step_s: the step's program lowered and compiled (or read)
 
 
 class NonFiniteError(Exception):
@@ -140,6 +141,7 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   try:
     started = time.perf_counter()
     loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn)
+    jax.block_until_ready(loop.state)  # an initialisation runs now, not inside the first step
     loop.state_s = time.perf_counter() - started
     loop.step = loop.last_logged = loop.start
     _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
@@ -156,7 +158,7 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
                 time_to_first_step_s=loop.first_step_s, state=loop.state, start_step=loop.start,
                 preempted=loop.preempted, last_step=loop.step, compiled=loop.compiled,
                 profiles=profile.captures if profile else [], state_s=loop.state_s,
-                first_step_at=loop.first_step_at)
+                first_step_at=loop.first_step_at, first_compile_s=loop.first_compile_s)
 
 
 def _header(exp: Experiment, run_dir) -> list[str]:
@@ -196,7 +198,8 @@ class LoopState:
   skipped: int = 0  # non-finite steps seen so far
   first_step_s: float = 0.0  # compile + first step
   first_step_at: float = 0.0  # time.time() when it finished
-  state_s: float = 0.0  # the initial state: initialised or restored
+  first_compile_s: float = 0.0  # of first_step_s: the step's program lowered and compiled
+  state_s: float = 0.0  # the initial state: initialised or restored (its arrays ready)
   eval_loss: float | None = None
   preempted: bool = False
   records: list = dataclasses.field(default_factory=list)  # every record written
@@ -252,7 +255,9 @@ class _Loop:
       batch = cb.on_batch(step, batch)
     batch = exp.global_batch(batch)
     if step == s.start + 1:  # compiles here, once; exp.step_fn reuses the executable
+      compiling = time.perf_counter()
       s.compiled = metrics_lib.compiled_stats(exp.step_fn.lower(s.state, batch).compile())
+      s.first_compile_s = time.perf_counter() - compiling
     s.state, metrics = exp.step_fn(s.state, batch)
     s.step = step
     s.unchecked.append((step, metrics.pop("nonfinite")))

@@ -2,10 +2,15 @@
 
     to_experiment_s   process start -> the model, data and shardings built (imports, the
                       runtime's start, the config)
-    to_compiled_s     ... -> the steps compiled (or read from the compilation cache)
-    state_s           the train state initialised, or restored from a checkpoint
+    to_steps_compiled_s  ... -> the train and eval steps compiled (or read from the
+                      compilation cache), the memory check
+    to_compiled_s     ... -> the initialisation compiled too (a run that initialises)
+    state_s           the train state initialised, or restored from a checkpoint (its arrays
+                      ready)
     first_step_s      the first step, dispatched and finished (its programs' last compile or
                       load included)
+    first_compile_s   of first_step_s: the train step lowered and compiled again by the loop
+                      (from JAX's caches: what remains of a compile that was already made)
     to_first_step_s   process start -> the first step finished
 
 Seconds since the process started come from Linux's /proc (None elsewhere).
@@ -40,6 +45,8 @@ class Startup:
     if self.started is not None:
       self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
 
-  def record(self, *, state_s: float, first_step_s: float, first_step_at: float) -> dict:
+  def record(self, *, state_s: float, first_step_s: float, first_step_at: float,
+             first_compile_s: float = 0.0) -> dict:
     self.note("to_first_step_s", at=first_step_at)
-    return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2)}
+    return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2),
+            "first_compile_s": round(first_compile_s, 2)}
