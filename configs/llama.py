@@ -63,8 +63,13 @@ _ONE_TPU_16GB = {**_TPU_16GB, "num_devices": 1}
 # splash's 3.93 s, 0.598; docs/chip.md) ...
 _TPU_FAST = {"model.block.attention.implementation": "pallas_hd64", "model.scan_layers": False}
 # ... or splash, where ours does not fit: llm_1b on one chip (state in host memory, full remat,
-# 8 rows) needs 18.8 GB of temporaries with it, by the TPU compiler, 12.8 GB with splash (at 4 of
-# its layers both 8.7 GiB, and ours 4% faster on the chip: 15.92 s against 16.59 s).
+# 8 rows) needs 18.8 GB of temporaries with it by the TPU compiler, 12.8 GB with splash (at 4 of
+# its layers both 8.7 GiB, and ours 4% faster on the chip: 15.92 s against 16.59 s). Not the
+# kernel's doing: the compiler's default memory scheduler leaves six layers' weight-gradient
+# sums (fed in the gradient tree's key order: layers_0, 1, 10..15, 2..9) until after layer 2's
+# backward, each keeping ~1 GiB of that layer's recomputed activations alive; splash is hit the
+# same way at 12 layers. LIBTPU_INIT_ARGS=--xla_memory_scheduler=list fits it at 12.0 GiB (not
+# yet run on the chip: docs/chip.md).
 _TPU_FAST_SPLASH = {**_TPU_FAST, "model.block.attention.implementation": "splash"}
 
 
