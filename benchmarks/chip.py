@@ -280,7 +280,8 @@ def table(rows: list[dict], plans: dict) -> str:
   return "\n".join(lines)
 
 
-_PLUMBING = ("trainer.max_steps", "trainer.log_every", "checkpoint.every_steps", "trainer.profile_steps")
+_PLUMBING = ("trainer.max_steps", "trainer.log_every", "checkpoint.every_steps",
+             "trainer.profile_steps")
 
 
 def _extra(r: dict) -> list[str]:

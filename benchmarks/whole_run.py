@@ -15,13 +15,15 @@ On the lent TPU chip (../shared/chip/README.md), after `../shared/chip/wheels.sh
     reference   with --reference: the same command, uninterrupted, in another directory
     export      `axtrain convert --to_hf` of the resumed run
 
-(`--noexport` leaves the export out.) The machine's RAM in use (MemTotal - MemAvailable) is
-polled every second into <phase>_ram.tsv (seconds, GB, the log's last line then); a phase that
-passes --ram_limit_gb is killed (the lent machine returns nothing at all from a call killed for
-RAM). It writes whole_run.json after each phase (a call cut short brings back what finished):
-each phase's exit code, wall time, RAM peak and its run's run.json `startup`, the run's metrics
-records, and `bit_exact` (the last step's loss, norms and eval loss of the resumed run against
-the reference's, compared as float64 from their JSON).
+(`--noexport` leaves the export out; `--only=stopped`, then `--only=resumed` in a second call on
+the same warm machine, splits a recipe whose phases pass one call's 10 minutes.) The machine's
+RAM in use (MemTotal - MemAvailable) is polled every second into <phase>_ram.tsv (seconds, GB,
+the log's last line then); a phase that passes --ram_limit_gb is killed (the lent machine
+returns nothing at all from a call killed for RAM). It writes whole_run.json after each phase (a
+call cut short brings back what finished): each phase's exit code, wall time, RAM peak and its
+run's run.json `startup`, the run's metrics records, and `bit_exact` (the last step's loss,
+norms and eval loss of the resumed run against the reference's, compared as float64 from their
+JSON).
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ def run(argv: list[str]) -> int:
   p.add_argument("--work", default="/tmp/axtrain-whole-run")
   p.add_argument("--noexport", dest="export", action="store_false",
                  help="leave out the export (where the call's time is short)")
+  p.add_argument("--only", default="", help="PHASE,... of stopped, resumed, reference, export: "
+                 "run only these, in --work as an earlier call left it (a warm machine keeps "
+                 "it), so that a recipe whose phases pass one call's limit takes two calls")
   args = p.parse_args(argv)
   out, work = pathlib.Path(args.out), pathlib.Path(args.work)
   out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +133,13 @@ def run(argv: list[str]) -> int:
   if args.export:
     steps.append(("export", ["convert", f"--to_hf={run_dir}", f"--output_dir={work / 'hf'}"],
                   None))
+  only = [n for n in args.only.split(",") if n]
+  unknown = set(only) - {name for name, _, _ in steps}
+  if unknown:
+    p.error(f"--only: {', '.join(sorted(unknown))} not among this run's phases")
   for name, phase_argv, stop_after in steps:
+    if only and name not in only:
+      continue
     phase = _Phase(phase_argv, out / f"{name}.log", limit)
     phases[name] = phase.run(stop_after_s=stop_after)
     phase.write_trace(out / f"{name}_ram.tsv")

@@ -255,7 +255,10 @@ def _attention_runs(run: RunConfig, path: str, implementation: str) -> bool:
     if implementation == "splash":
       attn_splash.block_sizes(run.data.seq_len, attention.splash_block_size)
     if implementation == "pallas_hd64":
-      heads, kv_heads, head_dim = attention.heads(get_path(run, "model.dim"))
+      dim = get_path(run, "model.dim")
+      if dim is None and not attention.head_dim:  # no width to take the heads' from
+        return False
+      heads, kv_heads, head_dim = attention.heads(dim)
       attn_pallas_hd64.layout(attention, batch=1, length=run.data.seq_len, heads=heads,
                               kv_heads=kv_heads, head_dim=head_dim, segments=True,
                               interpret=True)
