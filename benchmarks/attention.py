@@ -20,7 +20,9 @@ heads-major layout included) at SPLASH_BLOCKS, `pallas_hd64` (modules/attn_palla
 at OUR_BLOCKS in each form of its products (PRODUCTS), tokamax's splash kernel at TOKAMAX_BLOCKS where tokamax is importable (else one
 `skipped` line says why), and `xla` once for scale. Each is timed as a jitted forward, and as a
 jitted gradient of sum(out x a fixed cotangent) with respect to q, k and v (forward and backward):
-the median over --rounds of the mean of --steps calls.
+the median over --rounds of the mean of --steps calls. Compiling is most of a run's time (on the
+chip, 16 kernels at 125m's shape took 170 s one after another): every kernel is compiled first,
+--compile_threads at once, and then each is timed alone.
 
 The work of one forward pass is F = 4 x seq^2 / 2 x 64 x heads x rows FLOPs (QK^T and PV over
 half the square: the causal FLOPs, documents not subtracted); the backward counts 2.5 F
@@ -34,9 +36,11 @@ or run gives its error instead.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib.metadata
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -166,14 +170,22 @@ def timed(fn, args, *, rounds: int, steps: int) -> float:
   return statistics.median(times)
 
 
-def measure(case: Case, kernel: str, blocks, inputs, reference, *, peak: float, rounds: int,
-            steps: int) -> dict:
-  """One line of the table: `kernel` at `blocks` on `inputs` (q, k, v, cotangent, segments)."""
+def programs(case: Case, kernel: str, blocks, inputs) -> tuple:
+  """`kernel` at `blocks` compiled for `inputs` (q, k, v, cotangent, segments): its jitted
+  forward, and its gradient of sum(out x cotangent) with respect to q, k and v (forward and
+  backward)."""
   q, k, v, cotangent, seg = inputs
   attend = KERNELS[kernel][0](case, blocks, seg, interpret=jax.default_backend() != "tpu")
-  forward = jax.jit(attend)
-  both = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v).astype(jnp.float32)
-                                                  * cotangent), argnums=(0, 1, 2)))
+  both = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v).astype(jnp.float32) * cotangent),
+                  argnums=(0, 1, 2))
+  return tuple(jax.jit(fn).lower(q, k, v).compile() for fn in (attend, both))
+
+
+def measure(case: Case, compiled: tuple, inputs, reference, *, peak: float, rounds: int,
+            steps: int) -> dict:
+  """One line of the table: a kernel's compiled (forward, forward and backward) on `inputs`."""
+  forward, both = compiled
+  q, k, v = inputs[:3]
   fwd_s = timed(forward, (q, k, v), rounds=rounds, steps=steps)
   both_s = timed(both, (q, k, v), rounds=rounds, steps=steps)
   flops = case.forward_flops
@@ -260,6 +272,9 @@ def parse(argv):
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--steps", type=int, default=10, help="calls timed together in a round")
   p.add_argument("--peak_tflops", type=float, default=197.0, help="bf16 peak (v5e: 197)")
+  p.add_argument("--compile_threads", type=int, default=min(8, os.cpu_count() or 1),
+                 help="kernels compiled at once, all before any is timed (compiling is most "
+                      "of a run's time; the timings run alone afterwards)")
   p.add_argument("--compile_only", action="store_true",
                  help="compile each kernel for a v5e chip here (libtpu), time nothing")
   args = p.parse_args(argv)
@@ -292,6 +307,7 @@ def main(argv=None) -> int:
       f.flush()
       print("benchmarks.attention: " + json.dumps(row), flush=True)
 
+    jobs = []  # (kernel, blocks) to compile and time, in the table's order
     for kernel in args.kernels.split(","):
       if kernel.startswith("tokamax") and (why := _tokamax_missing()):
         emit({"kernel": kernel, "skipped": why})
@@ -299,15 +315,21 @@ def main(argv=None) -> int:
       if kernel == "pallas_hd64" and case.heads % 2:
         emit({"kernel": kernel, "skipped": "an odd number of heads"})
         continue
-      for b in blocks.get(kernel, KERNELS[kernel][1]):
-        try:
-          row = (compile_only(case, kernel, b) if args.compile_only else
-                 measure(case, kernel, b, inputs, reference, peak=args.peak_tflops * 1e12,
-                         rounds=args.rounds, steps=args.steps))
-        except Exception as e:  # pylint: disable=broad-except  (a config that fails: its line)
-          row = {"error": " ".join(str(e).split())[:300],
-                 "where": traceback.format_exc().strip().splitlines()[-1][:200]}
-        emit({"kernel": kernel, "blocks": list(b), **row})
+      jobs += [(kernel, b) for b in blocks.get(kernel, KERNELS[kernel][1])]
+    work = ((lambda kernel, b: compile_only(case, kernel, b)) if args.compile_only else
+            (lambda kernel, b: programs(case, kernel, b, inputs)))
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.compile_threads)) as pool:
+      made = [pool.submit(work, kernel, b) for kernel, b in jobs]
+      concurrent.futures.wait(made)
+    for (kernel, b), future in zip(jobs, made):
+      try:
+        row = (future.result() if args.compile_only else
+               measure(case, future.result(), inputs, reference,
+                       peak=args.peak_tflops * 1e12, rounds=args.rounds, steps=args.steps))
+      except Exception as e:  # pylint: disable=broad-except  (a config that fails: its line)
+        row = {"error": " ".join(str(e).split())[:300],
+               "where": traceback.format_exc().strip().splitlines()[-1][:200]}
+      emit({"kernel": kernel, "blocks": list(b), **row})
   return 0
 
 
