@@ -288,10 +288,13 @@ def _extra(r: dict) -> list[str]:
   """A row's overrides beyond its setting's own and the run's plumbing, shortened to their last
   two names (`attention.implementation=pallas_hd64`)."""
   own = set(SETTINGS.get(r["setting"], ("", ()))[1])
-  return [".".join(a.removeprefix("--config.").split("=")[0].split(".")[-2:]) + "="
-          + a.split("=", 1)[1] for a in r.get("argv", ())
-          if a.startswith("--config.") and a not in own and "=" in a
-          and a.removeprefix("--config.").split("=")[0] not in _PLUMBING]
+  out = []
+  for arg in r.get("argv", ()):
+    if arg.startswith("--config.") and "=" in arg and arg not in own:
+      path, value = arg.removeprefix("--config.").split("=", 1)
+      if path not in _PLUMBING:
+        out.append(".".join(path.split(".")[-2:]) + "=" + value)
+  return out
 
 
 def write(argv: list[str]) -> int:

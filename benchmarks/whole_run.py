@@ -144,8 +144,9 @@ def run(argv: list[str]) -> int:
     phases[name] = phase.run(stop_after_s=stop_after)
     phase.write_trace(out / f"{name}_ram.tsv")
     _finish(result, run_dir, ref_dir if args.reference else None)
-    if name in ("stopped", "resumed"):
-      phases[name]["startup"] = result["startup"]  # run.json's: each run writes its own
+    if name in ("stopped", "resumed"):  # each run writes its own run.json
+      info = run_dir / "run.json"
+      phases[name]["startup"] = json.loads(info.read_text()).get("startup") if info.exists() else None
     # Written after each phase: a call cut short still brings back the phases it finished.
     (out / "whole_run.json").write_text(json.dumps(result, indent=1) + "\n")
   print(json.dumps(phases), flush=True)
@@ -153,10 +154,8 @@ def run(argv: list[str]) -> int:
 
 
 def _finish(result: dict, run_dir: pathlib.Path, ref_dir: pathlib.Path | None) -> None:
-  """The run's records, run.json `startup` and, with a reference, `bit_exact`, as they stand."""
+  """The run's records and, with a reference, `bit_exact`, as they stand."""
   result["records"] = _records(run_dir)
-  info = run_dir / "run.json"
-  result["startup"] = json.loads(info.read_text()).get("startup") if info.exists() else None
   if ref_dir is not None:
     ref = _records(ref_dir)
     mine, theirs = _last(result["records"], "loss"), _last(ref, "loss")

@@ -144,7 +144,8 @@ def check_parallel(run: RunConfig, source: Source, mesh: Mesh, rules):
       raise ConfigError(f"{name}: {e}") from None
   name, stages = mesh_size(mesh, rules, "layers")
   if stages > 1:
-    layers, repeats = getattr(model, "num_layers", None), getattr(model, "repeats", getattr(model, "num_layers", None))
+    layers = getattr(model, "num_layers", None)
+    repeats = getattr(model, "repeats", layers)
     if not getattr(model, "scan_layers", False):
       raise ConfigError(f"{name} splits the scanned layer stack into pipeline stages, but "
                         f"model.scan_layers is False; set --config.model.scan_layers=true or "
