@@ -62,15 +62,6 @@ _ONE_TPU_16GB = {**_TPU_16GB, "num_devices": 1}
 # attention kernel: our own for head_dim 64 (125m as shipped: 3.28 s a step, MFU 0.717, against
 # splash's 3.93 s, 0.598; docs/chip.md) ...
 _TPU_FAST = {"model.block.attention.implementation": "pallas_hd64", "model.scan_layers": False}
-# ... or splash, where ours does not fit: llm_1b on one chip (state in host memory, full remat,
-# 8 rows) needs 18.8 GB of temporaries with it by the TPU compiler, 12.8 GB with splash (at 4 of
-# its layers both 8.7 GiB, and ours 4% faster on the chip: 15.92 s against 16.59 s). Not the
-# kernel's doing: the compiler's default memory scheduler leaves six layers' weight-gradient
-# sums (fed in the gradient tree's key order: layers_0, 1, 10..15, 2..9) until after layer 2's
-# backward, each keeping ~1 GiB of that layer's recomputed activations alive; splash is hit the
-# same way at 12 layers. LIBTPU_INIT_ARGS=--xla_memory_scheduler=list fits it at 12.0 GiB (not
-# yet run on the chip: docs/chip.md).
-_TPU_FAST_SPLASH = {**_TPU_FAST, "model.block.attention.implementation": "splash"}
 
 
 # 125m: GPT-3 Small's 0.5M-token batches and peak rate (Brown et al. 2020, Table 2.1).
@@ -85,11 +76,13 @@ RECIPES: dict[str, Recipe] = {
     "1b": Recipe(batch_size=256, seq_len=2048, learning_rate=3e-4, warmup_steps=1000, mesh_rules=(
         # One 16 GiB chip cannot hold float32 parameters, AdamW's two moments and the float32
         # gradient sum (18.4 GiB): the parameters and AdamW state live in host memory, the
-        # microbatches run on bfloat16 weights (docs/offload.md), 8 rows at a time with full
-        # remat (the fastest that `axtrain plan` found: 2 rows without remat make the compiler
-        # rematerialise on its own, 1.48x the model's FLOPs).
-        (_ONE_TPU_16GB, {"trainer.state_memory": "host", **_fit(256, **_rows(8)),
-                          **_TPU_FAST_SPLASH}),
+        # microbatches run on bfloat16 weights (docs/offload.md), 2 rows at a time keeping the
+        # matmuls' outputs for the backward (the best of `axtrain plan --sweep`, docs/plan.md:
+        # 36.5 s a step on one v5e, MFU 0.60, against 47.0 s and 0.47 with 8 rows, full remat and
+        # splash). Evaluation, with nothing kept for a backward, takes 8 rows at a time.
+        (_ONE_TPU_16GB, {"trainer.state_memory": "host", **_fit(256), **_TPU_FAST,
+                          "model.remat": "dots_with_no_batch_dims_saveable",
+                          "trainer.microbatch_rows": 2, "eval.microbatch_rows": 8}),
         ({"platform": "tpu"}, _fit(256, **_rows(4))),
         (_gpu_hosts(1), _fit(256, **{"trainer.grad_accum_steps": 8})),
         # Several such hosts (the launch examples' gpu-h100-8x2 and 8x4): the same recipe, 4 rows

@@ -34,6 +34,7 @@ import jax
 import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
+from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
 
@@ -43,10 +44,14 @@ from trainer.checkpoint_files import DATA, STATE
 # GB (10**9 bytes) of a state in host memory that a save copies off and writes at once
 # (save_device_host_concurrent_gb), and that a restore reads at once; a larger array is copied
 # or read alone.
-HOST_STATE_SAVE_GB = 0.25
+HOST_STATE_SAVE_GB = 0.1
 # OCDBT data file (and so chunk) size of a host-memory save: what TensorStore holds encoded
 HOST_STATE_FILE_BYTES = 16 * 2**20
 SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
+# TensorStore's concurrency in a host-memory save: data files written at once and chunks encoded
+# at once (Orbax's: 128 files, one chunk a core), each holding a file's or a chunk's bytes
+HOST_STATE_FILE_WRITES = 8
+HOST_STATE_ENCODERS = 2
 _ORBAX_CONCURRENT_GB = 96  # StandardCheckpointHandler's save_ and restore_concurrent_gb
 
 
@@ -80,6 +85,7 @@ class Transfers(DefaultSerializationStatusCallback):
 
   def __init__(self):
     self.state_arrays: list | None = None  # the arrays of a bounded save; None: Orbax's default
+    self.ts_context = None  # a bounded save's TensorStore context; None: Orbax's
     self._small: set = set()  # tree paths of a bounded save's small arrays: copied at once
     self._written = False  # a batch was written since the copies were last freed
 
@@ -95,13 +101,16 @@ class Transfers(DefaultSerializationStatusCallback):
     self.state_arrays = None if paths is None else [leaf for _, leaf in paths]
     self._small = {path for path, leaf in paths or ()
                    if getattr(leaf, "nbytes", SMALL_BYTES + 1) <= SMALL_BYTES}
+    self.ts_context = None if paths is None else ts_utils.get_ts_context(
+        use_ocdbt=True, file_io_concurrency_limit=HOST_STATE_FILE_WRITES,
+        data_copy_concurrency_limit=HOST_STATE_ENCODERS)
 
   def finish(self) -> None:
     """After the save: frees what its last batch left and forgets the state."""
     if self.state_arrays is not None:
       drop_host_copies(self.state_arrays)
       host_memory.release()
-    self.state_arrays, self._small = None, set()
+    self.state_arrays, self._small, self.ts_context = None, set(), None
 
   def key_priority(self, keypath) -> TransferPriority:
     return (TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
@@ -120,6 +129,21 @@ class Transfers(DefaultSerializationStatusCallback):
       host_memory.release()
 
 
+class _Arrays(ocp.type_handlers.ArrayHandler):
+  """Orbax's jax.Array handler, whose copies follow `transfers`; a bounded save's writes go
+  through `transfers.ts_context` (one TensorStore context for all of the save's arrays)."""
+
+  def __init__(self, transfers: Transfers):
+    super().__init__(array_metadata_store=ArrayMetadataStore(), callback=transfers)
+    self._transfers = transfers
+
+  async def serialize(self, values, infos, args=None):
+    if self._transfers.ts_context is not None:
+      for info in infos:
+        info.ts_context = self._transfers.ts_context
+    return await super().serialize(values, infos, args)
+
+
 def _largest_bytes(tree) -> int:
   return max((int(leaf.size) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)
               if hasattr(leaf, "dtype")), default=0)
@@ -135,8 +159,7 @@ class StateHandler(ocp.StandardCheckpointHandler):
   def __init__(self, transfers: Transfers):
     super().__init__()
     self._transfers = transfers
-    arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=ArrayMetadataStore(),
-                                            callback=transfers)
+    arrays = _Arrays(transfers)
     self._registry = ocp.type_handlers.create_type_handler_registry(
         *[(ty, arrays if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
           for ty in ocp.type_handlers.supported_types()])
