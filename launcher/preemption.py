@@ -54,6 +54,13 @@ def _wakeups(fd: int):
       yield signum
 
 
+
+def _say(line: str) -> None:
+  """One stderr line in one write: this runs on the signal-reading thread, and `print` writes
+  the text and its newline separately, so the loop's own line could land between them."""
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
+
 class Preemption:
   """`signals`: the signals this handles (a multi-process run leaves SIGTERM to JAX's preemption
   service, launcher/distributed.py); `on_first(signum)` runs after the first one's message;
@@ -76,16 +83,16 @@ class Preemption:
     name = signal.Signals(signum).name
     if self.signum is None:
       self.signum = signum
-      print(f"axtrain: {name}: finishing the current step and saving a checkpoint "
-            f"(send it again to exit at once)", file=sys.stderr, flush=True)
+      _say(f"axtrain: {name}: finishing the current step and saving a checkpoint "
+           f"(send it again to exit at once)")
       self._on_first(signum)
       return
     said = None
     try:
       said = self._on_second()
     finally:
-      print(f"axtrain: second {name}: exiting now; "
-            f"{said or 'the last committed checkpoint is kept'}", file=sys.stderr, flush=True)
+      _say(f"axtrain: second {name}: exiting now; "
+           f"{said or 'the last committed checkpoint is kept'}")
       os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
   def _read(self, fd: int) -> None:
