@@ -51,14 +51,14 @@ class _Phase:
   poll goes to `trace`: seconds since the start, GB in use, and the log's last line then (what
   the run was doing: a step, a save, a restore)."""
 
-  def __init__(self, argv: list[str], log: pathlib.Path, limit: float):
-    self.argv, self.log, self.limit = argv, log, limit
+  def __init__(self, argv: list[str], log: pathlib.Path, limit: float, trace: pathlib.Path):
+    self.argv, self.log, self.limit, self.trace_path = argv, log, limit, trace
     self.peak, self.killed = 0, False
-    self.trace: list[tuple[float, float, str]] = []
 
   def run(self, *, stop_after_s: float | None = None) -> dict:
     start = time.time()
-    with open(self.log, "w", encoding="utf-8") as out:
+    with open(self.log, "w", encoding="utf-8") as out, \
+        open(self.trace_path, "w", encoding="utf-8") as trace:
       proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.argv], cwd=ROOT,
                               stdout=out, stderr=subprocess.STDOUT)
       stopper = threading.Thread(target=self._stop_after, args=(proc, stop_after_s), daemon=True)
@@ -67,7 +67,9 @@ class _Phase:
       while proc.poll() is None:
         used = host_memory.system_used() or 0
         self.peak = max(self.peak, used)
-        self.trace.append((round(time.time() - start, 1), round(used / 1e9, 3), self._last_line()))
+        # written as it goes: a call cut short still brings the trace back
+        trace.write(f"{time.time() - start:.1f}\t{used / 1e9:.3f}\t{self._last_line()}\n")
+        trace.flush()
         if used > self.limit:
           self.killed = True
           proc.kill()
@@ -78,9 +80,6 @@ class _Phase:
   def _last_line(self) -> str:
     lines = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
     return lines[-1][:80] if lines else ""
-
-  def write_trace(self, path: pathlib.Path) -> None:
-    path.write_text("".join(f"{t}\t{gb}\t{line}\n" for t, gb, line in self.trace))
 
   def _stop_after(self, proc, seconds: float) -> None:
     while proc.poll() is None:
@@ -140,9 +139,8 @@ def run(argv: list[str]) -> int:
   for name, phase_argv, stop_after in steps:
     if only and name not in only:
       continue
-    phase = _Phase(phase_argv, out / f"{name}.log", limit)
+    phase = _Phase(phase_argv, out / f"{name}.log", limit, out / f"{name}_ram.tsv")
     phases[name] = phase.run(stop_after_s=stop_after)
-    phase.write_trace(out / f"{name}_ram.tsv")
     _finish(result, run_dir, ref_dir if args.reference else None)
     if name in ("stopped", "resumed"):  # each run writes its own run.json
       info = run_dir / "run.json"
