@@ -14,7 +14,7 @@ from trainer import checkpoint, config as config_lib, experiment, loop, meshes
 from trainer.callbacks import Callback
 from trainer.step_clock import StepClock
 
-SLOW = 1.5  # seconds of host time injected into step 3, into the save and into the evaluation
+SLOW = 0.75  # seconds of host time injected into step 3, into the saves and into the evaluations
 
 
 class _SlowBatch(Callback):
