@@ -4,7 +4,8 @@
                       runtime's start, the config)
     to_steps_compiled_s  ... -> the train and eval steps compiled (or read from the
                       compilation cache), the memory check
-    to_compiled_s     ... -> the initialisation compiled too (a run that initialises)
+    to_compiled_s     ... -> the initialisation compiled too (a run that initialises; it is
+                      compiled beside the steps, so this waits only for what is left of it)
     state_s           the train state initialised, or restored from a checkpoint (its arrays
                       ready)
     first_step_s      the first step, dispatched and finished (its programs' last compile or
