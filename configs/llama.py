@@ -60,7 +60,7 @@ _ONE_TPU_16GB = {**_TPU_16GB, "num_devices": 1}
 # What trains fastest on a TPU chip (measured on one v5e, benchmarks/chip.py): layers unrolled (a
 # scanned stack spends ~10% of 125m's step stacking and slicing per-layer buffers) and a Pallas
 # attention kernel: our own for head_dim 64 (125m as shipped: 3.28 s a step, MFU 0.717, against
-# splash's 3.93 s, 0.598; docs/chip.md) ...
+# splash's 3.93 s, 0.598; docs/chip.md).
 _TPU_FAST = {"model.block.attention.implementation": "pallas_hd64", "model.scan_layers": False}
 
 

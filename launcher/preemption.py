@@ -54,12 +54,12 @@ def _wakeups(fd: int):
       yield signum
 
 
-
 def _say(line: str) -> None:
   """One stderr line in one write: this runs on the signal-reading thread, and `print` writes
   the text and its newline separately, so the loop's own line could land between them."""
   sys.stderr.write(line + "\n")
   sys.stderr.flush()
+
 
 class Preemption:
   """`signals`: the signals this handles (a multi-process run leaves SIGTERM to JAX's preemption
