@@ -34,8 +34,13 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   assert (0 < startup["to_experiment_s"] <= startup["to_steps_compiled_s"]
           <= startup["to_compiled_s"] <= startup["to_first_step_s"])
   assert startup["first_step_s"] > startup["first_compile_s"] > 0 and startup["state_s"] >= 0
+  spent = startup["compile"]  # JAX's own seconds: compiled (the loop reads back a program)
+  assert spent["trace_s"] > 0 and spent["lower_s"] > 0 and spent["compile_s"] > 0
+  assert spent["cache_read_s"] < spent["compile_s"]
   for run in (second, extended):  # a second run of the setting; the same run extended (resumed)
     assert run.returncode == 0 and READ in run.stderr, run.stderr[-2000:]
+  spent = json.loads((tmp_path / "b" / "run.json").read_text())["startup"]["compile"]
+  assert 0 < spent["cache_read_s"] <= spent["compile_s"] and spent["trace_s"] > 0
 
 
 def test_the_cache_can_be_turned_off_and_a_bad_folder_is_one_line(tmp_path):

@@ -13,6 +13,11 @@
     first_compile_s   of first_step_s: the train step lowered and compiled again by the loop
                       (from JAX's caches: what remains of a compile that was already made)
     to_first_step_s   process start -> the first step finished
+    compile           seconds JAX spent, summed over this process's programs (and threads)
+                      until the first step finished: `trace_s` (Python to jaxpr), `lower_s`
+                      (jaxpr to StableHLO), `compile_s` (XLA, or a read from the compilation
+                      cache) and, of that, `cache_read_s`; a program read from the cache is
+                      still traced and lowered (its key is the lowered program)
 
 Seconds since the process started come from Linux's /proc (None elsewhere).
 """
@@ -21,6 +26,29 @@ from __future__ import annotations
 
 import os
 import time
+
+from jax import monitoring
+
+# JAX's duration events (jax/_src/dispatch.py, compiler.py) -> the `compile` field's names
+_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+           "/jax/core/compile/backend_compile_duration": "compile_s",
+           "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read_s"}
+_spent = dict.fromkeys(_EVENTS.values(), 0.0)  # this process's, so far
+
+
+def _add(event: str, seconds: float, **_) -> None:
+  if event in _EVENTS:
+    _spent[_EVENTS[event]] += seconds
+
+
+monitoring.register_event_duration_secs_listener(_add)
+
+
+def compile_seconds(since: dict[str, float] | None = None) -> dict[str, float]:
+  """JAX's seconds in this process so far (past `since`, an earlier answer): tracing,
+  lowering, compiling, cache reads."""
+  return {k: round(v - (since or {}).get(k, 0.0), 2) for k, v in _spent.items()}
 
 
 def process_start() -> float | None:
@@ -41,6 +69,7 @@ class Startup:
   def __init__(self):
     self.started = process_start()
     self.phases: dict[str, float] = {}
+    self._compiled_before = compile_seconds()  # another run's, in a process that ran one
 
   def note(self, phase: str, at: float | None = None) -> None:
     if self.started is not None:
@@ -50,4 +79,4 @@ class Startup:
              first_compile_s: float = 0.0) -> dict:
     self.note("to_first_step_s", at=first_step_at)
     return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2),
-            "first_compile_s": round(first_compile_s, 2)}
+            "first_compile_s": round(first_compile_s, 2), "compile": compile_seconds(self._compiled_before)}
