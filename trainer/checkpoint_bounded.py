@@ -23,12 +23,20 @@ or a restore must not take them again. These would:
   cores, a disk slower than encoding) a save of two 1.07 GB arrays peaked at +2.99 GB with
   Orbax's concurrency and +2.24 GB with this, in the same time (2.5 s).
 - Orbax frees a batch's copies only once the next batch is copied (its loop's variable holds
-  them), so a save holds two batches at once: batches of HOST_STATE_SAVE_GB = 0.1 GB keep that
-  small beside a larger array, which is copied alone (on the v5e, a 4.46 GB state's save
-  peaked at +0.48 GB with these, 0.75-1.11 GB with 0.25 GB batches and Orbax's concurrency).
-- A restore reads every array at once by default (restore_concurrent_gb=96); a host-memory
-  target is read a batch at a time (`StateHandler.restore`): the 4.46 GB state's restore took
-  0.78 GB beyond the state on the v5e with 0.1 GB batches, 1.4-2.2 GB with 0.25 GB.
+  them), so a save held two batches at once: llm_1b's, whose embedding and MLP matrices and
+  their moments are twelve arrays of 1.05-1.07 GB, each copied alone, peaked at +2.17 GB on
+  the v5e (bound: 1.48 GB). `Transfers` empties each batch's copies once it is written
+  (`_Copies`), so a save holds one batch of HOST_STATE_SAVE_GB = 0.1 GB, or one larger array
+  (on the v5e, a 4.46 GB state's save peaked at +0.48 GB with 0.1 GB batches, 0.75-1.11 GB
+  with 0.25 GB batches and Orbax's concurrency).
+- A restore reads every array at once by default (restore_concurrent_gb=96), and Orbax's
+  limit on the bytes read at once counts a read only until its `device_put` is dispatched:
+  a pinned_host placement is a copy on a TPU host, which holds the read buffer until it is
+  done, so reads ran ahead of the copies. On the v5e, llm_1b's restore (a 14.8 GB state)
+  peaked 6.7 GB above the RAM in use once it was done (a 4.46 GB state's: 0.78-1.43 GB
+  beyond the state). A host-memory target is read a group of HOST_STATE_SAVE_GB (or one
+  larger array) at a time, each group's arrays placed before the next group is read
+  (`_Arrays.deserialize`).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
   `host_memory.release` gives it back after each batch and after a restore.
 
@@ -38,10 +46,14 @@ tests/test_tpu_checkpoint_memory.py (the chip) bound it.
 
 from __future__ import annotations
 
+import math
+
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
+from orbax.checkpoint._src.serialization import replica_slices
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
@@ -82,6 +94,39 @@ def drop_host_copies(arrays) -> None:
     array._replace_with(array._rewrap_with_aval_and_sharding(array.aval, array.sharding))  # pylint: disable=protected-access
 
 
+class _Copies:
+  """While installed (a bounded save), Orbax's copies of a save's arrays to host RAM
+  (`replica_slices.transfer_arrays_to_host`, which its save loop looks up for each save), kept
+  so that `empty` can drop them once their batch is written: Orbax's loop holds the last
+  batch's copies until the next batch is copied."""
+
+  def __init__(self):
+    self._made: list = []
+    self._orbax = None
+
+  def install(self) -> None:
+    self._orbax = replica_slices.transfer_arrays_to_host
+
+    def transfer(*args, **kwargs):
+      copies = self._orbax(*args, **kwargs)
+      self._made.extend(copies)
+      return copies
+
+    replica_slices.transfer_arrays_to_host = transfer
+
+  def uninstall(self) -> None:
+    if self._orbax is not None:
+      replica_slices.transfer_arrays_to_host = self._orbax
+    self._orbax, self._made = None, []
+
+  def empty(self) -> None:
+    """Drops the NumPy copies held by the batches copied so far (written: Orbax reads them no
+    more); the ReplicaSlices objects stay, with no slices."""
+    for copies in self._made:
+      copies.replica_slices.clear()
+    self._made = []
+
+
 class Transfers(DefaultSerializationStatusCallback):
   """When Orbax copies a save's arrays to host RAM, set by Checkpointer.save for each save.
 
@@ -96,6 +141,7 @@ class Transfers(DefaultSerializationStatusCallback):
     self.ts_context = None  # a bounded save's TensorStore context; None: Orbax's
     self._small: set = set()  # tree paths of a bounded save's small arrays: copied at once
     self._written = False  # a batch was written since the copies were last freed
+    self._copies = _Copies()  # a bounded save's copies, emptied as each batch is written
 
   @property
   def bounded(self) -> bool:
@@ -112,9 +158,12 @@ class Transfers(DefaultSerializationStatusCallback):
     self.ts_context = None if paths is None else ts_utils.get_ts_context(
         use_ocdbt=True, file_io_concurrency_limit=HOST_STATE_FILE_WRITES,
         data_copy_concurrency_limit=HOST_STATE_ENCODERS)
+    if paths is not None:
+      self._copies.install()
 
   def finish(self) -> None:
     """After the save: frees what its last batch left and forgets the state."""
+    self._copies.uninstall()
     if self.state_arrays is not None:
       drop_host_copies(self.state_arrays)
       host_memory.release()
@@ -133,13 +182,15 @@ class Transfers(DefaultSerializationStatusCallback):
     batch's copies (the next batch is copied only after the last call)."""
     if self.state_arrays is not None and not self._written:
       self._written = True
+      self._copies.empty()
       drop_host_copies(self.state_arrays)
       host_memory.release()
 
 
 class _Arrays(ocp.type_handlers.ArrayHandler):
   """Orbax's jax.Array handler, whose copies follow `transfers`; a bounded save's writes go
-  through `transfers.ts_context` (one TensorStore context for all of the save's arrays)."""
+  through `transfers.ts_context` (one TensorStore context for all of the save's arrays); a
+  restore into host memory reads a group at a time (`deserialize`)."""
 
   def __init__(self, transfers: Transfers):
     super().__init__(array_metadata_store=ArrayMetadataStore(), callback=transfers)
@@ -150,6 +201,46 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
       for info in infos:
         info.ts_context = self._transfers.ts_context
     return await super().serialize(values, infos, args)
+
+  async def deserialize(self, infos, args=None):
+    """Orbax's; arrays restored into host memory are read HOST_STATE_SAVE_GB (or one larger
+    array) at a time, each group placed (its copies into host memory done) before the next is
+    read, and the freed read buffers given back."""
+    if args is None or not any(_memory_kind(arg) == "pinned_host" for arg in args):
+      return await super().deserialize(infos, args)
+    restored = []
+    for group in _groups(list(zip(infos, args)), HOST_STATE_SAVE_GB * 1e9):
+      arrays = await super().deserialize([info for info, _ in group], [arg for _, arg in group])
+      jax.block_until_ready(arrays)
+      host_memory.release()
+      restored.extend(arrays)
+    return restored
+
+
+def _memory_kind(arg) -> str | None:
+  return getattr(getattr(arg, "sharding", None), "memory_kind", None)
+
+
+def _restored_bytes(arg) -> float:
+  """An array's bytes from its restore args; unknown (no shape or dtype given): infinite."""
+  shape, dtype = getattr(arg, "global_shape", None), getattr(arg, "dtype", None)
+  if shape is None or dtype is None:
+    return float("inf")
+  return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def _groups(pairs: list, limit: float) -> list[list]:
+  """(info, restore args) pairs in order, in groups of at most `limit` bytes; a larger array
+  alone."""
+  groups, size = [], 0.0
+  for pair in pairs:
+    nbytes = _restored_bytes(pair[1])
+    if not groups or size + nbytes > limit:
+      groups.append([])
+      size = 0.0
+    groups[-1].append(pair)
+    size += nbytes
+  return groups
 
 
 def _largest_bytes(tree) -> int:
