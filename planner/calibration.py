@@ -169,37 +169,31 @@ class HostRam:
 
 
 # One TPU v5e chip on a host of 40 GiB (the device tool, 2026-12-06; docs/offload.md), the RAM
-# in use (`free -m`, MiB, every second) while configs/llm_1b.py as shipped ran (1.24B parameters,
-# AdamW, state in host memory: 14.83 GB of float32 parameters and two moments; its largest
-# arrays 1.05 GB). MiB are converted to bytes here (GiB in the docs):
-# - process: 20,730 MiB (21.74 GB) in the steps of a run whose programs came from the
-#   compilation cache (20,893 MiB in its resumed run's), less the state: 6.91 GB (5,576 MiB, 5.85 GB,
-#   before the state existed);
-# - save: 22,709 MiB (23.81 GB) at the peak of that run's save, 2.08 GB over its steps: its
-#   batch (the 1.05 GB embedding) + 1.03 GB; a 4.46 GB state of 595 arrays
-#   (benchmarks/checkpoint_memory.py, tests/test_tpu_checkpoint_memory.py) added 0.75-1.09 GB
-#   with batches of 0.25 GB (+ 0.50-0.84 GB): the larger, 1.03 GB, is counted;
-# - restore: 23,382 MiB (24.52 GB) at the peak of llm_1b's restore (+ 2.78 GB over 21.74: its
-#   batch + 1.73 GB); the 4.46 GB state's restore peaked 1.4-2.2 GB beyond the state (+ 1.15-1.95
-#   GB over its batch): 1.95 GB is counted;
-# - compiler heap: a run that compiled its programs itself held 24,685 MiB (25.88 GB) in steps,
-#   4.15 GB more (until its first save's trim: 21,467 MiB after it; that save's peak, 24,395
-#   MiB, stayed below its steps'), its train program 90.05 MB of code by the TPU compiler
-#   (tests/testdata/plans): 46.1 bytes of heap per byte of code. The compile itself peaked at
-#   11,011 MiB (11.5 GB), before the state existed (not counted: below the steps' with any
-#   state over ~1 GB). The launcher now trims after compiling (launcher/session.py:_compile),
-#   which should leave a first run's steps as a cached run's: not yet measured, so still counted.
-# The save and restore figures are those of the save before it took 0.1 GB batches and wrote 8
-# files at once (trainer/checkpoint_bounded.py): with those the 4.46 GB state's save added 0.48
-# GB (0.38 GB over its batch) and its restore 0.78 GB beyond the state (0.68 GB over its batch),
-# the same evening; llm_1b's save with them is not yet measured, so the larger figures above
-# stay counted (a host verdict that errs towards refusing).
-_MIB = 2**20
+# in use (MemTotal - MemAvailable, every second) while configs/llm_1b.py as shipped ran (1.24B
+# parameters, AdamW, state in host memory: 14.83 GB of float32 parameters and two moments; its
+# largest arrays 1.05-1.07 GB), as a user runs it: benchmarks/whole_run.py at f9cb278 (a run
+# stopped after step 2's save, resumed to step 3, and an uninterrupted run of the same setting):
+# - process: 21.74 GB in the steps of a run whose programs came from the compilation cache
+#   (21.739 GB again, and 21.94 after its first save), less the state: 6.91 GB;
+# - save: 24.72 GB at the peak of the stopped run's save, 2.17 GB over its steps (22.55): its
+#   batch (a 1.05 GB array) + 1.12 GB (the cached run's two saves: +1.09 and +1.59 GB);
+# - restore: 29.66 GB at the peak of the resumed run's restore, where its steps then held 22.78:
+#   its 1.05 GB batch + 6.87 GB over the cached steps. Orbax's reads ran ahead of the copies
+#   into host memory (trainer/checkpoint_bounded.py);
+# - compiler heap: the stopped run compiled its programs itself (the launcher trims the heap
+#   after compiling: launcher/session.py:_compile) and held 22.55 GB in steps, 0.81 GB more
+#   than the cached run, over its train program's 82.8 MB of code (tests/testdata/plans):
+#   9.8 bytes of heap per byte of code (46.1 before that trim: 4.15 GB over 90 MB). The
+#   compile itself peaked at 11.7 GB, before the state existed (not counted: below the steps').
+# The save and restore figures are those of the code that ran. Since then a save drops each
+# batch's copies once it is written (one 1.07 GB array at a time, not two) and a restore reads a
+# group at a time, each placed before the next: not yet measured on the chip, so the larger
+# figures above stay counted (a host verdict that errs towards refusing).
 _V5E_HOST = HostRam(
-    process=20_730 * _MIB - 14.83e9, save_over_batch=22_709 * _MIB - 20_730 * _MIB - 1.05e9,
-    restore_over_batch=2.2e9 - 0.25e9, heap_per_code_byte=(24_685 - 20_730) * _MIB / 90.05e6,
-    source="one TPU v5e chip's host of 40 GiB, 2026-12-06: llm_1b as shipped, a 4.46 GB "
-           "state's save and restore (planner/calibration.py)")
+    process=21.74e9 - 14.83e9, save_over_batch=24.72e9 - 22.55e9 - 1.05e9,
+    restore_over_batch=29.66e9 - 21.74e9 - 1.05e9, heap_per_code_byte=(22.55e9 - 21.74e9) / 82.8e6,
+    source="one TPU v5e chip's host of 40 GiB, 2026-12-06: llm_1b as shipped, stopped, resumed "
+           "and run again (benchmarks/whole_run.py; planner/calibration.py)")
 
 
 def host_ram_for(hw: Hardware) -> HostRam | None:

@@ -440,9 +440,9 @@ def offloaded() -> str:
 
 
 # The host RAM in use (GB, `free`'s used column) beside a stored report's phases: llm_1b as
-# shipped on the lent v5e host, 2026-12-06 (docs/offload.md).
-CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "21.74-21.91", "a save": "23.81",
-                                     "a restore": "24.52", "a first run's steps": "25.88"}}
+# shipped on the lent v5e host, 2026-12-06 (docs/offload.md; benchmarks/whole_run.py).
+CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "21.74-21.94", "a save": "22.83-24.72",
+                                     "a restore": "29.66", "a first run's steps": "22.55"}}
 
 
 def host_phases(name: str) -> str:

@@ -21,10 +21,11 @@ from planner import calibration, host_ram, plan as plan_lib, plan_docs, plan_rep
 from trainer import checkpoint_bounded, config as config_lib, experiment, meshes
 
 GB = 1e9
-# llm_1b as shipped on one v5e chip, its programs from the compilation cache: RAM in use in
-# steps, at the peak of a save, at the peak of a restore; and in the steps of a run that
+# llm_1b as shipped on one v5e chip (benchmarks/whole_run.py at f9cb278): RAM in use in the
+# steps of a run whose programs came from the compilation cache, at the peak of a save (the
+# stopped run's), at the peak of a restore (the resumed run's); and in the steps of a run that
 # compiled its programs itself.
-CHIP_GB = {"in steps": 21.74, "a save": 23.81, "a restore": 24.52, "a first run's steps": 25.88}
+CHIP_GB = {"in steps": 21.74, "a save": 24.72, "a restore": 29.66, "a first run's steps": 22.55}
 
 
 def _stored(name: str):
