@@ -14,7 +14,11 @@ import pathlib
 
 from tests.conftest import cli_batch
 
-TINY = ["--config=configs/tiny.py", "--config.trainer.max_steps=2", "--config.eval.num_batches=1"]
+# The `test` model at the suite's small shapes (tests/test_kinds_cli.py): what is cached does not
+# depend on the model, and configs/tiny.py's programs compiled for seconds each.
+TINY = ["--config=configs/llama.py:size=test", "--config.trainer.max_steps=2",
+        "--config.data.seq_len=32", "--config.data.batch_size=4", "--config.eval.batch_size=4",
+        "--config.eval.num_batches=1"]
 READ = "read from the compilation cache"
 
 
