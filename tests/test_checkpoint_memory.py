@@ -166,9 +166,9 @@ def test_a_host_state_save_drops_each_batchs_copies_before_the_next_is_made(tmp_
 def test_a_host_state_restore_reads_a_group_at_a_time(tmp_path, monkeypatch):
   """Orbax counts a restore's read against its limit only until the read's device_put is
   dispatched; on a TPU host the copy into host memory holds the buffer until it is done, and
-  llm_1b's restore peaked 6.7 GB above the RAM in use once it was done. Arrays restored into host memory are read
-  in groups of at most HOST_STATE_SAVE_GB (a larger array alone), each placed before the next
-  group: what Orbax's handler is asked to read at once is that group."""
+  llm_1b's restore peaked 6.7 GB above the RAM in use once it was done. Arrays restored into
+  host memory are read in groups of at most HOST_STATE_SAVE_GB (a larger array alone), each
+  placed before the next group: what Orbax's handler is asked to read at once is that group."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel

@@ -25,6 +25,7 @@ Seconds since the process started come from Linux's /proc (None elsewhere).
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from jax import monitoring
@@ -35,11 +36,13 @@ _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
            "/jax/core/compile/backend_compile_duration": "compile_s",
            "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read_s"}
 _spent = dict.fromkeys(_EVENTS.values(), 0.0)  # this process's, so far
+_lock = threading.Lock()  # programs compile in threads too (launcher/session.py:_compile)
 
 
 def _add(event: str, seconds: float, **_) -> None:
   if event in _EVENTS:
-    _spent[_EVENTS[event]] += seconds
+    with _lock:
+      _spent[_EVENTS[event]] += seconds
 
 
 monitoring.register_event_duration_secs_listener(_add)
@@ -48,7 +51,8 @@ monitoring.register_event_duration_secs_listener(_add)
 def compile_seconds(since: dict[str, float] | None = None) -> dict[str, float]:
   """JAX's seconds in this process so far (past `since`, an earlier answer): tracing,
   lowering, compiling, cache reads."""
-  return {k: round(v - (since or {}).get(k, 0.0), 2) for k, v in _spent.items()}
+  with _lock:
+    return {k: round(v - (since or {}).get(k, 0.0), 2) for k, v in _spent.items()}
 
 
 def process_start() -> float | None:
@@ -79,4 +83,5 @@ class Startup:
              first_compile_s: float = 0.0) -> dict:
     self.note("to_first_step_s", at=first_step_at)
     return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2),
-            "first_compile_s": round(first_compile_s, 2), "compile": compile_seconds(self._compiled_before)}
+            "first_compile_s": round(first_compile_s, 2),
+            "compile": compile_seconds(self._compiled_before)}
