@@ -193,7 +193,8 @@ def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None) -> dict
   batch = exp.abstract_batch(train_batch, rows=exp.source.batch_size)
   # The eval step compiles (or is read from the compilation cache) beside the train step, in a
   # thread this waits for: llm_1b's steps on one v5e took 65 s to be read back one after the
-  # other. The train step's refusal comes first.
+  # other. A refused train step is reported, not the eval step's, once the eval step's compile
+  # has ended (a compile cannot be stopped).
   with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-eval") as pool:
     evaluated = pool.submit(check_eval, exp, eval_batch, memory=memory, entry=entry)
     train = metrics_lib.compiled_stats(compile_step(
