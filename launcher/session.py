@@ -197,8 +197,9 @@ def _stop_handling(this: Run, finish, progress):
   SIGTERM of this process (launcher/distributed.py:AgreedStop).
   """
   def second() -> str:
-    steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
     finish("preempted", signal="second")
+    # Read last, just before the exit: a save in flight may commit while run.json is written.
+    steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
     return (f"a checkpoint still being written is abandoned; the run resumes from its newest "
             f"committed one, step {steps[-1]}" if steps else
             "no checkpoint was committed yet: the run starts over")
