@@ -353,6 +353,9 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
 _ATTENTION_KERNEL = re.compile(r"splash|flash|fmha|attention", re.IGNORECASE)
 _BACKWARD = re.compile(r"dkv|bwd|backward", re.IGNORECASE)
 _FORWARD_ONLY = re.compile(r"dq", re.IGNORECASE)
+# The attention layer's call of its implementation (modules/attention.py:Attention._attend), as
+# jax's op metadata names it: the kernel and the ops around it.
+ATTENTION_SCOPE = "attention._attend"
 
 
 def attention_call_flops(exp: experiment_lib.Experiment) -> float:
@@ -409,6 +412,8 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
       kernel_s += op.count * passes * call_flops / kernel_rate
     elif op.category != "collective" and op.opcode not in ("copy-start", "slice-start"):
       # (asynchronous copies run beside the other ops; collectives are timed below)
+      if cal.attention_wrapper_timed and ATTENTION_SCOPE in op.primitive:
+        continue  # timed with the kernel: its figures are the implementation's as a whole
       hbm_s += op.bytes / bytes_rate
   c = compiled.collectives
   cross = c.cross_host_bytes if hw.host_bandwidth else 0.0

@@ -211,7 +211,35 @@ def test_the_plan_takes_the_kernels_own_figures_and_says_so():
           / ((1 + splash.attention_backward) / splash.attention)) == pytest.approx(1.4382 / 2.316)
   assert splash.attention_kernel == "splash" and splash.attention_note == ""
   assert ours.attention_kernel == "pallas_hd64" and "side by side on the chip" in ours.attention_note
+  assert ours.attention_wrapper_timed and not splash.attention_wrapper_timed
   assert xla == splash
+
+
+def test_the_ops_around_a_kernel_timed_with_them_are_not_counted_again():
+  """The side-by-side times are of each implementation as a whole: a kernel planned from them
+  leaves out the memory-bound ops inside the attention call (its layout's reshapes, copies at
+  the calls), which splash's in-step figures never held; ops elsewhere count either way."""
+  from planner import calibration, hlo_ops, plan  # pylint: disable=import-outside-toplevel
+  from planner.hlo_collectives import Collectives  # pylint: disable=import-outside-toplevel
+  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  entry = meshes.lookup("tpu-v5e-1")
+
+  def op(primitive, category="copy/convert", nbytes=1e9, name="fusion.1"):
+    return hlo_ops.Op(name=name, opcode="fusion", category=category, module="DecoderLM",
+                      primitive=primitive, pass_="forward", count=1, narrow="", bytes=nbytes,
+                      flops=0.0, sent=0.0, seconds=0.0)
+
+  ops = (op(f"{plan.ATTENTION_SCOPE} reshape"), op("attention/position convert_element_type"),
+         op(f"{plan.ATTENTION_SCOPE} flash_hd64_fwd_transposed pallas_call", category="kernel",
+            name="flash_hd64_fwd_transposed.1"))
+  compiled = plan.Compiled(argument=0, output=0, alias=0, temp=0, code=0, flops=0.0,
+                           bytes_accessed=0.0, seconds=0.0,
+                           collectives=Collectives(bytes_by_kind={}, count=0),
+                           ops=hlo_ops.Report(ops=ops, compiler_bytes=0.0, compiler_flops=0.0))
+  one = 1e9 / (calibration.for_hardware(entry.hardware).memory * entry.hardware.hbm_bandwidth)
+  hbm = {a: plan.estimate(1e12, compiled, entry, call_flops=1e9, tokens=1,
+                          attention=a).hbm_s for a in ("splash", "pallas_hd64")}
+  assert hbm["splash"] == pytest.approx(2 * one) and hbm["pallas_hd64"] == pytest.approx(one)
 
 
 @pytest.mark.slow  # the kernels compiled by libtpu for a v5e slice (about a minute on 2 cores)
@@ -238,6 +266,9 @@ def test_the_plan_compiles_the_kernels_and_times_them(capsys):
   call = 4.0 * rows * heads * 64 * length * (length + 1) / 2  # QK^T and PV, causal pairs
   want = layers * (1 + cal.attention_backward) * call / (cal.attention * 197e12)
   assert p.estimate.kernel_s == pytest.approx(want, rel=1e-6)
+  around = [op for op in p.train.ops.ops if plan.ATTENTION_SCOPE in op.primitive
+            and op.category not in ("kernel", "matmul")]
+  assert around, "the kernel's layout ops are named by the attention call's scope"
   assert cal.attention_kernel == "pallas_hd64"
   assert f"; {cal.attention_note}" in plan_report.text(p)
 
