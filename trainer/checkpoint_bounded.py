@@ -243,17 +243,12 @@ def _groups(pairs: list, limit: float) -> list[list]:
   return groups
 
 
-def _largest_bytes(tree) -> int:
-  return max((int(leaf.size) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)
-              if hasattr(leaf, "dtype")), default=0)
-
-
 class StateHandler(ocp.StandardCheckpointHandler):
   """StandardSave/StandardRestore's handler (the same files and checks), whose jax.Array
   copies follow `transfers`: its PyTreeCheckpointHandler (`_impl`, which Orbax's own
   constructor makes without these options) gets save_device_host_concurrent_gb and an
-  ArrayHandler that asks `transfers`. A target in host memory is restored HOST_STATE_SAVE_GB
-  (or its largest array) at a time."""
+  ArrayHandler that asks `transfers` (which also reads a target in host memory a group at a
+  time)."""
 
   def __init__(self, transfers: Transfers):
     super().__init__()
@@ -262,7 +257,9 @@ class StateHandler(ocp.StandardCheckpointHandler):
     self._registry = ocp.type_handlers.create_type_handler_registry(
         *[(ty, arrays if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
           for ty in ocp.type_handlers.supported_types()])
-    self._impl = self._pytree_handler(restore_gb=_ORBAX_CONCURRENT_GB)
+    self._impl = ocp.PyTreeCheckpointHandler(
+        save_concurrent_gb=_ORBAX_CONCURRENT_GB, restore_concurrent_gb=_ORBAX_CONCURRENT_GB,
+        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=self._registry)
 
   async def async_save(self, directory, item=None, save_args=None, args=None):
     """StandardCheckpointHandler's save; a bounded one (a state in host memory) in OCDBT files
@@ -273,24 +270,6 @@ class StateHandler(ocp.StandardCheckpointHandler):
     return await self._impl.async_save(directory, args=ocp.args.PyTreeSave(
         item=state, save_args=args.save_args, custom_metadata=args.custom_metadata,
         ocdbt_target_data_file_size=HOST_STATE_FILE_BYTES))
-
-  def _pytree_handler(self, *, restore_gb: float) -> ocp.PyTreeCheckpointHandler:
-    return ocp.PyTreeCheckpointHandler(
-        save_concurrent_gb=_ORBAX_CONCURRENT_GB, restore_concurrent_gb=restore_gb,
-        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=self._registry)
-
-  def restore(self, directory, item=None, args=None):
-    target = getattr(args, "item", None)
-    if target is None or not in_host_memory(target):
-      return super().restore(directory, item, args)
-    # Orbax refuses a single read of its whole bound or more: the largest array gets room.
-    batch_gb = max(HOST_STATE_SAVE_GB, (_largest_bytes(target) + 1) / 1e9)
-    default, self._impl = self._impl, self._pytree_handler(restore_gb=batch_gb)
-    try:
-      return super().restore(directory, item, args)
-    finally:
-      self._impl = default
-      host_memory.release()  # the read buffers, now copied into the state's host memory
 
 
 def handlers(transfers: Transfers) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
