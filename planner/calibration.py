@@ -175,32 +175,30 @@ class HostRam:
   source: str  # where, when, what
 
 
-# One TPU v5e chip on a host of 40 GiB (the device tool, 2026-12-06; docs/offload.md), the RAM
-# in use (MemTotal - MemAvailable, every second) while configs/llm_1b.py as shipped ran (1.24B
+# One TPU v5e chip on a host of 40 GiB (the device tool; docs/offload.md), the RAM in use
+# (MemTotal - MemAvailable, every second) while configs/llm_1b.py as shipped ran (1.24B
 # parameters, AdamW, state in host memory: 14.83 GB of float32 parameters and two moments; its
-# largest arrays 1.05-1.07 GB), as a user runs it: benchmarks/whole_run.py at f9cb278 (a run
-# stopped after step 2's save, resumed to step 3, and an uninterrupted run of the same setting):
-# - process: 21.74 GB in the steps of a run whose programs came from the compilation cache
-#   (21.739 GB again, and 21.94 after its first save), less the state: 6.91 GB;
-# - save: 24.72 GB at the peak of the stopped run's save, 2.17 GB over its steps (22.55): its
-#   batch (a 1.05 GB array) + 1.12 GB (the cached run's two saves: +1.09 and +1.59 GB);
-# - restore: 29.66 GB at the peak of the resumed run's restore, where its steps then held 22.78:
-#   its 1.05 GB batch + 6.87 GB over the cached steps. Orbax's reads ran ahead of the copies
-#   into host memory (trainer/checkpoint_bounded.py);
+# largest arrays 1.05-1.07 GB), as a user runs it: benchmarks/whole_run.py at 65dbafe on
+# 2026-12-07 (a run stopped after step 2's save, then resumed to step 3), with the save that
+# empties each batch's copies once written and the restore that reads a group at a time:
+# - process: 22.52 GB in the steps of the resumed run, whose programs came from the
+#   compilation cache, less the state: 7.69 GB (f9cb278's cached runs: 21.74 GB);
+# - save: 24.82 GB at the peak of the stopped run's save, 2.09 GB over its steps (22.73): its
+#   batch (a 1.05 GB array) + 1.04 GB (the resumed run's save: +1.52 GB over its 22.52);
+# - restore: 22.26 GB at the peak of the resumed run's restore, below the 22.52 GB its steps
+#   then held (f9cb278's restore, whose reads ran ahead of the copies: 29.66 GB): counted as
+#   its batch alone, none beyond (the plan's restore phase errs by about 1.3 GB towards
+#   refusing);
 # - compiler heap: the stopped run compiled its programs itself (the launcher trims the heap
-#   after compiling: launcher/session.py:_compile) and held 22.55 GB in steps, 0.81 GB more
-#   than the cached run, over its train program's 82.8 MB of code (tests/testdata/plans):
-#   9.8 bytes of heap per byte of code (46.1 before that trim: 4.15 GB over 90 MB). The
-#   compile itself peaked at 11.7 GB, before the state existed (not counted: below the steps').
-# The save and restore figures are those of the code that ran. Since then a save drops each
-# batch's copies once it is written (one 1.07 GB array at a time, not two) and a restore reads a
-# group at a time, each placed before the next: not yet measured on the chip, so the larger
-# figures above stay counted (a host verdict that errs towards refusing).
+#   after compiling: launcher/session.py:_compile) and held 22.73 GB in steps, 0.21 GB more
+#   than the cached run, over its train program's 82.8 MB of code (tests/testdata/plans): 2.5
+#   bytes of heap per byte of code (f9cb278: 0.81 GB, 9.8; 46.1 before that trim). The compile
+#   itself peaked at 11.5 GB, before the state existed (not counted: below the steps').
 _V5E_HOST = HostRam(
-    process=21.74e9 - 14.83e9, save_over_batch=24.72e9 - 22.55e9 - 1.05e9,
-    restore_over_batch=29.66e9 - 21.74e9 - 1.05e9, heap_per_code_byte=(22.55e9 - 21.74e9) / 82.8e6,
-    source="one TPU v5e chip's host of 40 GiB, 2026-12-06: llm_1b as shipped, stopped, resumed "
-           "and run again (benchmarks/whole_run.py; planner/calibration.py)")
+    process=22.52e9 - 14.83e9, save_over_batch=24.82e9 - 22.73e9 - 1.05e9,
+    restore_over_batch=0.0, heap_per_code_byte=(22.73e9 - 22.52e9) / 82.8e6,
+    source="one TPU v5e chip's host of 40 GiB, 2026-12-07: llm_1b as shipped, stopped and "
+           "resumed (benchmarks/whole_run.py; planner/calibration.py)")
 
 
 def host_ram_for(hw: Hardware) -> HostRam | None:

@@ -1,7 +1,7 @@
 """The plan's host RAM verdict for a train state in host memory (planner/host_ram.py): each
 phase of a run (steps, a save, a restore, a first run's steps) against the host's RAM.
 
-The chip's figures (issue 45, the lent TPU v5e host of 40 GiB, 2026-12-06; the machine's RAM
+The chip's figures (issue 45, the lent TPU v5e host of 40 GiB, 2026-12-07; the machine's RAM
 in use) that llm_1b's stored plan (tests/testdata/plans, `python -m planner.plan_docs
 llm_1b@tpu-v5e-1`) must meet within 10%; a setting whose save does not fit its host, though
 its steps do, is refused; the analytic parts on a TPU topology without a compile.
@@ -21,11 +21,11 @@ from planner import calibration, host_ram, plan as plan_lib, plan_docs, plan_rep
 from trainer import checkpoint_bounded, config as config_lib, experiment, meshes
 
 GB = 1e9
-# llm_1b as shipped on one v5e chip (benchmarks/whole_run.py at f9cb278): RAM in use in the
-# steps of a run whose programs came from the compilation cache, at the peak of a save (the
-# stopped run's), at the peak of a restore (the resumed run's); and in the steps of a run that
-# compiled its programs itself.
-CHIP_GB = {"in steps": 21.74, "a save": 24.72, "a restore": 29.66, "a first run's steps": 22.55}
+# llm_1b as shipped on one v5e chip (benchmarks/whole_run.py at 65dbafe, 2026-12-07): RAM in
+# use in the steps of a run whose programs came from the compilation cache (the resumed run's),
+# at the peak of a save (the stopped run's), at the peak of a restore (the resumed run's); and
+# in the steps of a run that compiled its programs itself (the stopped run's).
+CHIP_GB = {"in steps": 22.52, "a save": 24.82, "a restore": 22.26, "a first run's steps": 22.73}
 
 
 def _stored(name: str):
