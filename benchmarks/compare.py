@@ -132,20 +132,30 @@ def plain_hyper(exp: Experiment) -> plain_jax.Hyper:
                          clip_norm=math.inf if o.clip_norm is None else o.clip_norm)
 
 
+def plain_attention(implementation: str, platform: str) -> str:
+  """Plain JAX's attention for an experiment's implementation: the einsums of axtrain's `xla`
+  for `xla`; the Pallas splash kernel for `splash`, and on a TPU for any other kernel (our own
+  pallas_hd64, tokamax's): the fastest that JAX itself ships, so that the ratio counts a kernel
+  of ours as axtrain's gain over what a plain JAX user has (the einsums would count it twice)."""
+  if implementation == "splash" or (implementation != "xla" and platform == "tpu"):
+    return "splash"
+  return "einsum"
+
+
 def plain_options(exp: Experiment, **changes) -> plain_jax.Options:
-  """What the experiment computes (dtype, attention kernel: splash, or for any other
-  implementation the einsums of axtrain's `xla`; remat, microbatches, loss chunks), unrolled
-  layers, and `changes` (speed choices: scan, fused, rope)."""
+  """What the experiment computes (dtype, attention: `plain_attention`; remat, microbatches,
+  loss chunks), unrolled layers, and `changes` (speed choices: scan, fused, rope)."""
   m, t = exp.run.model, exp.run.trainer
   if m.remat != "none" and m.remat not in plain_jax.REMAT:
     raise ValueError(f"plain_jax does not implement model.remat={m.remat}; it has "
                      f"{', '.join(plain_jax.REMAT)}")
   a = m.block.attention
-  if a.implementation != "splash" and a.logits_dtype != "compute":
+  attention = plain_attention(a.implementation, exp.mesh.devices.flat[0].platform)
+  if attention != "splash" and a.logits_dtype != "compute":
     raise ValueError("plain_jax writes attention logits in the compute dtype only")
   return dataclasses.replace(plain_jax.Options(
       compute_dtype=jax.numpy.dtype(exp.compute_dtype).name,
-      attention="splash" if a.implementation == "splash" else "einsum",
+      attention=attention,
       splash_block=a.splash_block_size, remat=m.remat, grad_accum=t.grad_accum_steps,
       loss_chunk=t.loss_chunk_size), **changes)
 

@@ -28,7 +28,7 @@ from modules import attn_registry, quantization
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import host_memory
 from trainer import experiment as experiment_lib
-from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
+from trainer import early_restore, flops, loop, mesh_rules, meshes, schedules, sharding
 from trainer import startup as startup_lib
 from planner import compiler_output, step_memory
 from trainer.callbacks import Callback
@@ -226,13 +226,22 @@ def _train(this: Run) -> int:
     print(f"axtrain: {rd.path} already completed; nothing to do ({hint})", file=sys.stderr)
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
-  compiled, compiler_lines, compiler_notes = _compile(this, initialises=state in (
-      "new", "overwrite") or not checkpoint_files.committed_steps(rd.path / "checkpoints"))
+  fresh = state in ("new", "overwrite")
+  # A resume reads its checkpoint while the steps compile (trainer/early_restore.py).
+  early = None if fresh else early_restore.EarlyRestore.start(
+      exp, rd.path / "checkpoints", note=this.startup.note)
+  try:
+    compiled, compiler_lines, compiler_notes = _compile(this, initialises=fresh or not (
+        checkpoint_files.committed_steps(rd.path / "checkpoints")))
+  except BaseException:
+    if early is not None:
+      early.close()
+    raise
   for note in this.notes if this.main_process else ():
     print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
     with preemption.held():  # a signal lets the run directory's files be written whole first
-      _start(this, fresh=state in ("new", "overwrite"), extension=extension, compiled=compiled)
+      _start(this, fresh=fresh, extension=extension, compiled=compiled)
       _keep_compiler_log(rd, compiler_lines, compiler_notes)
   _keep_runtime_log(this)
   progress = Progress(exp.run.trainer.max_steps, enabled=this.progress and this.main_process)
@@ -246,7 +255,7 @@ def _train(this: Run) -> int:
       result = loop.train(exp, run_dir=rd.path, progress=progress,
                           checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
                           callbacks=callbacks,
-                          hardware_peak_flops=this.mesh.hardware.peak_bf16_flops)
+                          hardware_peak_flops=this.mesh.hardware.peak_bf16_flops, early=early)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
     return _failed(this, finish, _checkpoint_advice(rd, e))
   except jax.errors.JaxRuntimeError as e:
@@ -264,6 +273,10 @@ def _train(this: Run) -> int:
       return _no_space(this, finish, full)
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
+  if early is not None and early.used:
+    this.startup.phases["restore_read_s"] = round(early.read_s, 2)
+  elif early is not None:  # read, but not the checkpoint the loop restored
+    this.startup.phases.pop("restore_started_s", None)
   return _finished(this, result, finish, progress)
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 
 import jax
 
 from core.registry import ConfigError
 from planner import plan as plan_lib, plan_report, sweep_screen, sweep_space
 from planner.compiler_output import refused_bytes
-from trainer import experiment, metrics as metrics_lib
+from trainer import experiment, host_memory, metrics as metrics_lib
 
 GiB = 1024 ** 3
 # What the refusal's advice may change, in words; and the last resort, which changes the recipe.
@@ -39,20 +38,6 @@ class DeviceMemory:
   source: str  # where the figure comes from, in words
 
 
-def _host_available() -> int | None:
-  try:
-    with open("/proc/meminfo", encoding="ascii") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except (OSError, ValueError, IndexError):
-    pass
-  try:
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError):
-    return None
-
-
 def device_memory(devices) -> DeviceMemory | None:
   """Memory one device of `devices` (this process's) can give a step; None when unknown."""
   device = devices[0]
@@ -64,7 +49,7 @@ def device_memory(devices) -> DeviceMemory | None:
     return DeviceMemory(bytes=int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)),
                         source=f"{device.device_kind} memory free")
   if device.platform == "cpu":
-    host = _host_available()
+    host = host_memory.available()
     if host:
       return DeviceMemory(bytes=host // max(len(devices), 1),
                           source="host memory available" + (

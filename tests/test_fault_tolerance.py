@@ -141,6 +141,46 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, ref, cache, capfd):
   assert cu.losses(broken) == {s: cu.losses(ref)[s] for s in range(1, 21)}  # nothing trained
 
 
+HOST = "--config.trainer.state_memory=host"  # a state in host memory: read beside the compile
+
+
+def test_a_host_memory_resume_reads_its_checkpoint_beside_the_compile(tmp_path, ref, cache, capfd):
+  """trainer/early_restore.py: the checkpoint is read while the steps compile, the loop takes
+  that read, and the run goes on bit for bit."""
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=20)
+  result = cu.run_here(capfd, run_dir, cache, HOST)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 20" in result.stderr
+  startup = json.loads((run_dir / "run.json").read_text())["startup"]
+  # The read started before the steps were compiled (it is started before the compile is), and
+  # the loop took it rather than reading the checkpoint again.
+  assert startup["restore_started_s"] <= startup["to_steps_compiled_s"], startup
+  assert startup["restore_read_s"] > 0, startup
+  got = cu.losses(run_dir)
+  assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
+  assert_same_params(ref, run_dir)
+
+
+def test_a_damaged_newest_checkpoint_read_beside_the_compile_falls_back_once(
+    tmp_path, ref, cache, capfd):
+  """The early read of a damaged checkpoint is dropped without a word; the loop's own restore
+  warns once, sets it aside and falls back, as without the early read."""
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(ref, run_dir, upto=20)
+  shutil.copytree(ref / "checkpoints" / "30", run_dir / "checkpoints" / "30")
+  _truncate_largest_file(run_dir / "checkpoints" / "30" / "state")
+  result = cu.run_here(capfd, run_dir, cache, HOST)
+  assert result.returncode == 0, result.stderr[-3000:]
+  warnings = [l for l in result.stderr.splitlines() if l.startswith("axtrain: warning:")]
+  assert len(warnings) == 1 and "falling back to step 20" in warnings[0], result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[:3000]
+  startup = json.loads((run_dir / "run.json").read_text())["startup"]
+  assert "restore_read_s" not in startup and "restore_started_s" not in startup, startup
+  got = cu.losses(run_dir)
+  assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
+
+
 def test_a_killed_runs_leftovers_are_set_aside_not_written_over(tmp_path, ref, cache, capfd):
   """What a killed run (or a user) can leave, resumed: metrics.jsonl ending in a cut-off line
   (`{"step": 11, "lo`, no newline), an empty folder named like step 20 and a file where

@@ -219,3 +219,13 @@ def test_chip_compare_heads_its_records_with_the_commit_given(tmp_path):
   assert chip._head("abc1234")["commit"] == "abc1234"  # pylint: disable=protected-access
   with pytest.raises(SystemExit, match="unknown setting 'nosuch'"):
     chip.main(["compare", f"--out={tmp_path}", "--commit=abc1234", "nosuch"])
+
+
+def test_plain_jax_runs_the_fastest_kernel_jax_ships_beside_a_kernel_of_ours():
+  """On a TPU, plain JAX beside axtrain's own kernel (pallas_hd64) or tokamax's runs splash:
+  with the einsums the ratio counted the kernel's gain over a strawman (1.59x on the chip,
+  2026-12-07); `xla` keeps its einsums, and off a TPU no Pallas TPU kernel runs."""
+  assert compare.plain_attention("pallas_hd64", "tpu") == "splash"
+  assert compare.plain_attention("splash", "tpu") == "splash"
+  assert compare.plain_attention("xla", "tpu") == "einsum"
+  assert compare.plain_attention("pallas_hd64", "cpu") == "einsum"

@@ -292,11 +292,8 @@ class Checkpointer:
     or device count is resharded while reading.
     """
     check_step(self.directory / str(step))
-    target = _with_shardings(abstract_state, shardings)
-    with _one_read():
-      out = self._manager.restore(step, args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardRestore(target), DATA: ocp.args.JsonRestore()}))
-    return Restored(step=step, state=out[STATE], data_state=dict(out[DATA] or {}))
+    return _read(step, abstract_state, shardings,
+                 lambda args: self._manager.restore(step, args=args))
 
   def restore_newest(self, abstract_state, shardings, *, at_most: int | None = None,
                      warn: Callable[[str], None] = logging.warning) -> Restored | None:
@@ -381,6 +378,29 @@ class Checkpointer:
 
 
 # -- checks before a run writes anything ---------------------------------------------------
+
+def _read(step: int, abstract_state, shardings, restore: Callable) -> Restored:
+  """`step` read by `restore(args)` (Orbax's Composite of the state and the data state), its
+  state placed in `shardings`; CheckpointError if it does not read."""
+  target = _with_shardings(abstract_state, shardings)
+  with _one_read():
+    out = restore(ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target),
+                                        DATA: ocp.args.JsonRestore()}))
+  return Restored(step=step, state=out[STATE], data_state=dict(out[DATA] or {}))
+
+
+def read_step(directory: pathlib.Path | str, step: int, abstract_state, shardings) -> Restored:
+  """`step` of a checkpoints/ directory as Checkpointer.restore reads it, without a
+  CheckpointManager (which cleans its directory): nothing on disk changes
+  (trainer/early_restore.py); CheckpointError if it does not read."""
+  path = pathlib.Path(directory).absolute() / str(step)
+  check_step(path)
+  reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler(handler_registry=handlers(Transfers())))
+  try:
+    return _read(step, abstract_state, shardings, lambda args: reader.restore(path, args=args))
+  finally:
+    reader.close()
+
 
 def check_restore_step(directory: pathlib.Path | str, step: int) -> None:
   """ConfigError unless `step` (checkpoint.restore_step; 0 = latest) is committed in `directory`."""

@@ -36,7 +36,11 @@ or a restore must not take them again. These would:
   peaked 6.7 GB above the RAM in use once it was done (a 4.46 GB state's: 0.78-1.43 GB
   beyond the state). A host-memory target is read a group of HOST_STATE_SAVE_GB (or one
   larger array) at a time, each group's arrays placed before the next group is read
-  (`_Arrays.deserialize`).
+  (`_Arrays.deserialize`). On the v5e (2026-12-07) llm_1b's restore then peaked at 22.26 GB in
+  use, below the 22.52 GB of the steps after it, in 42.9 s (16-19 s before); the 4.46 GB
+  state's took 0.07 GB beyond the state. llm_1b's save still peaked 1.5-2.1 GB over its steps:
+  each 1.05-1.07 GB array's copy and what TensorStore holds of it until it is written
+  (docs/offload.md).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
   `host_memory.release` gives it back after each batch and after a restore.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import threading
 import time
 
@@ -37,6 +38,18 @@ def system_used() -> int | None:
   total, available = _proc_kb("/proc/meminfo", "MemTotal:"), _proc_kb("/proc/meminfo",
                                                                       "MemAvailable:")
   return None if total is None or available is None else total - available
+
+
+def available() -> int | None:
+  """The machine's RAM that new allocations can take without swapping (MemAvailable; where
+  /proc is missing, the free pages), None where neither is known."""
+  found = _proc_kb("/proc/meminfo", "MemAvailable:")
+  if found is not None:
+    return found
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, AttributeError):
+    return None
 
 
 @functools.cache

@@ -28,6 +28,7 @@ from trainer import (compile_cache, flops, host_memory, metrics as metrics_lib, 
                      writers)
 from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
+from trainer.early_restore import EarlyRestore
 from trainer.experiment import Experiment
 from trainer.progress import Progress, Timer, header
 from trainer.step_clock import StepClock
@@ -79,14 +80,17 @@ def _warn(text: str) -> None:
 
 
 def _initial_state(exp: Experiment, ckpt: Checkpointer | None, data, progress: Progress,
-                   warn: Callable[[str], None]):
-  """(state, start step): the run's own checkpoint if any, else init (+ init.from_run params)."""
+                   warn: Callable[[str], None], early: EarlyRestore | None = None):
+  """(state, start step): the run's own checkpoint if any (`early`'s read of it, where that is
+  the one the restore would read first), else init (+ init.from_run params)."""
   abstract = nn.meta.unbox(exp.abstract_state)
   if ckpt is not None:
     restore_step = exp.run.checkpoint.restore_step or None
-    with exp.context():
-      restored = ckpt.restore_newest(abstract, exp.state_shardings, at_most=restore_step,
-                                     warn=warn)
+    restored = early.take(at_most=restore_step) if early is not None else None
+    if restored is None:
+      with exp.context():
+        restored = ckpt.restore_newest(abstract, exp.state_shardings, at_most=restore_step,
+                                       warn=warn)
     if restored is not None:
       newer = [s for s in ckpt.all_steps() if s > restored.step]
       if newer:
@@ -108,7 +112,7 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
           progress: Progress | None = None, checkpoint_dir: pathlib.Path | None = None,
           stop_requested: Callable[[], bool] = lambda: False,
           callbacks: Sequence[Callback] = (), hardware_peak_flops: float | None = None,
-          warn: Callable[[str], None] = _warn) -> Result:
+          warn: Callable[[str], None] = _warn, early: EarlyRestore | None = None) -> Result:
   """Trains to trainer.max_steps, resuming from `checkpoint_dir` when it holds checkpoints.
 
   `run_dir` receives the metrics writers' files and profiles (process 0 only);
@@ -116,7 +120,8 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   saves a checkpoint of the finished step and returns with `preempted`.
   `callbacks` (trainer/callbacks.py) run after the run's own writers.
   `hardware_peak_flops` (the mesh entry's) is the MFU denominator unless
-  trainer.peak_flops is set.
+  trainer.peak_flops is set. `early`: the checkpoint read while the launcher compiled
+  (trainer/early_restore.py), used where it is the one the restore would read first.
   """
   run = exp.run
   cfg = run.trainer
@@ -140,13 +145,15 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   loop = LoopState(state=None, start=0, step=0, last_logged=0, stop_requested=stop_requested)
   try:
     started = time.perf_counter()
-    loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn)
+    loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn, early)
     jax.block_until_ready(loop.state)  # an initialisation runs now, not inside the first step
     loop.state_s = time.perf_counter() - started
     loop.step = loop.last_logged = loop.start
     _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
           callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops), warn=warn).run()
   finally:
+    if early is not None:
+      early.close()
     call_all(callbacks, "on_train_end", loop)
     progress.close()
     if ckpt is not None:

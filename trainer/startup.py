@@ -7,7 +7,10 @@
     to_compiled_s     ... -> the initialisation compiled too (a run that initialises; it is
                       compiled beside the steps, so this waits only for what is left of it)
     state_s           the train state initialised, or restored from a checkpoint (its arrays
-                      ready)
+                      ready); for a resume whose checkpoint was read beside the compile
+                      (trainer/early_restore.py), what the loop still waited for that read
+    restore_started_s process start -> that read started (beside the compile)
+    restore_read_s    that read's own seconds
     first_step_s      the first step, dispatched and finished (its programs' last compile or
                       load included)
     first_compile_s   of first_step_s: the train step lowered and compiled again by the loop

@@ -1,0 +1,124 @@
+"""A resumed run's restore, read beside its compile.
+
+A run that resumes compiles (or reads back from the compilation cache) its train and eval steps,
+then restores its newest checkpoint, then steps. The two do not depend on each other, and a state
+in host memory (trainer.state_memory=host) is slow to restore: llm_1b on one TPU v5e chip spent
+65 s tracing and reading its programs back and then 42.9 s restoring its 14.8 GB state, one
+after the other (benchmarks/whole_run.py, 2026-12-07). `EarlyRestore.start` reads the checkpoint
+that the loop will restore first (the newest committed step, or checkpoint.restore_step) in a
+thread while the launcher compiles; the loop `take`s it instead of reading it again.
+
+Only a read (trainer/checkpoint.py:read_step: no CheckpointManager, which cleans its
+directory; nothing on disk changes), whose result
+the loop uses only if the checkpoint it reads first is still that one, with no stray entry for it
+to set aside first. Anything else (a read that fails, a damaged newest step, a stray) is the
+loop's own restore as before, with its warnings and fallbacks; the early read is dropped
+before that restore starts. Where it runs:
+
+- one process (a multi-process run's reads meet in barriers that a thread would reorder);
+- a state in host memory (a state in device memory restores in seconds, and the GPU compiler
+  runs its autotuning in device memory that a restore beside it would take);
+- a host whose available RAM is at least `RAM_FACTOR` times the state: the compile's heap and
+  the restore are held at once (llm_1b's uncached compile peaked at 11.5 GB in use).
+
+run.json's `startup` says when a read that the loop took started and how long it took
+(`restore_started_s`, `restore_read_s`); `state_s` is then what the loop waited for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import pathlib
+import time
+from typing import Callable
+
+import flax.linen as nn
+import jax
+
+from trainer import host_memory, metrics as metrics_lib
+from trainer.checkpoint import Restored, read_step
+from trainer.checkpoint_files import committed_steps, strays
+
+# The host's available RAM, as a multiple of the state's bytes, that an early read needs: the
+# state, a batch read, and the compiler's heap beside them.
+RAM_FACTOR = 2.0
+
+
+def first_step(directory: pathlib.Path, at_most: int | None) -> int | None:
+  """The committed step the loop's restore tries first (Checkpointer.restore_newest)."""
+  steps = [s for s in committed_steps(directory) if at_most is None or s <= at_most]
+  return steps[-1] if steps else None
+
+
+def why_not(exp, directory: pathlib.Path) -> str | None:
+  """Why a resumed run of `exp` from `directory` restores after its compile, not beside it;
+  None where it can read beside it."""
+  if jax.process_count() != 1:
+    return "more than one process"
+  if exp.run.trainer.state_memory != "host":
+    return "the state is in device memory"
+  if first_step(directory, exp.run.checkpoint.restore_step or None) is None:
+    return "no committed checkpoint"
+  state = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
+  state *= len(exp.mesh.local_devices)
+  free = host_memory.available()
+  if free is None or free < RAM_FACTOR * state:
+    return "the host's available RAM is under twice the state"
+  return None
+
+
+class EarlyRestore:
+  """The read of one checkpoint, in a thread started by `start`."""
+
+  def __init__(self, exp, directory: pathlib.Path, *, note: Callable[[str], None]):
+    self._exp, self.directory, self._note = exp, pathlib.Path(directory), note
+    self.step = first_step(self.directory, exp.run.checkpoint.restore_step or None)
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-restore")
+    self._future: concurrent.futures.Future | None = None
+    self.read_s: float | None = None  # the read's seconds, once done
+    self.used = False  # the loop took the read
+
+  @classmethod
+  def start(cls, exp, directory: pathlib.Path, *,
+            note: Callable[[str], None] = lambda _: None) -> "EarlyRestore | None":
+    """Starts reading the checkpoint a resumed run restores first; None where it cannot
+    (`why_not`). `note(name)` marks the run's startup phases (trainer/startup.py)."""
+    if why_not(exp, pathlib.Path(directory)) is not None:
+      return None
+    early = cls(exp, directory, note=note)
+    early._future = early._pool.submit(early._read)
+    return early
+
+  def _read(self) -> Restored | None:
+    self._note("restore_started_s")
+    started = time.perf_counter()
+    try:
+      abstract = nn.meta.unbox(self._exp.abstract_state)  # outside the mesh (as the loop does)
+      with self._exp.context():
+        restored = read_step(self.directory, self.step, abstract, self._exp.state_shardings)
+      jax.block_until_ready(restored.state)
+    except Exception:  # pylint: disable=broad-except  (the loop's own restore reports it)
+      return None
+    self.read_s = time.perf_counter() - started
+    return restored
+
+  def take(self, at_most: int | None) -> Restored | None:
+    """The early read, once done, if the loop's restore would read that checkpoint first
+    (still its newest committed step at or before `at_most`, no stray to set aside); else
+    None, the read dropped."""
+    if self._future is None:
+      return None
+    restored, self._future = self._future.result(), None
+    self.close()
+    if (restored is None or strays(self.directory)
+        or first_step(self.directory, at_most) != restored.step):
+      return None
+    self.used = True
+    return restored
+
+  def close(self) -> None:
+    """Waits for the read (a compile refused while it runs) and drops it."""
+    if self._future is not None:
+      self._future.result()
+      self._future = None
+    self._pool.shutdown(wait=True)
