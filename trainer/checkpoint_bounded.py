@@ -40,7 +40,8 @@ or a restore must not take them again. These would:
   use, below the 22.52 GB of the steps after it, in 42.9 s (16-19 s before); the 4.46 GB
   state's took 0.07 GB beyond the state. llm_1b's save still peaked 1.5-2.1 GB over its steps:
   each 1.05-1.07 GB array's copy and what TensorStore holds of it until it is written
-  (docs/offload.md).
+  (docs/offload.md). An array larger than HOST_STATE_BLOCK_BYTES is now written in blocks of
+  rows, a few at once (`in_blocks`, `_Arrays.serialize`): not yet measured on the chip.
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
   `host_memory.release` gives it back after each batch and after a restore.
 
@@ -50,6 +51,7 @@ tests/test_tpu_checkpoint_memory.py (the chip) bound it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -57,7 +59,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
-from orbax.checkpoint._src.serialization import replica_slices
+from orbax.checkpoint._src.arrays import numpy_utils
+from orbax.checkpoint._src.serialization import limits, replica_slices
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
@@ -72,6 +75,15 @@ HOST_STATE_SAVE_GB = 0.1
 # OCDBT data file (and so chunk) size of a host-memory save: what TensorStore holds encoded
 HOST_STATE_FILE_BYTES = 16 * 2**20
 SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
+# A host-memory save writes an array larger than HOST_STATE_BLOCK_BYTES in blocks of rows of at
+# most that (views of its copy), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all
+# written at once (Orbax's limiter: three blocks of 64 MiB), each until TensorStore has written
+# it: TensorStore otherwise encoded a whole array's chunks ahead of the v5e host's disk (about
+# 190 MB/s) and held them until written, about 1 GB over each 1.05 GB array's copy. On CPU
+# (a faster disk, no copy) the machine's RAM in use during a 4 GB state's save rose 0.05-0.08 GB
+# either way (benchmarks/checkpoint_memory.py --gb=4 --stack=64).
+HOST_STATE_BLOCK_BYTES = 64 * 2**20
+HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
 # TensorStore's concurrency in a host-memory save: data files written at once and chunks encoded
 # at once (Orbax's: 128 files, one chunk a core), each holding a file's or a chunk's bytes
 HOST_STATE_FILE_WRITES = 8
@@ -98,6 +110,45 @@ def drop_host_copies(arrays) -> None:
     array._replace_with(array._rewrap_with_aval_and_sharding(array.aval, array.sharding))  # pylint: disable=protected-access
 
 
+def _block_rows(rows: int, row_bytes: int, limit: int) -> int | None:
+  """The most rows, a divisor of `rows`, whose bytes fit `limit`; None where one row does not."""
+  fitting = [d for d in range(1, rows + 1) if rows % d == 0 and d * row_bytes <= limit]
+  return max(fitting) if fitting else None
+
+
+def _fragment_bytes(array, limit: int) -> int:
+  """The bytes of the largest piece of `array` that TensorStore writes at once: a shard, or its
+  block of rows (in_blocks)."""
+  shape = tuple(array.sharding.shard_shape(array.shape)) if hasattr(array, "sharding") else ()
+  nbytes = math.prod(shape) * np.dtype(array.dtype).itemsize
+  if not shape or nbytes <= limit:
+    return nbytes
+  rows = _block_rows(shape[0], nbytes // shape[0], limit)
+  return nbytes if rows is None else rows * (nbytes // shape[0])
+
+
+def in_blocks(copies: replica_slices.ReplicaSlices, limit: int) -> replica_slices.ReplicaSlices:
+  """`copies` (an array's slices copied to host RAM) as blocks of rows of at most `limit`
+  bytes, each a view of its slice, which TensorStore writes as a fragment of its own; copies
+  of at most `limit` (or whose rows do not divide into such blocks) as they are."""
+  shape = tuple(copies.local_shape)
+  nbytes = math.prod(shape) * np.dtype(copies.dtype).itemsize
+  if not copies.is_on_host or not shape or nbytes <= limit:
+    return copies
+  rows = _block_rows(shape[0], nbytes // shape[0], limit)
+  if rows is None or rows == shape[0]:
+    return copies
+  blocks = []
+  for piece in copies.replica_slices:
+    index = numpy_utils.resolve_slice(piece.index, copies.global_shape)
+    for start in range(0, shape[0], rows):
+      first = slice(index[0].start + start, index[0].start + start + rows)
+      blocks.append(replica_slices.ReplicaSlice(
+          index=(first, *index[1:]), unsliced_data=piece.unsliced_data[start:start + rows],
+          slice_args=None))
+  return dataclasses.replace(copies, local_shape=(rows, *shape[1:]), replica_slices=blocks)
+
+
 class _Copies:
   """While installed (a bounded save), Orbax's copies of a save's arrays to host RAM
   (`replica_slices.transfer_arrays_to_host`, which its save loop looks up for each save), kept
@@ -112,7 +163,7 @@ class _Copies:
     self._orbax = replica_slices.transfer_arrays_to_host
 
     def transfer(*args, **kwargs):
-      copies = self._orbax(*args, **kwargs)
+      copies = [in_blocks(c, HOST_STATE_BLOCK_BYTES) for c in self._orbax(*args, **kwargs)]
       self._made.extend(copies)
       return copies
 
@@ -202,8 +253,12 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
 
   async def serialize(self, values, infos, args=None):
     if self._transfers.ts_context is not None:
+      # Blocks (in_blocks) written HOST_STATE_WRITE_BYTES at a time; an array that is not split
+      # into blocks is written whole, alone (Orbax refuses a write larger than its limit).
+      largest = max((_fragment_bytes(v, HOST_STATE_BLOCK_BYTES) for v in values), default=0)
+      writes = limits.LimitInFlightBytes(max(HOST_STATE_WRITE_BYTES, largest + 1))
       for info in infos:
-        info.ts_context = self._transfers.ts_context
+        info.ts_context, info.byte_limiter = self._transfers.ts_context, writes
     return await super().serialize(values, infos, args)
 
   async def deserialize(self, infos, args=None):
