@@ -227,16 +227,7 @@ def _train(this: Run) -> int:
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
   fresh = state in ("new", "overwrite")
-  # A resume reads its checkpoint while the steps compile (trainer/early_restore.py).
-  early = None if fresh else early_restore.EarlyRestore.start(
-      exp, rd.path / "checkpoints", note=this.startup.note)
-  try:
-    compiled, compiler_lines, compiler_notes = _compile(this, initialises=fresh or not (
-        checkpoint_files.committed_steps(rd.path / "checkpoints")))
-  except BaseException:
-    if early is not None:
-      early.close()
-    raise
+  early, (compiled, compiler_lines, compiler_notes) = _compile_reading(this, fresh=fresh)
   for note in this.notes if this.main_process else ():
     print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
@@ -273,10 +264,6 @@ def _train(this: Run) -> int:
       return _no_space(this, finish, full)
     finish("failed", error=traceback.format_exc(limit=-3))
     raise
-  if early is not None and early.used:
-    this.startup.phases["restore_read_s"] = round(early.read_s, 2)
-  elif early is not None:  # read, but not the checkpoint the loop restored
-    this.startup.phases.pop("restore_started_s", None)
   return _finished(this, result, finish, progress)
 
 
@@ -423,6 +410,18 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   elif this.main_process:  # --noprogress leaves out the progress lines, not the outcome
     print(done, file=sys.stderr)
   return 0
+
+
+def _compile_reading(this: Run, *, fresh: bool):
+  """(a resume's checkpoint read beside the compile, or None: early_restore.py; _compile's)"""
+  ckpts = this.run_dir.path / "checkpoints"
+  early = None if fresh else early_restore.EarlyRestore.start(this.exp, ckpts, startup=this.startup)
+  try:
+    return early, _compile(this, initialises=fresh or not checkpoint_files.committed_steps(ckpts))
+  except BaseException:
+    if early is not None:
+      early.close()
+    raise
 
 
 def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str]]:

@@ -25,8 +25,8 @@ def test_the_gradient_function_is_traced_once_and_the_sums_are_the_microbatches(
   calls: list = []
   params = {"w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3)}
   batch = {"x": jnp.arange(16, dtype=jnp.float32).reshape(8, 2)}
-  accumulate = jax.jit(functools.partial(step.accumulate, grad_fn=functools.partial(_grad_fn, calls),
-                                         grad_accum_steps=4))
+  grad_fn = functools.partial(_grad_fn, calls)
+  accumulate = jax.jit(functools.partial(step.accumulate, grad_fn=grad_fn, grad_accum_steps=4))
   grads, stats = accumulate(params, batch)
   assert len(calls) == 1  # the shapes' eval_shape and the scan's body: one trace
   parts = [_grad_fn([], params, {"x": batch["x"][i::4]}) for i in range(4)]

@@ -12,7 +12,7 @@ from core.registry import ConfigError
 from launcher import main as main_lib
 from planner import compiler_output, plan, plan_report, step_memory, sweep_screen, sweep_space
 from tests.test_run_dirs import QUICK, snapshot
-from trainer import config as config_lib, experiment, meshes, metrics
+from trainer import config as config_lib, experiment, host_memory, meshes, metrics
 
 
 @pytest.fixture
@@ -260,7 +260,7 @@ def test_cpu_devices_share_the_host_memory_available():
   cpus = jax.devices("cpu")
   one = step_memory.device_memory(cpus[:1])
   assert one is not None and one.source == "host memory available"
-  assert 0 < one.bytes <= step_memory._host_available() * 1.01 + 2 ** 30  # pylint: disable=protected-access
+  assert 0 < one.bytes <= host_memory.available() * 1.01 + 2 ** 30
 
 
 def test_a_run_that_sets_rows_per_device_is_told_rows_per_device():

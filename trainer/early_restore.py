@@ -30,7 +30,6 @@ from __future__ import annotations
 import concurrent.futures
 import pathlib
 import time
-from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -38,6 +37,7 @@ import jax
 from trainer import host_memory, metrics as metrics_lib
 from trainer.checkpoint import Restored, read_step
 from trainer.checkpoint_files import committed_steps, strays
+from trainer.startup import Startup
 
 # The host's available RAM, as a multiple of the state's bytes, that an early read needs: the
 # state, a batch read, and the compiler's heap beside them.
@@ -70,28 +70,28 @@ def why_not(exp, directory: pathlib.Path) -> str | None:
 class EarlyRestore:
   """The read of one checkpoint, in a thread started by `start`."""
 
-  def __init__(self, exp, directory: pathlib.Path, *, note: Callable[[str], None]):
-    self._exp, self.directory, self._note = exp, pathlib.Path(directory), note
+  def __init__(self, exp, directory: pathlib.Path, *, startup: Startup | None = None):
+    self._exp, self.directory, self._startup = exp, pathlib.Path(directory), startup
     self.step = first_step(self.directory, exp.run.checkpoint.restore_step or None)
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-restore")
     self._future: concurrent.futures.Future | None = None
+    self._started_at = 0.0  # time.time() when the read started
     self.read_s: float | None = None  # the read's seconds, once done
     self.used = False  # the loop took the read
 
   @classmethod
   def start(cls, exp, directory: pathlib.Path, *,
-            note: Callable[[str], None] = lambda _: None) -> "EarlyRestore | None":
+            startup: Startup | None = None) -> "EarlyRestore | None":
     """Starts reading the checkpoint a resumed run restores first; None where it cannot
-    (`why_not`). `note(name)` marks the run's startup phases (trainer/startup.py)."""
+    (`why_not`). A read the loop takes is recorded in `startup` (the run's)."""
     if why_not(exp, pathlib.Path(directory)) is not None:
       return None
-    early = cls(exp, directory, note=note)
+    early = cls(exp, directory, startup=startup)
     early._future = early._pool.submit(early._read)
     return early
 
   def _read(self) -> Restored | None:
-    self._note("restore_started_s")
-    started = time.perf_counter()
+    self._started_at, started = time.time(), time.perf_counter()
     try:
       abstract = nn.meta.unbox(self._exp.abstract_state)  # outside the mesh (as the loop does)
       with self._exp.context():
@@ -114,6 +114,9 @@ class EarlyRestore:
         or first_step(self.directory, at_most) != restored.step):
       return None
     self.used = True
+    if self._startup is not None:
+      self._startup.note("restore_started_s", at=self._started_at)
+      self._startup.add("restore_read_s", self.read_s)
     return restored
 
   def close(self) -> None:

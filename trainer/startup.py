@@ -82,6 +82,10 @@ class Startup:
     if self.started is not None:
       self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
 
+  def add(self, name: str, seconds: float) -> None:
+    """A phase's own duration (`restore_read_s`), beside the times since the start."""
+    self.phases[name] = round(seconds, 2)
+
   def record(self, *, state_s: float, first_step_s: float, first_step_at: float,
              first_compile_s: float = 0.0) -> dict:
     self.note("to_first_step_s", at=first_step_at)
