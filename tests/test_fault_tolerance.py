@@ -15,6 +15,7 @@ import pathlib
 import shutil
 import signal
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -149,9 +150,12 @@ def test_a_host_memory_resume_reads_its_checkpoint_beside_the_compile(tmp_path, 
   that read, and the run goes on bit for bit."""
   run_dir = tmp_path / "run"
   cu.copy_as_crashed(ref, run_dir, upto=20)
+  shown, filters = warnings.showwarning, list(warnings.filters)
   result = cu.run_here(capfd, run_dir, cache, HOST)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "resumed from checkpoint step 20" in result.stderr
+  # The read in its thread left Python's warnings as the compile beside it found them.
+  assert warnings.showwarning is shown and warnings.filters == filters
   startup = json.loads((run_dir / "run.json").read_text())["startup"]
   # The read started before the steps were compiled (it is started before the compile is), and
   # the loop took it rather than reading the checkpoint again.

@@ -88,7 +88,7 @@ def _settle(dropped: list, *, quiet_s: float, max_s: float) -> None:
 
 
 @contextlib.contextmanager
-def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0):
+def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0, filter_warnings: bool = True):
   """Confines to one Orbax read what it leaves behind when a read fails after check_step passed.
 
   Orbax then closes its event loop while TensorStore reads are still in
@@ -101,7 +101,10 @@ def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0):
   asyncio logger's filters and warnings.filters are what they were before.
   A read still in flight after that window (seen on a loaded CPU) can report
   once more, unfiltered; check_step keeps truncated and missing files, the
-  usual damage, from ever reaching this path.
+  usual damage, from ever reaching this path. `filter_warnings=False` leaves
+  Python's warnings alone: their filters are the process's, and a read in a
+  thread beside another block that saves and restores them (the compile's
+  planner/compiler_output.py) would leave that block's in place.
   """
   dropped: list[str] = []  # one entry per report dropped
   previous_hook = sys.unraisablehook
@@ -131,9 +134,10 @@ def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0):
   sys.unraisablehook = hook
   asyncio_logger.addFilter(never_retrieved)
   try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
-                              category=RuntimeWarning)
+    with warnings.catch_warnings() if filter_warnings else contextlib.nullcontext():
+      if filter_warnings:
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                                category=RuntimeWarning)
       try:
         yield
       except Exception as e:  # pylint: disable=broad-except  (any read failure means unusable)
@@ -379,11 +383,12 @@ class Checkpointer:
 
 # -- checks before a run writes anything ---------------------------------------------------
 
-def _read(step: int, abstract_state, shardings, restore: Callable) -> Restored:
+def _read(step: int, abstract_state, shardings, restore: Callable, *,
+          filter_warnings: bool = True) -> Restored:
   """`step` read by `restore(args)` (Orbax's Composite of the state and the data state), its
   state placed in `shardings`; CheckpointError if it does not read."""
   target = _with_shardings(abstract_state, shardings)
-  with _one_read():
+  with _one_read(filter_warnings=filter_warnings):
     out = restore(ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target),
                                         DATA: ocp.args.JsonRestore()}))
   return Restored(step=step, state=out[STATE], data_state=dict(out[DATA] or {}))
@@ -392,12 +397,14 @@ def _read(step: int, abstract_state, shardings, restore: Callable) -> Restored:
 def read_step(directory: pathlib.Path | str, step: int, abstract_state, shardings) -> Restored:
   """`step` of a checkpoints/ directory as Checkpointer.restore reads it, without a
   CheckpointManager (which cleans its directory): nothing on disk changes
-  (trainer/early_restore.py); CheckpointError if it does not read."""
+  (trainer/early_restore.py, in a thread: Python's warnings filters are left alone);
+  CheckpointError if it does not read."""
   path = pathlib.Path(directory).absolute() / str(step)
   check_step(path)
   reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler(handler_registry=handlers(Transfers())))
   try:
-    return _read(step, abstract_state, shardings, lambda args: reader.restore(path, args=args))
+    return _read(step, abstract_state, shardings, lambda args: reader.restore(path, args=args),
+                 filter_warnings=False)
   finally:
     reader.close()
 
