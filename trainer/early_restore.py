@@ -8,12 +8,11 @@ after the other (benchmarks/whole_run.py, 2026-12-07). `EarlyRestore.start` read
 that the loop will restore first (the newest committed step, or checkpoint.restore_step) in a
 thread while the launcher compiles; the loop `take`s it instead of reading it again.
 
-Only a read (trainer/checkpoint.py:read_step: no CheckpointManager, which cleans its
-directory; nothing on disk changes), whose result
-the loop uses only if the checkpoint it reads first is still that one, with no stray entry for it
-to set aside first. Anything else (a read that fails, a damaged newest step, a stray) is the
-loop's own restore as before, with its warnings and fallbacks; the early read is dropped
-before that restore starts. Where it runs:
+It is only a read (trainer/checkpoint.py:read_step: no CheckpointManager, which cleans its
+directory; nothing on disk changes). The loop uses it only if the checkpoint it reads first is
+still that one, with no stray entry to set aside first. Anything else (a read that fails, a
+damaged newest step, a stray) is the loop's own restore as before, with its warnings and
+fallbacks; the early read is dropped before that restore starts. Where it runs:
 
 - one process (a multi-process run's reads meet in barriers that a thread would reorder);
 - a state in host memory (a state in device memory restores in seconds, and the GPU compiler
