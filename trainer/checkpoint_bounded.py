@@ -110,9 +110,14 @@ def drop_host_copies(arrays) -> None:
     array._replace_with(array._rewrap_with_aval_and_sharding(array.aval, array.sharding))  # pylint: disable=protected-access
 
 
-def _block_rows(rows: int, row_bytes: int, limit: int) -> int | None:
-  """The most rows, a divisor of `rows`, whose bytes fit `limit`; None where one row does not."""
-  fitting = [d for d in range(1, rows + 1) if rows % d == 0 and d * row_bytes <= limit]
+def _block_rows(shape: tuple, itemsize: int, limit: int) -> int | None:
+  """Rows of a block of an array piece of `shape`, the most that divide its rows and fit
+  `limit` bytes; None where the piece fits `limit` whole, or no block of rows fits or splits it."""
+  nbytes = math.prod(shape) * itemsize
+  if not shape or nbytes <= limit:
+    return None
+  row_bytes = nbytes // shape[0]
+  fitting = [d for d in range(1, shape[0]) if shape[0] % d == 0 and d * row_bytes <= limit]
   return max(fitting) if fitting else None
 
 
@@ -120,11 +125,9 @@ def _fragment_bytes(array, limit: int) -> int:
   """The bytes of the largest piece of `array` that TensorStore writes at once: a shard, or its
   block of rows (in_blocks)."""
   shape = tuple(array.sharding.shard_shape(array.shape)) if hasattr(array, "sharding") else ()
-  nbytes = math.prod(shape) * np.dtype(array.dtype).itemsize
-  if not shape or nbytes <= limit:
-    return nbytes
-  rows = _block_rows(shape[0], nbytes // shape[0], limit)
-  return nbytes if rows is None else rows * (nbytes // shape[0])
+  itemsize = np.dtype(array.dtype).itemsize
+  rows = _block_rows(shape, itemsize, limit)
+  return math.prod(shape[1:] if rows else shape) * (rows or 1) * itemsize
 
 
 def in_blocks(copies: replica_slices.ReplicaSlices, limit: int) -> replica_slices.ReplicaSlices:
@@ -132,11 +135,8 @@ def in_blocks(copies: replica_slices.ReplicaSlices, limit: int) -> replica_slice
   bytes, each a view of its slice, which TensorStore writes as a fragment of its own; copies
   of at most `limit` (or whose rows do not divide into such blocks) as they are."""
   shape = tuple(copies.local_shape)
-  nbytes = math.prod(shape) * np.dtype(copies.dtype).itemsize
-  if not copies.is_on_host or not shape or nbytes <= limit:
-    return copies
-  rows = _block_rows(shape[0], nbytes // shape[0], limit)
-  if rows is None or rows == shape[0]:
+  rows = _block_rows(shape, np.dtype(copies.dtype).itemsize, limit) if copies.is_on_host else None
+  if rows is None:
     return copies
   blocks = []
   for piece in copies.replica_slices:
