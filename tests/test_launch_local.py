@@ -58,7 +58,11 @@ def test_the_supervisor_says_a_processes_cpp_abort_in_one_line(tmp_path):
   one line, and the other process's output passes unchanged."""
   import io  # pylint: disable=import-outside-toplevel
   from launcher.launch import job as launch_job, local  # pylint: disable=import-outside-toplevel
-  abort = ("import os, sys\n"
+  # p1 aborts once p0 has said its line: the supervisor stops p0 when p1 ends, and on a loaded
+  # machine p1 could otherwise end before p0 had started.
+  said = tmp_path / "p0_said"
+  abort = ("import os, sys, time\n"
+           f"while not os.path.exists({str(said)!r}): time.sleep(0.01)\n"
            "print('F1205 client.h:80] Terminating process because the JAX distributed service "
            "detected fatal errors', file=sys.stderr)\n"
            "print('*** Check failure stack trace: ***', file=sys.stderr)\n"
@@ -68,7 +72,8 @@ def test_the_supervisor_says_a_processes_cpp_abort_in_one_line(tmp_path):
   job = launch_job.Job(name="t", layout=layout, train_args=(), axtrain=(), workdir=str(tmp_path),
                        run_dir=tmp_path, record_dir=tmp_path, command="test")
   out, err = io.StringIO(), io.StringIO()
-  code = local.Supervisor(job, [[sys.executable, "-c", "print('fine')"],
+  fine = f"print('fine', flush=True); open({str(said)!r}, 'w').close()"
+  code = local.Supervisor(job, [[sys.executable, "-c", fine],
                                 [sys.executable, "-c", abort]], out=out, err=err).run()
   lines = err.getvalue().splitlines()
   p1 = [line for line in lines if line.startswith("[p1] ")]

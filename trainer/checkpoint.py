@@ -102,9 +102,7 @@ def _one_read(*, quiet_s: float = 1.0, max_s: float = 10.0, filter_warnings: boo
   A read still in flight after that window (seen on a loaded CPU) can report
   once more, unfiltered; check_step keeps truncated and missing files, the
   usual damage, from ever reaching this path. `filter_warnings=False` leaves
-  Python's warnings alone: their filters are the process's, and a read in a
-  thread beside another block that saves and restores them (the compile's
-  planner/compiler_output.py) would leave that block's in place.
+  the process's warnings filters alone (a read in a thread beside the compile).
   """
   dropped: list[str] = []  # one entry per report dropped
   previous_hook = sys.unraisablehook
