@@ -109,3 +109,23 @@ def test_checkpoint_written_on_the_chip_resumes_on_cpu(tmp_path, chip_ref, cache
   with np.load(start.path) as restored:
     assert_bitwise(restored, saved)
   assert_finite_losses(run_dir, range(21, 31))
+
+
+def test_a_host_memory_resume_on_the_chip_reads_its_checkpoint_beside_the_compile(
+    tmp_path, chip_ref, cache):
+  """trainer/early_restore.py on the chip: the state in pinned host memory is read while the
+  steps compile, and the loop starts from exactly the checkpoint's parameters."""
+  run_dir = tmp_path / "run"
+  cu.copy_as_crashed(chip_ref, run_dir, upto=20)
+  saved = cu.params(run_dir, 20)
+  start = tmp_path / "start.npz"
+  result = cu.run(run_dir, cache, "--config.trainer.state_memory=host",
+                  hooks=(f"--save_params_at_start={start}",), platform="tpu")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from checkpoint step 20" in result.stderr
+  startup = json.loads((run_dir / "run.json").read_text())["startup"]
+  assert startup["restore_started_s"] <= startup["to_steps_compiled_s"], startup
+  assert startup["restore_read_s"] > 0, startup
+  with np.load(start) as restored:
+    assert_bitwise(restored, saved)
+  assert_finite_losses(run_dir, range(21, 31))
