@@ -172,8 +172,11 @@ def row(r: dict) -> str:
   evals = [x["eval_time_s"] for x in records if "eval_time_s" in x]
   codes = "/".join(str(phases[k]["code"]) for k in ("stopped", "resumed", "export") if k in phases)
   exact = {True: "yes", False: "NO", None: "-"}[r.get("bit_exact")]
+  own = [x["host_ram_in_use_peak_bytes"] - x["host_ram_in_use_before_bytes"] for x in records
+         if "host_ram_in_use_peak_bytes" in x and "host_ram_in_use_before_bytes" in x]
   return (f"| {r['date']} | {r.get('commit', '-')} | `{r['command']}` | {codes} | "
           f"{max(steps) if steps else 0:.4g} s | {max(saves) if saves else 0:.3g} s | "
+          f"{f'+{max(own) / 1e9:.2f} GB' if own else '-'} | "
           f"{max(evals) if evals else 0:.3g} s | "
           f"{_peak(phases, 'stopped')} / {_peak(phases, 'resumed')} GB | "
           f"{phases['export']['wall_s'] if 'export' in phases else '-'} s | {exact} |")
@@ -198,11 +201,13 @@ def write(argv: list[str]) -> int:
       "Measured by `bash .chip/on_chip.sh python3 -m benchmarks.whole_run run --out=$OUT "
       "--reference` (benchmarks/whole_run.py): the command trained, took a SIGTERM during "
       "step 2 (exit 75 after saving), was run again (resumed to the end, saved, evaluated), "
-      "then exported with `axtrain convert --to_hf`; exit codes stopped/resumed/export; RAM is "
-      "the machine's in use at its peak in the stopped / resumed runs; bit for bit: the last "
+      "then exported with `axtrain convert --to_hf`; exit codes stopped/resumed/export; a save's "
+      "own RAM is the most the machine's RAM in use rose during one of the run's saves (its "
+      "records' `host_ram_in_use_peak_bytes` less `..._before_bytes`, from 2026-12-07); RAM "
+      "peak is the machine's in use at its peak in the stopped / resumed runs; bit for bit: the last "
       "step's loss and norms and the eval loss against an uninterrupted run.", "",
-      "| date | commit | command | exit codes | slowest step | slowest save | eval | RAM peak "
-      "| export | bit for bit |", "|---|---|---|---|---|---|---|---|---|---|",
+      "| date | commit | command | exit codes | slowest step | slowest save | a save's own RAM "
+      "| eval | RAM peak | export | bit for bit |", "|---|---|---|---|---|---|---|---|---|---|---|",
       *map(row, rows), "",
       *[f"- {r['date']}: {r['note']}" for r in rows if r.get("note")], END])
   sections.write_section(section, begin=BEGIN, end=END)

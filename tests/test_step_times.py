@@ -3,6 +3,7 @@ save's and an evaluation's time go into records of their own (trainer/step_clock
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -100,3 +101,14 @@ def test_the_clock_charges_each_step_from_the_one_before_and_skips_pauses():
   finish(4, 124.0)
   clock.close()
   assert [clock.seconds(1, 2), clock.seconds(2, 3), clock.seconds(3, 4)] == [2.0, 3.0, 9.0]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="the machine's RAM in use: Linux")
+def test_records_carry_the_machines_ram_in_use_and_a_saves_peak(records):
+  """The figure `axtrain plan`'s host verdict is calibrated against (docs/observe.md): the
+  machine's RAM in use in each step record, before and at the peak of each save."""
+  steps = [r for r in records if "loss" in r]
+  saves = [r for r in records if "save_time_s" in r]
+  assert steps and all(r["host_ram_in_use_bytes"] > 0 for r in steps), steps
+  assert saves and all(
+      0 < r["host_ram_in_use_before_bytes"] <= r["host_ram_in_use_peak_bytes"] for r in saves)

@@ -70,6 +70,14 @@ def release() -> None:
     trim(0)
 
 
+def record() -> dict:
+  """A step record's host RAM fields (those known here): this process's resident bytes
+  (`host_memory_bytes`) and the machine's RAM in use (`host_ram_in_use_bytes`), the figure
+  that `axtrain plan`'s host verdict is calibrated against (planner/calibration.py:HostRam)."""
+  fields = {"host_memory_bytes": rss(), "host_ram_in_use_bytes": system_used()}
+  return {k: v for k, v in fields.items() if v}
+
+
 class Peak:
   """The peaks of `rss()` and `system_used()` while the block runs (polled every `every_s`);
   `before`, `peak` and `after` are (rss, system_used) pairs."""
@@ -94,3 +102,12 @@ class Peak:
     self._done.set()
     self._poller.join()
     self.after = (rss(), system_used())
+
+  def record(self) -> dict:
+    """A save record's host RAM fields (those known here): this process's resident bytes at
+    their peak (`host_memory_peak_bytes`), and the machine's RAM in use before the block and at
+    its peak (`host_ram_in_use_before_bytes`, `host_ram_in_use_peak_bytes`): the save's own
+    RAM is their difference."""
+    fields = {"host_memory_peak_bytes": self.peak[0], "host_ram_in_use_before_bytes":
+              self.before[1], "host_ram_in_use_peak_bytes": self.peak[1]}
+    return {k: v for k, v in fields.items() if v}

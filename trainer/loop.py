@@ -320,8 +320,7 @@ class _Loop:
     record = {"step": step, **summary,
               "tokens_per_sec": tokens_per_sec, "step_time_s": elapsed / steps,
               **self.throughput(tokens_per_sec), **metrics_lib.device_memory(self.exp.mesh.local_devices),
-              **({"host_memory_bytes": host_memory.rss()} if host_memory.rss() else {}),
-              **data_metrics}
+              **host_memory.record(), **data_metrics}
     if self.cfg.skip_nonfinite:
       record["nonfinite_skipped"] = s.skipped
     s.last_logged = step
@@ -350,8 +349,7 @@ class _Loop:
       with self.clock.paused() as pause, host_memory.Peak(every_s=0.01) as ram:
         saved = self.ckpt.save(step, self.s.state, self.data.get_state())
       if saved:  # (a stop request right after a scheduled save finds the step saved)
-        self._emit({"step": step, "save_time_s": pause.seconds,
-                    **({"host_memory_peak_bytes": ram.peak[0]} if ram.peak[0] else {})})
+        self._emit({"step": step, "save_time_s": pause.seconds, **ram.record()})
 
   def evaluate(self, step: int, *, due: bool) -> None:
     if not due:
