@@ -160,7 +160,7 @@ def test_a_host_memory_resume_reads_its_checkpoint_beside_the_compile(tmp_path, 
   # The read started before the steps were compiled (it is started before the compile is), and
   # the loop took it rather than reading the checkpoint again.
   assert startup["restore_started_s"] <= startup["to_steps_compiled_s"], startup
-  assert startup["restore_read_s"] > 0, startup
+  assert startup["restore_read_s"] > 0 and "restore_after_compile" not in startup, startup
   got = cu.losses(run_dir)
   assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
   assert_same_params(ref, run_dir)
@@ -181,6 +181,7 @@ def test_a_damaged_newest_checkpoint_read_beside_the_compile_falls_back_once(
   assert "Traceback" not in result.stderr, result.stderr[:3000]
   startup = json.loads((run_dir / "run.json").read_text())["startup"]
   assert "restore_read_s" not in startup and "restore_started_s" not in startup, startup
+  assert startup["restore_after_compile"] == "the early read failed", startup
   got = cu.losses(run_dir)
   assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
 

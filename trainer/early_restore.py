@@ -21,7 +21,8 @@ fallbacks; the early read is dropped before that restore starts. Where it runs:
   the restore are held at once (llm_1b's uncached compile peaked at 11.5 GB in use).
 
 run.json's `startup` says when a read that the loop took started and how long it took
-(`restore_started_s`, `restore_read_s`); `state_s` is then what the loop waited for it.
+(`restore_started_s`, `restore_read_s`); `state_s` is then what the loop waited for it. A
+resume whose restore ran after the compile says why (`restore_after_compile`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from trainer.startup import Startup
 # The host's available RAM, as a multiple of the state's bytes, that an early read needs: the
 # state, a batch read, and the compiler's heap beside them.
 RAM_FACTOR = 2.0
+NOTHING_TO_RESTORE = "no committed checkpoint"  # (the run initialises: nothing to say)
 
 
 def first_step(directory: pathlib.Path, at_most: int | None) -> int | None:
@@ -57,7 +59,7 @@ def why_not(exp, directory: pathlib.Path) -> str | None:
   if exp.run.trainer.state_memory != "host":
     return "the state is in device memory"
   if first_step(directory, exp.run.checkpoint.restore_step or None) is None:
-    return "no committed checkpoint"
+    return NOTHING_TO_RESTORE
   state = metrics_lib.state_bytes_per_device(exp.abstract_state, exp.state_shardings)
   state *= len(exp.mesh.local_devices)
   free = host_memory.available()
@@ -83,7 +85,10 @@ class EarlyRestore:
             startup: Startup | None = None) -> "EarlyRestore | None":
     """Starts reading the checkpoint a resumed run restores first; None where it cannot
     (`why_not`). A read the loop takes is recorded in `startup` (the run's)."""
-    if why_not(exp, pathlib.Path(directory)) is not None:
+    reason = why_not(exp, pathlib.Path(directory))
+    if reason is not None:
+      if startup is not None and reason != NOTHING_TO_RESTORE:
+        startup.add("restore_after_compile", reason)
       return None
     early = cls(exp, directory, startup=startup)
     early._future = early._pool.submit(early._read)
@@ -109,8 +114,13 @@ class EarlyRestore:
       return None
     restored, self._future = self._future.result(), None
     self.close()
-    if (restored is None or strays(self.directory)
-        or first_step(self.directory, at_most) != restored.step):
+    reason = ("the early read failed" if restored is None else
+              "a stray entry to set aside first" if strays(self.directory) else
+              "the early read was not the step restored"
+              if first_step(self.directory, at_most) != restored.step else None)
+    if reason is not None:
+      if self._startup is not None:
+        self._startup.add("restore_after_compile", reason)
       return None
     self.used = True
     if self._startup is not None:

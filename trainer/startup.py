@@ -11,6 +11,7 @@
                       (trainer/early_restore.py), what the loop still waited for that read
     restore_started_s process start -> that read started (beside the compile)
     restore_read_s    that read's own seconds
+    restore_after_compile  for a resume whose restore ran after the compile, why
     first_step_s      the first step, dispatched and finished (its programs' last compile or
                       load included)
     first_compile_s   of first_step_s: the train step lowered and compiled again by the loop
@@ -82,9 +83,10 @@ class Startup:
     if self.started is not None:
       self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
 
-  def add(self, name: str, seconds: float) -> None:
-    """A phase's own duration (`restore_read_s`), beside the times since the start."""
-    self.phases[name] = round(seconds, 2)
+  def add(self, name: str, value: float | str) -> None:
+    """A phase's own duration (`restore_read_s`), beside the times since the start, or a word
+    on it (`restore_after_compile`: why a resume's restore did not run beside its compile)."""
+    self.phases[name] = round(value, 2) if isinstance(value, float) else value
 
   def record(self, *, state_s: float, first_step_s: float, first_step_at: float,
              first_compile_s: float = 0.0) -> dict:
