@@ -77,8 +77,7 @@ class EarlyRestore:
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-restore")
     self._future: concurrent.futures.Future | None = None
     self._started_at = 0.0  # time.time() when the read started
-    self.read_s: float | None = None  # the read's seconds, once done
-    self.used = False  # the loop took the read
+    self._read_s = 0.0  # the read's seconds, once done
 
   @classmethod
   def start(cls, exp, directory: pathlib.Path, *,
@@ -103,7 +102,7 @@ class EarlyRestore:
       jax.block_until_ready(restored.state)
     except Exception:  # pylint: disable=broad-except  (the loop's own restore reports it)
       return None
-    self.read_s = time.perf_counter() - started
+    self._read_s = time.perf_counter() - started
     return restored
 
   def take(self, at_most: int | None) -> Restored | None:
@@ -122,10 +121,9 @@ class EarlyRestore:
       if self._startup is not None:
         self._startup.add("restore_after_compile", reason)
       return None
-    self.used = True
     if self._startup is not None:
       self._startup.note("restore_started_s", at=self._started_at)
-      self._startup.add("restore_read_s", self.read_s)
+      self._startup.add("restore_read_s", self._read_s)
     return restored
 
   def close(self) -> None:
