@@ -41,6 +41,9 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   spent = startup["compile"]  # JAX's own seconds: compiled (the loop reads back a program)
   assert spent["trace_s"] > 0 and spent["lower_s"] > 0 and spent["compile_s"] > 0
   assert spent["cache_read_s"] < spent["compile_s"]
+  at = startup["compile_at"]  # the same seconds by phase: the steps' compile is in its phase
+  assert at["to_experiment_s"]["compile_s"] < at["to_steps_compiled_s"]["compile_s"]
+  assert at["to_compiled_s"]["trace_s"] <= spent["trace_s"]
   for run in (second, extended):  # a second run of the setting; the same run extended (resumed)
     assert run.returncode == 0 and READ in run.stderr, run.stderr[-2000:]
   spent = json.loads((tmp_path / "b" / "run.json").read_text())["startup"]["compile"]

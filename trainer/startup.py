@@ -22,6 +22,8 @@
                       (jaxpr to StableHLO), `compile_s` (XLA, or a read from the compilation
                       cache) and, of that, `cache_read_s`; a program read from the cache is
                       still traced and lowered (its key is the lowered program)
+    compile_at        the same seconds as they stood at to_experiment_s, to_steps_compiled_s
+                      and to_compiled_s: which phase spent them
 
 Seconds since the process started come from Linux's /proc (None elsewhere).
 """
@@ -77,11 +79,14 @@ class Startup:
   def __init__(self):
     self.started = process_start()
     self.phases: dict[str, float] = {}
+    self.compile_at: dict[str, dict[str, float]] = {}
     self._compiled_before = compile_seconds()  # another run's, in a process that ran one
 
   def note(self, phase: str, at: float | None = None) -> None:
     if self.started is not None:
       self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
+    if phase in ("to_experiment_s", "to_steps_compiled_s", "to_compiled_s"):
+      self.compile_at[phase] = compile_seconds(self._compiled_before)
 
   def add(self, name: str, value: float | str) -> None:
     """A phase's own duration (`restore_read_s`), beside the times since the start, or a word
@@ -93,4 +98,4 @@ class Startup:
     self.note("to_first_step_s", at=first_step_at)
     return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2),
             "first_compile_s": round(first_compile_s, 2),
-            "compile": compile_seconds(self._compiled_before)}
+            "compile": compile_seconds(self._compiled_before), "compile_at": self.compile_at}
