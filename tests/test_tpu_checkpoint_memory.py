@@ -1,7 +1,8 @@
 """On a TPU chip (the `tpu` lane): a save and a restore of a train state in host memory add at
 most 1 GB, or 10% of the state if that is more, to the host RAM that the state already takes.
 
-The state is 4.4 GB of float32 arrays in pinned_host memory (trainer.state_memory=host),
+The state is 4.3-4.4 GB of float32 arrays in pinned_host memory (trainer.state_memory=host):
+small arrays, or arrays of 1.07 GB as llm_1b's (STATES),
 saved and restored by trainer/checkpoint.py's Checkpointer (benchmarks/checkpoint_memory.py, in
 a subprocess that holds the chip). The machine's RAM in use (MemTotal - MemAvailable) and the
 process's VmRSS are polled every 5 ms. Before trainer/checkpoint_bounded.py dropped the host
@@ -21,12 +22,16 @@ from benchmarks.checkpoint_memory import run_variant
 
 pytestmark = pytest.mark.tpu
 
-STATE_GB = 4.4
+# (GB, layers per array): 595 arrays of at most 17 MB; or one stack of 64 layers, whose three
+# MLP arrays are 1.07 GB each, as llm_1b's (written in blocks of rows: checkpoint_bounded.py)
+STATES = {"layers": (4.4, 1), "stacked": (4.3, 64)}
 
 
-@pytest.fixture(scope="module")
-def measured():
-  result = run_variant("checkpointer", "pinned_host", gb=STATE_GB, env={"JAX_PLATFORMS": "tpu"})
+@pytest.fixture(scope="module", params=sorted(STATES))
+def measured(request):
+  gb, stack = STATES[request.param]
+  result = run_variant("checkpointer", "pinned_host", gb=gb, stack=stack,
+                       env={"JAX_PLATFORMS": "tpu"})
   print(json.dumps(result))  # the figures, under pytest -s
   return result
 

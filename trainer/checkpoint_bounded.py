@@ -38,10 +38,15 @@ or a restore must not take them again. These would:
   larger array) at a time, each group's arrays placed before the next group is read
   (`_Arrays.deserialize`). On the v5e (2026-12-07) llm_1b's restore then peaked at 22.26 GB in
   use, below the 22.52 GB of the steps after it, in 42.9 s (16-19 s before); the 4.46 GB
-  state's took 0.07 GB beyond the state. llm_1b's save still peaked 1.5-2.1 GB over its steps:
-  each 1.05-1.07 GB array's copy and what TensorStore holds of it until it is written
-  (docs/offload.md). An array larger than HOST_STATE_BLOCK_BYTES is now written in blocks of
-  rows, a few at once (`in_blocks`, `_Arrays.serialize`): not yet measured on the chip.
+  state's took 0.07 GB beyond the state.
+- llm_1b's save still peaked 1.5-2.1 GB over its steps (bound 1.48 GB): each 1.05-1.07 GB
+  array's whole copy, and what TensorStore holds of it until it is written. Writing the copy in
+  blocks of rows, a few at once, left 1.66-2.55 GB (v5e, 2026-12-07: four saves), the copy
+  itself still whole. An array larger than HOST_STATE_BLOCK_BYTES is now not copied: it is
+  written a block of rows at a time, each brought into host RAM only when it is written
+  (`_Streamed`): a view of the buffer on CPU; on a TPU or GPU host a slice of one copy of the
+  array in device memory, which is free between steps. Not yet measured on the chip
+  (tests/test_tpu_checkpoint_memory.py's `stacked` state has three such arrays).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
   `host_memory.release` gives it back after each batch and after a restore.
 
@@ -51,7 +56,10 @@ tests/test_tpu_checkpoint_memory.py (the chip) bound it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import inspect
 import math
 
 import jax
@@ -60,7 +68,7 @@ import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
 from orbax.checkpoint._src.arrays import numpy_utils
-from orbax.checkpoint._src.serialization import limits, replica_slices
+from orbax.checkpoint._src.serialization import limits, replica_slices, serialization
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
@@ -76,10 +84,10 @@ HOST_STATE_SAVE_GB = 0.1
 HOST_STATE_FILE_BYTES = 16 * 2**20
 SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
 # A host-memory save writes an array larger than HOST_STATE_BLOCK_BYTES in blocks of rows of at
-# most that (views of its copy), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all
-# written at once (Orbax's limiter: three blocks of 64 MiB), each until TensorStore has written
-# it: TensorStore otherwise encoded a whole array's chunks ahead of the v5e host's disk (about
-# 190 MB/s) and held them until written, about 1 GB over each 1.05 GB array's copy. On CPU
+# most that (_Streamed), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all in host RAM
+# at once (three blocks of 64 MiB), each until TensorStore has written it: TensorStore otherwise
+# encoded a whole array's chunks ahead of the v5e host's disk (about 190 MB/s) and held them
+# until written, about 1 GB over each 1.05 GB array's copy. On CPU
 # (a faster disk, no copy) the machine's RAM in use during a 4 GB state's save rose 0.05-0.08 GB
 # either way (benchmarks/checkpoint_memory.py --gb=4 --stack=64).
 HOST_STATE_BLOCK_BYTES = 64 * 2**20
@@ -123,56 +131,161 @@ def _block_rows(shape: tuple, itemsize: int, limit: int) -> int | None:
 
 def _fragment_bytes(array, limit: int) -> int:
   """The bytes of the largest piece of `array` that TensorStore writes at once: a shard, or its
-  block of rows (in_blocks)."""
+  block of rows (_Streamed)."""
   shape = tuple(array.sharding.shard_shape(array.shape)) if hasattr(array, "sharding") else ()
   itemsize = np.dtype(array.dtype).itemsize
   rows = _block_rows(shape, itemsize, limit)
   return math.prod(shape[1:] if rows else shape) * (rows or 1) * itemsize
 
 
-def in_blocks(copies: replica_slices.ReplicaSlices, limit: int) -> replica_slices.ReplicaSlices:
-  """`copies` (an array's slices copied to host RAM) as blocks of rows of at most `limit`
-  bytes, each a view of its slice, which TensorStore writes as a fragment of its own; copies
-  of at most `limit` (or whose rows do not divide into such blocks) as they are."""
-  shape = tuple(copies.local_shape)
-  rows = _block_rows(shape, np.dtype(copies.dtype).itemsize, limit) if copies.is_on_host else None
+# Platforms where NumPy views a host-memory array's buffer (np.asarray copies nothing): a streamed
+# piece's blocks are slices of that view. On a TPU or GPU host np.asarray copies a pinned_host
+# buffer whole, so the piece is copied once into device memory (free between steps: the state
+# lives in host memory, and the save ends before the next step) and each block comes back alone.
+HOST_VIEW_PLATFORMS = ("cpu",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Streamed(replica_slices.ReplicaSlices):
+  """An array of a host-memory save whose pieces (`pieces`: its shards this process writes,
+  still in host memory) are written in blocks of `rows` rows, each brought into host RAM only
+  when it is written (`write`), instead of Orbax's copy of the whole array before its writes.
+  Its local_shape is a block's, so the files' chunks tile the blocks (as the pieces' would)."""
+
+  pieces: tuple = ()
+  rows: int = 0
+
+  @property
+  def nbytes(self) -> int:
+    return sum(piece.unsliced_data.nbytes for piece in self.pieces)
+
+  def _block(self, piece, start: int, data: np.ndarray) -> replica_slices.ReplicaSlices:
+    index = numpy_utils.resolve_slice(piece.index, self.global_shape)
+    first = slice(index[0].start + start, index[0].start + start + data.shape[0])
+    return replica_slices.ReplicaSlices(
+        global_shape=self.global_shape, local_shape=self.local_shape, sharding=self.sharding,
+        dtype=self.dtype, is_on_host=True, replica_slices=[replica_slices.ReplicaSlice(
+            index=(first, *index[1:]), unsliced_data=data, slice_args=None)])
+
+  async def write(self, write_on_host, tspec, **kwargs) -> None:
+    """Writes each piece's blocks with Orbax's `write_on_host` (async_serialize_from_host): the
+    first alone (it creates the array), then at most HOST_STATE_WRITE_BYTES of blocks in host
+    RAM at once, each freed once written; a piece at a time."""
+    block_bytes = math.prod(self.local_shape) * np.dtype(self.dtype).itemsize
+    at_once = asyncio.Semaphore(max(1, HOST_STATE_WRITE_BYTES // block_bytes - 1))
+    for piece in self.pieces:
+      rows = _Rows(piece.unsliced_data)
+
+      async def one(start: int) -> None:
+        async with at_once:
+          await write_on_host(self._block(piece, start, rows.take(start, self.rows)), tspec,
+                              **kwargs)
+
+      try:
+        starts = range(0, piece.unsliced_data.shape[0], self.rows)
+        await one(starts[0])
+        await asyncio.gather(*(one(start) for start in starts[1:]))
+      finally:
+        rows.close()
+
+
+class _Rows:
+  """A piece's rows in host RAM, a block at a time: slices of NumPy's view of its buffer
+  (HOST_VIEW_PLATFORMS), else of one copy of it in device memory; where that copy does not fit,
+  slices of one whole copy in host RAM (what Orbax makes)."""
+
+  def __init__(self, data: jax.Array):
+    self._view, self._device = None, None
+    device = next(iter(data.devices()))
+    if device.platform not in HOST_VIEW_PLATFORMS:
+      try:
+        self._device = jax.device_put(
+            data, jax.sharding.SingleDeviceSharding(device, memory_kind="device"))
+        self._device.block_until_ready()
+      except jax.errors.JaxRuntimeError:  # out of device memory: the whole copy
+        self._device = None
+    if self._device is None:
+      self._view = np.asarray(data)
+
+  def take(self, start: int, rows: int) -> np.ndarray:
+    if self._view is not None:
+      return self._view[start:start + rows]
+    return np.asarray(_take_rows(self._device, start, rows))
+
+  def close(self) -> None:
+    if self._device is not None:
+      self._device.delete()
+    self._view = self._device = None
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _take_rows(array, start, rows: int):
+  return jax.lax.dynamic_slice_in_dim(array, start, rows, 0)
+
+
+def _streamed(array, replica_id, use_replica_parallel, min_slice_bytes=None,
+              max_replicas=None) -> _Streamed | None:
+  """`array` (of a host-memory save) as a _Streamed, where its pieces are larger than
+  HOST_STATE_BLOCK_BYTES and split into blocks of rows; None: Orbax copies it whole."""
+  if getattr(array.sharding, "memory_kind", None) != "pinned_host":
+    return None
+  pieces = replica_slices.get_replica_slices(array, replica_id, use_replica_parallel,
+                                             min_slice_bytes, max_replicas)
+  if not pieces.replica_slices or any(p.slice_args is not None for p in pieces.replica_slices):
+    return None
+  shape = tuple(pieces.local_shape)
+  rows = _block_rows(shape, np.dtype(pieces.dtype).itemsize, HOST_STATE_BLOCK_BYTES)
   if rows is None:
-    return copies
-  blocks = []
-  for piece in copies.replica_slices:
-    index = numpy_utils.resolve_slice(piece.index, copies.global_shape)
-    for start in range(0, shape[0], rows):
-      first = slice(index[0].start + start, index[0].start + start + rows)
-      blocks.append(replica_slices.ReplicaSlice(
-          index=(first, *index[1:]), unsliced_data=piece.unsliced_data[start:start + rows],
-          slice_args=None))
-  return dataclasses.replace(copies, local_shape=(rows, *shape[1:]), replica_slices=blocks)
+    return None
+  return _Streamed(global_shape=pieces.global_shape, local_shape=(rows, *shape[1:]),
+                   sharding=pieces.sharding, dtype=pieces.dtype, is_on_host=True,
+                   replica_slices=[], pieces=tuple(pieces.replica_slices), rows=rows)
+
+
+_TRANSFER = inspect.signature(replica_slices.transfer_arrays_to_host)  # Orbax's, as it calls it
 
 
 class _Copies:
-  """While installed (a bounded save), Orbax's copies of a save's arrays to host RAM
+  """While installed (a bounded save): Orbax's copies of a save's arrays to host RAM
   (`replica_slices.transfer_arrays_to_host`, which its save loop looks up for each save), kept
-  so that `empty` can drop them once their batch is written: Orbax's loop holds the last
-  batch's copies until the next batch is copied."""
+  so that `empty` can drop them once their batch is written (Orbax's loop holds the last
+  batch's copies until the next batch is copied); arrays larger than HOST_STATE_BLOCK_BYTES
+  are not copied but streamed (_Streamed), through Orbax's write
+  (`serialization.async_serialize_from_host`, looked up for each array's write)."""
 
   def __init__(self):
     self._made: list = []
-    self._orbax = None
+    self._orbax = self._orbax_write = None
 
   def install(self) -> None:
-    self._orbax = replica_slices.transfer_arrays_to_host
+    self._orbax, self._orbax_write = (replica_slices.transfer_arrays_to_host,
+                                      serialization.async_serialize_from_host)
 
-    def transfer(*args, **kwargs):
-      copies = [in_blocks(c, HOST_STATE_BLOCK_BYTES) for c in self._orbax(*args, **kwargs)]
-      self._made.extend(copies)
-      return copies
+    def transfer(arrays, *args, **kwargs):
+      given = _TRANSFER.bind(arrays, *args, **kwargs).arguments
+      streamed = [_streamed(a, given["replica_id"], given["use_replica_parallel"],
+                            given.get("min_slice_bytes_for_replica_parallel"),
+                            given.get("max_replicas_for_replica_parallel")) for a in arrays]
+      rest = [a for a, s in zip(arrays, streamed) if s is None]
+      copied = iter(self._orbax(rest, *args, **kwargs) if rest else ())
+      result = [s if s is not None else next(copied) for s in streamed]
+      self._made.extend(c for c in result if not isinstance(c, _Streamed))
+      return result
+
+    async def write(value, tspec, **kwargs):
+      if isinstance(value, _Streamed):
+        return await value.write(self._orbax_write, tspec, **kwargs)
+      return await self._orbax_write(value, tspec, **kwargs)
 
     replica_slices.transfer_arrays_to_host = transfer
+    serialization.async_serialize_from_host = write
 
   def uninstall(self) -> None:
     if self._orbax is not None:
       replica_slices.transfer_arrays_to_host = self._orbax
-    self._orbax, self._made = None, []
+      serialization.async_serialize_from_host = self._orbax_write
+    self._orbax = self._orbax_write = None
+    self._made = []
 
   def empty(self) -> None:
     """Drops the NumPy copies held by the batches copied so far (written: Orbax reads them no
@@ -253,7 +366,7 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
 
   async def serialize(self, values, infos, args=None):
     if self._transfers.ts_context is not None:
-      # Blocks (in_blocks) written HOST_STATE_WRITE_BYTES at a time; an array that is not split
+      # Blocks (_Streamed) written HOST_STATE_WRITE_BYTES at a time; an array that is not split
       # into blocks is written whole, alone (Orbax refuses a write larger than its limit).
       largest = max((_fragment_bytes(v, HOST_STATE_BLOCK_BYTES) for v in values), default=0)
       writes = limits.LimitInFlightBytes(max(HOST_STATE_WRITE_BYTES, largest + 1))
