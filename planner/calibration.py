@@ -194,6 +194,11 @@ class HostRam:
 #   than the cached run, over its train program's 82.8 MB of code (tests/testdata/plans): 2.5
 #   bytes of heap per byte of code (f9cb278: 0.81 GB, 9.8; 46.1 before that trim). The compile
 #   itself peaked at 11.5 GB, before the state existed (not counted: below the steps').
+# Again at 2b5f0ef (2026-12-07, the copies written in blocks of rows): steps 22.0-22.74 GB,
+# saves +1.66 to +2.55 GB over them (the stopped run's 24.81 GB), the early restore's peak
+# 22.45 GB: the figures stand. A host-memory save now streams arrays over 64 MiB without a
+# whole copy (trainer/checkpoint_bounded.py:_Streamed), not yet measured on the chip: until it
+# is, the save phase counts that copy (its batch) and errs towards refusing.
 _V5E_HOST = HostRam(
     process=22.52e9 - 14.83e9, save_over_batch=24.82e9 - 22.73e9 - 1.05e9,
     restore_over_batch=0.0, heap_per_code_byte=(22.73e9 - 22.52e9) / 82.8e6,
