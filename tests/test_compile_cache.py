@@ -44,6 +44,9 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   at = startup["compile_at"]  # the same seconds by phase: the steps' compile is in its phase
   assert at["to_experiment_s"]["compile_s"] < at["to_steps_compiled_s"]["compile_s"]
   assert at["to_compiled_s"]["trace_s"] <= spent["trace_s"]
+  programs = startup["compile_by_program"]  # by program: the train step's among them
+  assert any("train" in name and seconds.get("compile_s", 0) > 0
+             for name, seconds in programs.items()), programs
   for run in (second, extended):  # a second run of the setting; the same run extended (resumed)
     assert run.returncode == 0 and READ in run.stderr, run.stderr[-2000:]
   spent = json.loads((tmp_path / "b" / "run.json").read_text())["startup"]["compile"]

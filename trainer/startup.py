@@ -24,6 +24,8 @@
                       still traced and lowered (its key is the lowered program)
     compile_at        the same seconds as they stood at to_experiment_s, to_steps_compiled_s
                       and to_compiled_s: which phase spent them
+    compile_by_program  the same by program (the process's, from its start: those that took
+                      at least 0.5 s), but for the cache reads, which JAX does not name
 
 Seconds since the process started come from Linux's /proc (None elsewhere).
 """
@@ -42,13 +44,26 @@ _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
            "/jax/core/compile/backend_compile_duration": "compile_s",
            "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read_s"}
 _spent = dict.fromkeys(_EVENTS.values(), 0.0)  # this process's, so far
+_by_program: dict[str, dict[str, float]] = {}  # the same by JAX's function or module name
 _lock = threading.Lock()  # programs compile in threads too (launcher/session.py:_compile)
 
 
-def _add(event: str, seconds: float, **_) -> None:
+def _add(event: str, seconds: float, fun_name: str | None = None, **_) -> None:
   if event in _EVENTS:
     with _lock:
       _spent[_EVENTS[event]] += seconds
+      if fun_name is not None:
+        mine = _by_program.setdefault(fun_name, dict.fromkeys(_EVENTS.values(), 0.0))
+        mine[_EVENTS[event]] += seconds
+
+
+def program_seconds(least: float = 0.5) -> dict[str, dict[str, float]]:
+  """JAX's seconds in this process so far by program (its function's name for tracing, its
+  module's for lowering and compiling), for programs that took at least `least` in all; a cache
+  read is not attributed (JAX does not name it)."""
+  with _lock:
+    return {name: {k: round(v, 2) for k, v in spent.items() if v}
+            for name, spent in _by_program.items() if sum(spent.values()) >= least}
 
 
 monitoring.register_event_duration_secs_listener(_add)
@@ -98,4 +113,5 @@ class Startup:
     self.note("to_first_step_s", at=first_step_at)
     return {**self.phases, "state_s": round(state_s, 2), "first_step_s": round(first_step_s, 2),
             "first_compile_s": round(first_compile_s, 2),
-            "compile": compile_seconds(self._compiled_before), "compile_at": self.compile_at}
+            "compile": compile_seconds(self._compiled_before), "compile_at": self.compile_at,
+            "compile_by_program": program_seconds()}
