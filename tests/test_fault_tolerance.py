@@ -161,6 +161,7 @@ def test_a_host_memory_resume_reads_its_checkpoint_beside_the_compile(tmp_path, 
   # the loop took it rather than reading the checkpoint again.
   assert startup["restore_started_s"] <= startup["to_steps_compiled_s"], startup
   assert startup["restore_read_s"] > 0 and "restore_after_compile" not in startup, startup
+  assert 0 <= startup["restore_placing_s"] <= startup["restore_read_s"], startup
   got = cu.losses(run_dir)
   assert {s: got[s] for s in range(21, 31)} == {s: cu.losses(ref)[s] for s in range(21, 31)}
   assert_same_params(ref, run_dir)

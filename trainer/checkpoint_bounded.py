@@ -61,6 +61,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import time
 
 import jax
 import numpy as np
@@ -383,10 +384,17 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
     restored = []
     for group in _groups(list(zip(infos, args)), HOST_STATE_SAVE_GB * 1e9):
       arrays = await super().deserialize([info for info, _ in group], [arg for _, arg in group])
+      placing = time.perf_counter()
       jax.block_until_ready(arrays)
+      PLACING_S[0] += time.perf_counter() - placing
       host_memory.release()
       restored.extend(arrays)
     return restored
+
+
+# Seconds this process's host-memory restores waited for their groups' copies into host memory
+# once read (`_Arrays.deserialize`; trainer/early_restore.py records a resume's share)
+PLACING_S = [0.0]
 
 
 def _memory_kind(arg) -> str | None:

@@ -34,7 +34,7 @@ import time
 import flax.linen as nn
 import jax
 
-from trainer import host_memory, metrics as metrics_lib
+from trainer import checkpoint_bounded, host_memory, metrics as metrics_lib
 from trainer.checkpoint import Restored, read_step
 from trainer.checkpoint_files import committed_steps, strays
 from trainer.startup import Startup
@@ -78,6 +78,7 @@ class EarlyRestore:
     self._future: concurrent.futures.Future | None = None
     self._started_at = 0.0  # time.time() when the read started
     self._read_s = 0.0  # the read's seconds, once done
+    self._placing_s = 0.0  # of those, waiting for groups' copies into host memory
 
   @classmethod
   def start(cls, exp, directory: pathlib.Path, *,
@@ -95,6 +96,7 @@ class EarlyRestore:
 
   def _read(self) -> Restored | None:
     self._started_at, started = time.time(), time.perf_counter()
+    placing = checkpoint_bounded.PLACING_S[0]
     try:
       abstract = nn.meta.unbox(self._exp.abstract_state)  # outside the mesh (as the loop does)
       with self._exp.context():
@@ -103,6 +105,7 @@ class EarlyRestore:
     except Exception:  # pylint: disable=broad-except  (the loop's own restore reports it)
       return None
     self._read_s = time.perf_counter() - started
+    self._placing_s = checkpoint_bounded.PLACING_S[0] - placing
     return restored
 
   def take(self, at_most: int | None) -> Restored | None:
@@ -124,6 +127,7 @@ class EarlyRestore:
     if self._startup is not None:
       self._startup.note("restore_started_s", at=self._started_at)
       self._startup.add("restore_read_s", self._read_s)
+      self._startup.add("restore_placing_s", self._placing_s)
     return restored
 
   def close(self) -> None:
