@@ -254,7 +254,8 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   host RAM when it is written: a slice of NumPy's view of the buffer where NumPy views it (CPU),
   else of one copy in device memory (TPU, GPU; forced here with HOST_VIEW_PLATFORMS empty). A
   piece whose rows do not divide into such blocks is written in blocks of fewer rows; the
-  restore reads it all back bit for bit."""
+  restore reads it all back bit for bit: off CPU (the device source) a block of rows at a time
+  too, each put into device memory and joined there before its copy into host memory."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from orbax.checkpoint._src.serialization import serialization  # pylint: disable=import-outside-toplevel
@@ -282,8 +283,13 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   assert large == [(1, 3 * 2**16)] * 7 + [(256, 1024)] * 6, large
   shared = [any(np.shares_memory(b, v) for v in views.values()) for b in blocks if b.nbytes > 4]
   assert all(shared) if source == "view" else not any(shared), shared
+  joined, join = [], checkpoint_bounded._join_rows  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoint_bounded, "_join_rows", lambda b: joined.append(len(b)) or join(b))
   restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
       1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
       jax.tree.map(lambda a: a.sharding, state))
   for key, value in views.items():
     np.testing.assert_array_equal(np.asarray(restored.state[key]), value)
+    assert restored.state[key].sharding.memory_kind == "pinned_host"
+  # The restore reads the large arrays a block at a time through device memory off CPU
+  assert sorted(joined) == ([] if source == "view" else [6, 7]), joined
