@@ -293,3 +293,19 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
     assert restored.state[key].sharding.memory_kind == "pinned_host"
   # The restore reads the large arrays a block at a time through device memory off CPU
   assert sorted(joined) == ([] if source == "view" else [6, 7]), joined
+
+
+def test_a_sharded_host_state_saves_and_restores_in_blocks_inside_the_mesh(tmp_path):
+  """Blocks of sharded and replicated arrays on 4 devices, saved and restored onto another
+  layout inside the run's mesh (jax.set_mesh: a single device's slicing or joining program
+  must not take the mesh's devices), from the buffers' views and through device memory."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.conftest import ROOT, _env  # pylint: disable=import-outside-toplevel
+  done = subprocess.run([sys.executable, "-m", "tests.checkpoint_blocks_worker", str(tmp_path)],
+                        cwd=ROOT, env=_env(None, 4), capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.loads(done.stdout.strip().splitlines()[-1]) == {"view": True, "device": True}

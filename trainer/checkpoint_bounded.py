@@ -217,7 +217,8 @@ class _Rows:
   def take(self, start: int, rows: int) -> np.ndarray:
     if self._view is not None:
       return self._view[start:start + rows]
-    return np.asarray(_take_rows(self._device, start, rows))
+    with jax.set_mesh(None):  # a single device's program, whatever mesh the caller set
+      return np.asarray(_take_rows(self._device, start, rows))
 
   def close(self) -> None:
     if self._device is not None:
@@ -271,7 +272,8 @@ async def _read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_sh
 
   try:
     blocks = await asyncio.gather(*(block(start) for start in range(0, shape[0], rows)))
-    whole = _join_rows(blocks) if len(blocks) > 1 else blocks[0]
+    with jax.set_mesh(None):  # a single device's program (a restore runs in the run's mesh)
+      whole = _join_rows(blocks) if len(blocks) > 1 else blocks[0]
     for b in blocks:
       if b is not whole:
         b.delete()
