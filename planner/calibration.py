@@ -197,7 +197,7 @@ class HostRam:
 # Again at 2b5f0ef (2026-12-07, the copies written in blocks of rows): steps 22.0-22.74 GB,
 # saves +1.66 to +2.55 GB over them (the stopped run's 24.81 GB), the early restore's peak
 # 22.45 GB: the figures stand. A host-memory save now streams arrays over 64 MiB without a
-# whole copy (trainer/checkpoint_bounded.py:_Streamed), not yet measured on the chip: until it
+# whole copy (trainer/checkpoint_blocks.py), not yet measured on the chip: until it
 # is, the save phase counts that copy (its batch) and errs towards refusing.
 _V5E_HOST = HostRam(
     process=22.52e9 - 14.83e9, save_over_batch=24.82e9 - 22.73e9 - 1.05e9,

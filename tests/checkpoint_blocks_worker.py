@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trainer import checkpoint, checkpoint_bounded
+from trainer import checkpoint, checkpoint_blocks
 from trainer.config import CheckpointConfig
 
 
@@ -37,12 +37,12 @@ def round_trip(mesh: Mesh, folder: pathlib.Path) -> bool:
 
 
 def main() -> None:
-  checkpoint_bounded.HOST_STATE_BLOCK_BYTES = 2**18  # shards of 0.1-0.4 MB in blocks of rows
-  checkpoint_bounded.HOST_STATE_WRITE_BYTES = 4 * 2**18
+  checkpoint_blocks.HOST_STATE_BLOCK_BYTES = 2**18  # shards of 0.1-0.4 MB in blocks of rows
+  checkpoint_blocks.HOST_STATE_WRITE_BYTES = 4 * 2**18
   mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
   root = pathlib.Path(tempfile.mkdtemp(dir=sys.argv[1] if len(sys.argv) > 1 else None))
   equal = {"view": round_trip(mesh, root / "view")}
-  checkpoint_bounded.HOST_VIEW_PLATFORMS = ()
+  checkpoint_blocks.HOST_VIEW_PLATFORMS = ()
   equal["device"] = round_trip(mesh, root / "device")
   print(json.dumps(equal))
 

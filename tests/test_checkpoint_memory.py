@@ -213,10 +213,10 @@ def test_a_host_state_save_writes_a_large_array_in_blocks_a_few_at_once(tmp_path
   import numpy as np  # pylint: disable=import-outside-toplevel
   from orbax.checkpoint._src.serialization import limits  # pylint: disable=import-outside-toplevel
 
-  from trainer import checkpoint, checkpoint_bounded  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
   from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(checkpoint_bounded, "HOST_STATE_BLOCK_BYTES", 2**20)
-  monkeypatch.setattr(checkpoint_bounded, "HOST_STATE_WRITE_BYTES", 3 * 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_BLOCK_BYTES", 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_WRITE_BYTES", 3 * 2**20)
   writes, flight = [], {"now": 0, "most": 0}
   orbax_reserved = limits.reserved_bytes
 
@@ -260,12 +260,12 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   import numpy as np  # pylint: disable=import-outside-toplevel
   from orbax.checkpoint._src.serialization import serialization  # pylint: disable=import-outside-toplevel
 
-  from trainer import checkpoint, checkpoint_bounded  # pylint: disable=import-outside-toplevel
+  from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
   from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(checkpoint_bounded, "HOST_STATE_BLOCK_BYTES", 2**20)
-  monkeypatch.setattr(checkpoint_bounded, "HOST_STATE_WRITE_BYTES", 4 * 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_BLOCK_BYTES", 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_WRITE_BYTES", 4 * 2**20)
   if source == "device":
-    monkeypatch.setattr(checkpoint_bounded, "HOST_VIEW_PLATFORMS", ())
+    monkeypatch.setattr(checkpoint_blocks, "HOST_VIEW_PLATFORMS", ())
   blocks, orbax_write = [], serialization.async_serialize_from_host
 
   async def write(value, tspec, **kwargs):  # what Orbax is given to write, once streamed
@@ -283,8 +283,8 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   assert large == [(1, 3 * 2**16)] * 7 + [(256, 1024)] * 6, large
   shared = [any(np.shares_memory(b, v) for v in views.values()) for b in blocks if b.nbytes > 4]
   assert all(shared) if source == "view" else not any(shared), shared
-  joined, join = [], checkpoint_bounded._join_rows  # pylint: disable=protected-access
-  monkeypatch.setattr(checkpoint_bounded, "_join_rows", lambda b: joined.append(len(b)) or join(b))
+  joined, join = [], checkpoint_blocks._join_rows  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoint_blocks, "_join_rows", lambda b: joined.append(len(b)) or join(b))
   restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
       1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
       jax.tree.map(lambda a: a.sharding, state))

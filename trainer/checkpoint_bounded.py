@@ -44,14 +44,14 @@ or a restore must not take them again. These would:
   blocks of rows, a few at once, left 1.66-2.55 GB (v5e, 2026-12-07: four saves), the copy
   itself still whole. An array larger than HOST_STATE_BLOCK_BYTES is now not copied: it is
   written a block of rows at a time, each brought into host RAM only when it is written
-  (`_Streamed`): a view of the buffer on CPU; on a TPU or GPU host a slice of one copy of the
-  array in device memory, which is free between steps. Not yet measured on the chip
+  (checkpoint_blocks.py): a view of the buffer on CPU; on a TPU or GPU host a slice of one copy
+  of the array in device memory, which is free between steps. Not yet measured on the chip
   (tests/test_tpu_checkpoint_memory.py's `stacked` state has three such arrays).
 - The restore's mirror: a group of one large array held its whole read buffer and then its
   copy into host memory, one after the other (llm_1b's read beside its compile took 62.9 s for
   14.8 GB on the v5e, against 16-19 s when reads ran ahead). Off CPU, a shard larger than
   HOST_STATE_BLOCK_BYTES is read a block of rows at a time, a few at once, each put into device
-  memory, joined there and copied into host memory (`_read_in_blocks`). Not yet measured on
+  memory, joined there and copied into host memory (`read_in_blocks`). Not yet measured on
   the chip either.
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
   `host_memory.release` gives it back after each batch and after a restore.
@@ -62,8 +62,6 @@ tests/test_tpu_checkpoint_memory.py (the chip) bound it.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import functools
 import inspect
 import math
@@ -74,13 +72,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
-from orbax.checkpoint._src.arrays import numpy_utils
 from orbax.checkpoint._src.serialization import limits, replica_slices, serialization
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization.types import (DefaultSerializationStatusCallback,
                                                        TransferPriority)
 
-from trainer import host_memory
+from trainer import checkpoint_blocks as blocks, host_memory
 from trainer.checkpoint_files import DATA, STATE
 
 # GB (10**9 bytes) of a state in host memory that a save copies off and writes at once
@@ -90,15 +87,6 @@ HOST_STATE_SAVE_GB = 0.1
 # OCDBT data file (and so chunk) size of a host-memory save: what TensorStore holds encoded
 HOST_STATE_FILE_BYTES = 16 * 2**20
 SMALL_BYTES = 2**20  # arrays of a host-memory state copied at once, before the batches
-# A host-memory save writes an array larger than HOST_STATE_BLOCK_BYTES in blocks of rows of at
-# most that (_Streamed), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all in host RAM
-# at once (three blocks of 64 MiB), each until TensorStore has written it: TensorStore otherwise
-# encoded a whole array's chunks ahead of the v5e host's disk (about 190 MB/s) and held them
-# until written, about 1 GB over each 1.05 GB array's copy. On CPU
-# (a faster disk, no copy) the machine's RAM in use during a 4 GB state's save rose 0.05-0.08 GB
-# either way (benchmarks/checkpoint_memory.py --gb=4 --stack=64).
-HOST_STATE_BLOCK_BYTES = 64 * 2**20
-HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
 # TensorStore's concurrency in a host-memory save: data files written at once and chunks encoded
 # at once (Orbax's: 128 files, one chunk a core), each holding a file's or a chunk's bytes
 HOST_STATE_FILE_WRITES = 8
@@ -125,191 +113,6 @@ def drop_host_copies(arrays) -> None:
     array._replace_with(array._rewrap_with_aval_and_sharding(array.aval, array.sharding))  # pylint: disable=protected-access
 
 
-def _block_rows(shape: tuple, itemsize: int, limit: int) -> int | None:
-  """Rows of a block of an array piece of `shape`, the most that divide its rows and fit
-  `limit` bytes; None where the piece fits `limit` whole, or no block of rows fits or splits it."""
-  nbytes = math.prod(shape) * itemsize
-  if not shape or nbytes <= limit:
-    return None
-  row_bytes = nbytes // shape[0]
-  fitting = [d for d in range(1, shape[0]) if shape[0] % d == 0 and d * row_bytes <= limit]
-  return max(fitting) if fitting else None
-
-
-def _fragment_bytes(array, limit: int) -> int:
-  """The bytes of the largest piece of `array` that TensorStore writes at once: a shard, or its
-  block of rows (_Streamed)."""
-  shape = tuple(array.sharding.shard_shape(array.shape)) if hasattr(array, "sharding") else ()
-  itemsize = np.dtype(array.dtype).itemsize
-  rows = _block_rows(shape, itemsize, limit)
-  return math.prod(shape[1:] if rows else shape) * (rows or 1) * itemsize
-
-
-# Platforms where NumPy views a host-memory array's buffer (np.asarray copies nothing): a streamed
-# piece's blocks are slices of that view. On a TPU or GPU host np.asarray copies a pinned_host
-# buffer whole, so the piece is copied once into device memory (free between steps: the state
-# lives in host memory, and the save ends before the next step) and each block comes back alone.
-HOST_VIEW_PLATFORMS = ("cpu",)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Streamed(replica_slices.ReplicaSlices):
-  """An array of a host-memory save whose pieces (`pieces`: its shards this process writes,
-  still in host memory) are written in blocks of `rows` rows, each brought into host RAM only
-  when it is written (`write`), instead of Orbax's copy of the whole array before its writes.
-  Its local_shape is a block's, so the files' chunks tile the blocks (as the pieces' would)."""
-
-  pieces: tuple = ()
-  rows: int = 0
-
-  @property
-  def nbytes(self) -> int:
-    return sum(piece.unsliced_data.nbytes for piece in self.pieces)
-
-  def _block(self, piece, start: int, data: np.ndarray) -> replica_slices.ReplicaSlices:
-    index = numpy_utils.resolve_slice(piece.index, self.global_shape)
-    first = slice(index[0].start + start, index[0].start + start + data.shape[0])
-    return replica_slices.ReplicaSlices(
-        global_shape=self.global_shape, local_shape=self.local_shape, sharding=self.sharding,
-        dtype=self.dtype, is_on_host=True, replica_slices=[replica_slices.ReplicaSlice(
-            index=(first, *index[1:]), unsliced_data=data, slice_args=None)])
-
-  async def write(self, write_on_host, tspec, **kwargs) -> None:
-    """Writes each piece's blocks with Orbax's `write_on_host` (async_serialize_from_host): the
-    first alone (it creates the array), then at most HOST_STATE_WRITE_BYTES of blocks in host
-    RAM at once, each freed once written; a piece at a time."""
-    block_bytes = math.prod(self.local_shape) * np.dtype(self.dtype).itemsize
-    at_once = asyncio.Semaphore(max(1, HOST_STATE_WRITE_BYTES // block_bytes - 1))
-    for piece in self.pieces:
-      rows = _Rows(piece.unsliced_data)
-
-      async def one(start: int) -> None:
-        async with at_once:
-          await write_on_host(self._block(piece, start, rows.take(start, self.rows)), tspec,
-                              **kwargs)
-
-      try:
-        starts = range(0, piece.unsliced_data.shape[0], self.rows)
-        await one(starts[0])
-        await asyncio.gather(*(one(start) for start in starts[1:]))
-      finally:
-        rows.close()
-
-
-class _Rows:
-  """A piece's rows in host RAM, a block at a time: slices of NumPy's view of its buffer
-  (HOST_VIEW_PLATFORMS), else of one copy of it in device memory; where that copy does not fit,
-  slices of one whole copy in host RAM (what Orbax makes)."""
-
-  def __init__(self, data: jax.Array):
-    self._view, self._device = None, None
-    device = next(iter(data.devices()))
-    if device.platform not in HOST_VIEW_PLATFORMS:
-      try:
-        self._device = jax.device_put(
-            data, jax.sharding.SingleDeviceSharding(device, memory_kind="device"))
-        self._device.block_until_ready()
-      except jax.errors.JaxRuntimeError:  # out of device memory: the whole copy
-        self._device = None
-    if self._device is None:
-      self._view = np.asarray(data)
-
-  def take(self, start: int, rows: int) -> np.ndarray:
-    if self._view is not None:
-      return self._view[start:start + rows]
-    with jax.set_mesh(None):  # a single device's program, whatever mesh the caller set
-      return np.asarray(_take_rows(self._device, start, rows))
-
-  def close(self) -> None:
-    if self._device is not None:
-      self._device.delete()
-    self._view = self._device = None
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _take_rows(array, start, rows: int):
-  return jax.lax.dynamic_slice_in_dim(array, start, rows, 0)
-
-
-async def _read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_shard_shape,
-                          dtype, byte_limiter, strict, dll, memory_kind):
-  """Orbax's read of one shard of a restore (`serialization._read_array_index_and_device_put`),
-  for a pinned_host target whose shard is larger than HOST_STATE_BLOCK_BYTES, off
-  HOST_VIEW_PLATFORMS: read a block of rows at a time (at most HOST_STATE_WRITE_BYTES of blocks
-  in host RAM at once), each put into device memory, joined there and copied into host memory:
-  never the whole shard in host RAM, nor NumPy's buffer beside its copy into host memory.
-  Anything else (a reshaped or padded read, a layout, a shard that does not split into rows,
-  device memory too small) is Orbax's."""
-  def orbax():
-    return orbax_read(devices, index, t, global_shape=global_shape,
-                      new_shard_shape=new_shard_shape, dtype=dtype, byte_limiter=byte_limiter,
-                      strict=strict, dll=dll, memory_kind=memory_kind)
-
-  stored = np.dtype(t.dtype.numpy_dtype)
-  shape = tuple(new_shard_shape)
-  rows = _block_rows(shape, max(stored.itemsize, np.dtype(dtype or stored).itemsize),
-                     HOST_STATE_BLOCK_BYTES)
-  if (memory_kind != "pinned_host" or not strict or dll is not None or rows is None
-      or tuple(t.shape) != tuple(global_shape)
-      or any(d.platform in HOST_VIEW_PLATFORMS for d in devices)):
-    return await orbax()
-  index = numpy_utils.resolve_slice(index, tuple(global_shape))
-  if tuple(sl.stop - sl.start for sl in index) != shape:
-    return await orbax()
-  at_once = asyncio.Semaphore(max(1, HOST_STATE_WRITE_BYTES // (
-      math.prod(shape[1:]) * rows * stored.itemsize)))
-  device = jax.sharding.SingleDeviceSharding(devices[0], memory_kind="device")
-
-  async def block(start: int):
-    async with at_once:
-      piece = t[(slice(index[0].start + start, index[0].start + start + rows), *index[1:])]
-      data = await piece.read()
-      if dtype is not None:
-        data = data.astype(dtype, copy=False)
-      placed = jax.device_put(data, device)
-      placed.block_until_ready()  # its host buffer is free once copied
-      return placed
-
-  try:
-    blocks = await asyncio.gather(*(block(start) for start in range(0, shape[0], rows)))
-    with jax.set_mesh(None):  # a single device's program (a restore runs in the run's mesh)
-      whole = _join_rows(blocks) if len(blocks) > 1 else blocks[0]
-    for b in blocks:
-      if b is not whole:
-        b.delete()
-    result = [jax.device_put(whole, jax.sharding.SingleDeviceSharding(d, memory_kind=memory_kind))
-              for d in devices]
-    jax.block_until_ready(result)
-    whole.delete()
-  except jax.errors.JaxRuntimeError:  # out of device memory: Orbax's read
-    return await orbax()
-  return result, math.prod(shape) * stored.itemsize
-
-
-@jax.jit
-def _join_rows(blocks):
-  return jax.numpy.concatenate(blocks, axis=0)
-
-
-def _streamed(array, replica_id, use_replica_parallel, min_slice_bytes=None,
-              max_replicas=None) -> _Streamed | None:
-  """`array` (of a host-memory save) as a _Streamed, where its pieces are larger than
-  HOST_STATE_BLOCK_BYTES and split into blocks of rows; None: Orbax copies it whole."""
-  if getattr(array.sharding, "memory_kind", None) != "pinned_host":
-    return None
-  pieces = replica_slices.get_replica_slices(array, replica_id, use_replica_parallel,
-                                             min_slice_bytes, max_replicas)
-  if not pieces.replica_slices or any(p.slice_args is not None for p in pieces.replica_slices):
-    return None
-  shape = tuple(pieces.local_shape)
-  rows = _block_rows(shape, np.dtype(pieces.dtype).itemsize, HOST_STATE_BLOCK_BYTES)
-  if rows is None:
-    return None
-  return _Streamed(global_shape=pieces.global_shape, local_shape=(rows, *shape[1:]),
-                   sharding=pieces.sharding, dtype=pieces.dtype, is_on_host=True,
-                   replica_slices=[], pieces=tuple(pieces.replica_slices), rows=rows)
-
-
 _TRANSFER = inspect.signature(replica_slices.transfer_arrays_to_host)  # Orbax's, as it calls it
 
 
@@ -318,7 +121,7 @@ class _Copies:
   (`replica_slices.transfer_arrays_to_host`, which its save loop looks up for each save), kept
   so that `empty` can drop them once their batch is written (Orbax's loop holds the last
   batch's copies until the next batch is copied); arrays larger than HOST_STATE_BLOCK_BYTES
-  are not copied but streamed (_Streamed), through Orbax's write
+  are not copied but streamed (checkpoint_blocks.Streamed), through Orbax's write
   (`serialization.async_serialize_from_host`, looked up for each array's write)."""
 
   def __init__(self):
@@ -331,17 +134,17 @@ class _Copies:
 
     def transfer(arrays, *args, **kwargs):
       given = _TRANSFER.bind(arrays, *args, **kwargs).arguments
-      streamed = [_streamed(a, given["replica_id"], given["use_replica_parallel"],
+      streamed = [blocks.streamed(a, given["replica_id"], given["use_replica_parallel"],
                             given.get("min_slice_bytes_for_replica_parallel"),
                             given.get("max_replicas_for_replica_parallel")) for a in arrays]
       rest = [a for a, s in zip(arrays, streamed) if s is None]
       copied = iter(self._orbax(rest, *args, **kwargs) if rest else ())
       result = [s if s is not None else next(copied) for s in streamed]
-      self._made.extend(c for c in result if not isinstance(c, _Streamed))
+      self._made.extend(c for c in result if not isinstance(c, blocks.Streamed))
       return result
 
     async def write(value, tspec, **kwargs):
-      if isinstance(value, _Streamed):
+      if isinstance(value, blocks.Streamed):
         return await value.write(self._orbax_write, tspec, **kwargs)
       return await self._orbax_write(value, tspec, **kwargs)
 
@@ -434,10 +237,11 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
 
   async def serialize(self, values, infos, args=None):
     if self._transfers.ts_context is not None:
-      # Blocks (_Streamed) written HOST_STATE_WRITE_BYTES at a time; an array that is not split
-      # into blocks is written whole, alone (Orbax refuses a write larger than its limit).
-      largest = max((_fragment_bytes(v, HOST_STATE_BLOCK_BYTES) for v in values), default=0)
-      writes = limits.LimitInFlightBytes(max(HOST_STATE_WRITE_BYTES, largest + 1))
+      # Blocks (checkpoint_blocks.Streamed) written HOST_STATE_WRITE_BYTES at a time; an array
+      # not split into blocks is written whole, alone (Orbax refuses a write over its limit).
+      largest = max((blocks.fragment_bytes(v, blocks.HOST_STATE_BLOCK_BYTES) for v in values),
+                    default=0)
+      writes = limits.LimitInFlightBytes(max(blocks.HOST_STATE_WRITE_BYTES, largest + 1))
       for info in infos:
         info.ts_context, info.byte_limiter = self._transfers.ts_context, writes
     return await super().serialize(values, infos, args)
@@ -449,7 +253,8 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
     if args is None or not any(_memory_kind(arg) == "pinned_host" for arg in args):
       return await super().deserialize(infos, args)
     restored, orbax_read = [], serialization._read_array_index_and_device_put  # pylint: disable=protected-access
-    serialization._read_array_index_and_device_put = functools.partial(_read_in_blocks, orbax_read)  # pylint: disable=protected-access
+    serialization._read_array_index_and_device_put = functools.partial(  # pylint: disable=protected-access
+        blocks.read_in_blocks, orbax_read)
     try:
       for group in _groups(list(zip(infos, args)), HOST_STATE_SAVE_GB * 1e9):
         arrays = await super().deserialize([info for info, _ in group],
