@@ -139,7 +139,7 @@ def _take_rows(array, start, rows: int):
 
 
 async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_shard_shape,
-                          dtype, byte_limiter, strict, dll, memory_kind):
+                         dtype, byte_limiter, strict, dll, memory_kind):
   """Orbax's read of one shard of a restore (`serialization._read_array_index_and_device_put`),
   for a pinned_host target whose shard is larger than HOST_STATE_BLOCK_BYTES, off
   HOST_VIEW_PLATFORMS: read a block of rows at a time (at most HOST_STATE_WRITE_BYTES of blocks
@@ -155,7 +155,7 @@ async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_sha
   stored = np.dtype(t.dtype.numpy_dtype)
   shape = tuple(new_shard_shape)
   rows = block_rows(shape, max(stored.itemsize, np.dtype(dtype or stored).itemsize),
-                     HOST_STATE_BLOCK_BYTES)
+                    HOST_STATE_BLOCK_BYTES)
   if (memory_kind != "pinned_host" or not strict or dll is not None or rows is None
       or tuple(t.shape) != tuple(global_shape)
       or any(d.platform in HOST_VIEW_PLATFORMS for d in devices)):
@@ -199,7 +199,7 @@ def _join_rows(blocks):
 
 
 def streamed(array, replica_id, use_replica_parallel, min_slice_bytes=None,
-              max_replicas=None) -> Streamed | None:
+             max_replicas=None) -> Streamed | None:
   """`array` (of a host-memory save) as a Streamed, where its pieces are larger than
   HOST_STATE_BLOCK_BYTES and split into blocks of rows; None: Orbax copies it whole."""
   if getattr(array.sharding, "memory_kind", None) != "pinned_host":
@@ -213,5 +213,5 @@ def streamed(array, replica_id, use_replica_parallel, min_slice_bytes=None,
   if rows is None:
     return None
   return Streamed(global_shape=pieces.global_shape, local_shape=(rows, *shape[1:]),
-                   sharding=pieces.sharding, dtype=pieces.dtype, is_on_host=True,
-                   replica_slices=[], pieces=tuple(pieces.replica_slices), rows=rows)
+                  sharding=pieces.sharding, dtype=pieces.dtype, is_on_host=True,
+                  replica_slices=[], pieces=tuple(pieces.replica_slices), rows=rows)

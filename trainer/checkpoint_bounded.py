@@ -135,8 +135,8 @@ class _Copies:
     def transfer(arrays, *args, **kwargs):
       given = _TRANSFER.bind(arrays, *args, **kwargs).arguments
       streamed = [blocks.streamed(a, given["replica_id"], given["use_replica_parallel"],
-                            given.get("min_slice_bytes_for_replica_parallel"),
-                            given.get("max_replicas_for_replica_parallel")) for a in arrays]
+                                  given.get("min_slice_bytes_for_replica_parallel"),
+                                  given.get("max_replicas_for_replica_parallel")) for a in arrays]
       rest = [a for a, s in zip(arrays, streamed) if s is None]
       copied = iter(self._orbax(rest, *args, **kwargs) if rest else ())
       result = [s if s is not None else next(copied) for s in streamed]
