@@ -42,7 +42,7 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   assert spent["trace_s"] > 0 and spent["lower_s"] > 0 and spent["compile_s"] > 0
   assert spent["cache_read_s"] < spent["compile_s"]
   at = startup["compile_at"]  # the same seconds by phase: the steps' compile is in its phase
-  assert at["to_experiment_s"]["compile_s"] < at["to_steps_compiled_s"]["compile_s"]
+  assert 0 < at["to_steps_compiled_s"]["compile_s"] <= at["to_compiled_s"]["compile_s"]
   assert at["to_compiled_s"]["trace_s"] <= spent["trace_s"]
   programs = startup["compile_by_program"]  # by program: the train step's among them
   assert any("train" in name and seconds.get("compile_s", 0) > 0

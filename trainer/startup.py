@@ -23,8 +23,9 @@
                       (jaxpr to StableHLO), `compile_s` (XLA, or a read from the compilation
                       cache) and, of that, `cache_read_s`; a program read from the cache is
                       still traced and lowered (its key is the lowered program)
-    compile_at        the same seconds as they stood at to_experiment_s, to_steps_compiled_s
-                      and to_compiled_s: which phase spent them
+    compile_at        the same seconds as they stood at to_steps_compiled_s and
+                      to_compiled_s: which phase spent them (all are counted from
+                      to_experiment_s on)
     compile_by_program  the same by program (the process's, from its start: those that took
                       at least 0.5 s), but for the cache reads, which JAX does not name
 
@@ -101,7 +102,7 @@ class Startup:
   def note(self, phase: str, at: float | None = None) -> None:
     if self.started is not None:
       self.phases[phase] = round((time.time() if at is None else at) - self.started, 2)
-    if phase in ("to_experiment_s", "to_steps_compiled_s", "to_compiled_s"):
+    if phase in ("to_steps_compiled_s", "to_compiled_s"):
       self.compile_at[phase] = compile_seconds(self._compiled_before)
 
   def add(self, name: str, value: float | str) -> None:
