@@ -261,7 +261,7 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
                                            [arg for _, arg in group])
         placing = time.perf_counter()
         jax.block_until_ready(arrays)
-        PLACING_S[0] += time.perf_counter() - placing
+        _placing[0] += time.perf_counter() - placing
         host_memory.release()
         restored.extend(arrays)
     finally:
@@ -269,9 +269,13 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
     return restored
 
 
-# Seconds this process's host-memory restores waited for their groups' copies into host memory
-# once read (`_Arrays.deserialize`; trainer/early_restore.py records a resume's share)
-PLACING_S = [0.0]
+_placing = [0.0]  # placing_seconds(), added to by _Arrays.deserialize
+
+
+def placing_seconds() -> float:
+  """Seconds this process's host-memory restores have waited, so far, for their groups' copies
+  into host memory once read (trainer/early_restore.py records a resume's share)."""
+  return _placing[0]
 
 
 def _memory_kind(arg) -> str | None:

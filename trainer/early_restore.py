@@ -96,7 +96,7 @@ class EarlyRestore:
 
   def _read(self) -> Restored | None:
     self._started_at, started = time.time(), time.perf_counter()
-    placing = checkpoint_bounded.PLACING_S[0]
+    placing = checkpoint_bounded.placing_seconds()
     try:
       abstract = nn.meta.unbox(self._exp.abstract_state)  # outside the mesh (as the loop does)
       with self._exp.context():
@@ -105,7 +105,7 @@ class EarlyRestore:
     except Exception:  # pylint: disable=broad-except  (the loop's own restore reports it)
       return None
     self._read_s = time.perf_counter() - started
-    self._placing_s = checkpoint_bounded.PLACING_S[0] - placing
+    self._placing_s = checkpoint_bounded.placing_seconds() - placing
     return restored
 
   def take(self, at_most: int | None) -> Restored | None:
