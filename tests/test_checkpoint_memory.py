@@ -295,6 +295,45 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   assert sorted(joined) == ([] if source == "view" else [6, 7]), joined
 
 
+def test_a_saves_streamed_arrays_share_their_blocks_in_host_ram(tmp_path, monkeypatch):
+  """Blocks of all of a save's streamed arrays in host RAM at once (taken, not yet written): at
+  most HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1, however many arrays are written
+  side by side (a semaphore per array let each hold that many). Written slowly here, so that
+  the arrays' writes overlap; off CPU (a copy in device memory, the blocks brought back)."""
+  import asyncio  # pylint: disable=import-outside-toplevel
+
+  from orbax.checkpoint._src.serialization import serialization  # pylint: disable=import-outside-toplevel
+
+  from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
+  from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_BLOCK_BYTES", 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_WRITE_BYTES", 4 * 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_VIEW_PLATFORMS", ())
+  held, take = {"now": 0, "most": 0}, checkpoint_blocks._Rows.take  # pylint: disable=protected-access
+  orbax_write = serialization.async_serialize_from_host
+
+  def taken(rows, start, count):
+    held["now"] += 1
+    held["most"] = max(held["most"], held["now"])
+    return take(rows, start, count)
+
+  async def write(value, tspec, **kwargs):
+    streamed = any(s.unsliced_data.nbytes == 2**20 for s in value.replica_slices)
+    try:
+      await asyncio.sleep(0.02)
+      return await orbax_write(value, tspec, **kwargs)
+    finally:
+      held["now"] -= streamed
+
+  monkeypatch.setattr(checkpoint_blocks._Rows, "take", taken)  # pylint: disable=protected-access
+  monkeypatch.setattr(serialization, "async_serialize_from_host", write)
+  state = _host_state([(1024, 1024)] * 3)  # three arrays of 4 MB: 4 blocks of 1 MiB each
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1))
+  assert ckpt.save(1, state, {})
+  ckpt.close()
+  assert held == {"now": 0, "most": 3}, held
+
+
 def test_a_sharded_host_state_saves_and_restores_in_blocks_inside_the_mesh(tmp_path):
   """Blocks of sharded and replicated arrays on 4 devices, saved and restored onto another
   layout inside the run's mesh (jax.set_mesh: a single device's slicing or joining program
