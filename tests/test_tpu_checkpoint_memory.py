@@ -9,7 +9,10 @@ process's VmRSS are polled every 5 ms. Before trainer/checkpoint_bounded.py drop
 copies that JAX caches on each array, llm_1b's save grew the RAM in use by every byte written.
 Measured on the lent v5e (2026-12-06, batches of 0.1 GB, TensorStore writing 8 files at once):
 the save added 0.48 GB at its peak, the restore 0.78 GB beyond the state (1.4-2.2 GB with 0.25 GB
-batches).
+batches). On 2026-12-07 (f2e5e1d): `layers` passed (save +0.37 GB); `stacked` restored at 0.77 GB
+over the state (passed) but its save, written in blocks through device memory
+(trainer/checkpoint_blocks.py), rose +1.10 GB of RSS (+0.74 GB of RAM in use): it fails, the
+open part of issue 45's item 1 (docs/offload.md).
 """
 
 from __future__ import annotations
