@@ -196,9 +196,12 @@ class HostRam:
 #   itself peaked at 11.5 GB, before the state existed (not counted: below the steps').
 # Again at 2b5f0ef (2026-12-07, the copies written in blocks of rows): steps 22.0-22.74 GB,
 # saves +1.66 to +2.55 GB over them (the stopped run's 24.81 GB), the early restore's peak
-# 22.45 GB: the figures stand. A host-memory save now streams arrays over 64 MiB without a
-# whole copy (trainer/checkpoint_blocks.py), not yet measured on the chip: until it
-# is, the save phase counts that copy (its batch) and errs towards refusing.
+# 22.45 GB: the figures stand. A host-memory save now streams large arrays without a whole
+# copy (trainer/checkpoint_blocks.py): at f2e5e1d (2026-12-07, 64 MiB blocks) llm_1b's saves
+# rose +1.27 and +1.22 GB over steps of 22.81 and 22.20 GB (peaks 24.08 and 23.42 GB, against
+# the plan's 24.6: +2%), and its early restore peaked at 22.14 GB, under its steps. The save
+# phase still counts the whole copy of the largest array (its batch) and so errs towards
+# refusing, by about 0.8 GB; refit once the 32 MiB blocks are measured on the chip.
 _V5E_HOST = HostRam(
     process=22.52e9 - 14.83e9, save_over_batch=24.82e9 - 22.73e9 - 1.05e9,
     restore_over_batch=0.0, heap_per_code_byte=(22.73e9 - 22.52e9) / 82.8e6,

@@ -39,6 +39,8 @@ def round_trip(mesh: Mesh, folder: pathlib.Path) -> bool:
 def main() -> None:
   checkpoint_blocks.HOST_STATE_BLOCK_BYTES = 2**18  # shards of 0.1-0.4 MB in blocks of rows
   checkpoint_blocks.HOST_STATE_WRITE_BYTES = 4 * 2**18
+  checkpoint_blocks.HOST_STATE_READ_BLOCK_BYTES = 2**18
+  checkpoint_blocks.HOST_STATE_READ_BYTES = 4 * 2**18
   mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
   root = pathlib.Path(tempfile.mkdtemp(dir=sys.argv[1] if len(sys.argv) > 1 else None))
   equal = {"view": round_trip(mesh, root / "view")}

@@ -264,6 +264,8 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_BLOCK_BYTES", 2**20)
   monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_WRITE_BYTES", 4 * 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_READ_BLOCK_BYTES", 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_READ_BYTES", 4 * 2**20)
   if source == "device":
     monkeypatch.setattr(checkpoint_blocks, "HOST_VIEW_PLATFORMS", ())
   blocks, orbax_write = [], serialization.async_serialize_from_host

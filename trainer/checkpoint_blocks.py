@@ -3,10 +3,10 @@
 
 A save hands Orbax's write an array whose pieces are larger than HOST_STATE_BLOCK_BYTES as a
 `Streamed`: each block of rows is brought into host RAM only when it is written, instead of
-Orbax's copy of the whole array first. A restore reads such a shard with `read_in_blocks`, a
-block at a time through device memory, instead of a whole read buffer and its copy into host
-memory. On CPU (HOST_VIEW_PLATFORMS) a save's blocks are views of the buffers and a restore is
-Orbax's own.
+Orbax's copy of the whole array first. A restore reads a shard larger than
+HOST_STATE_READ_BLOCK_BYTES with `read_in_blocks`, a block at a time through device memory,
+instead of a whole read buffer and its copy into host memory. On CPU (HOST_VIEW_PLATFORMS) a
+save's blocks are views of the buffers and a restore is Orbax's own.
 """
 
 from __future__ import annotations
@@ -24,13 +24,21 @@ from orbax.checkpoint._src.serialization import replica_slices
 
 # A host-memory save writes an array larger than HOST_STATE_BLOCK_BYTES in blocks of rows of at
 # most that (Streamed), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all in host RAM
-# at once (three blocks of 64 MiB), each until TensorStore has written it: TensorStore otherwise
+# at once (three blocks), each until TensorStore has written it: TensorStore otherwise
 # encoded a whole array's chunks ahead of the v5e host's disk (about 190 MB/s) and held them
-# until written, about 1 GB over each 1.05 GB array's copy. On CPU
-# (a faster disk, no copy) the machine's RAM in use during a 4 GB state's save rose 0.05-0.08 GB
-# either way (benchmarks/checkpoint_memory.py --gb=4 --stack=64).
-HOST_STATE_BLOCK_BYTES = 64 * 2**20
+# until written, about 1 GB over each 1.05 GB array's copy. A block in flight costs about three
+# times its bytes (the block, TensorStore's copy, its encoded chunks): on this repo's CPU machine
+# a 4.3 GB state of 1.07 GB arrays (benchmarks/checkpoint_memory.py --gb=4.3 --stack=64) saved at
+# +0.52-0.65 GB of RSS with blocks of 64 MiB and +0.31-0.42 GB with 32 MiB, in the same 8.5-10.5 s
+# (2026-12-07, three and two runs); on the v5e host 64 MiB blocks gave that state +1.05-1.13 GB
+# (bound 1.0) and llm_1b +1.22-1.27 GB (bound 1.48). 32 MiB is not yet measured there.
+HOST_STATE_BLOCK_BYTES = 32 * 2**20
 HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
+# A restore into host memory reads a shard larger than HOST_STATE_READ_BLOCK_BYTES in blocks of
+# rows of at most that, fewer than HOST_STATE_READ_BYTES of them at once (read_in_blocks): as
+# measured on the v5e host (llm_1b's restore peaked under its steps' RAM; 2026-12-07).
+HOST_STATE_READ_BLOCK_BYTES = 64 * 2**20
+HOST_STATE_READ_BYTES = 4 * HOST_STATE_READ_BLOCK_BYTES
 
 
 def block_rows(shape: tuple, itemsize: int, limit: int) -> int | None:
@@ -158,8 +166,8 @@ def _take_rows(array, start, rows: int):
 async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_shard_shape,
                          dtype, byte_limiter, strict, dll, memory_kind):
   """Orbax's read of one shard of a restore (`serialization._read_array_index_and_device_put`),
-  for a pinned_host target whose shard is larger than HOST_STATE_BLOCK_BYTES, off
-  HOST_VIEW_PLATFORMS: read a block of rows at a time (at most HOST_STATE_WRITE_BYTES of blocks
+  for a pinned_host target whose shard is larger than HOST_STATE_READ_BLOCK_BYTES, off
+  HOST_VIEW_PLATFORMS: read a block of rows at a time (fewer than HOST_STATE_READ_BYTES of blocks
   in host RAM at once), each put into device memory, joined there and copied into host memory:
   never the whole shard in host RAM, nor NumPy's buffer beside its copy into host memory.
   Anything else (a reshaped or padded read, a layout, a shard that does not split into rows,
@@ -172,7 +180,7 @@ async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_sha
   stored = np.dtype(t.dtype.numpy_dtype)
   shape = tuple(new_shard_shape)
   rows = block_rows(shape, max(stored.itemsize, np.dtype(dtype or stored).itemsize),
-                    HOST_STATE_BLOCK_BYTES)
+                    HOST_STATE_READ_BLOCK_BYTES)
   if (memory_kind != "pinned_host" or not strict or dll is not None or rows is None
       or tuple(t.shape) != tuple(global_shape)
       or any(d.platform in HOST_VIEW_PLATFORMS for d in devices)):
@@ -180,7 +188,7 @@ async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_sha
   index = numpy_utils.resolve_slice(index, tuple(global_shape))
   if tuple(sl.stop - sl.start for sl in index) != shape:
     return await orbax()
-  at_once = asyncio.Semaphore(max(1, HOST_STATE_WRITE_BYTES // (
+  at_once = asyncio.Semaphore(max(1, HOST_STATE_READ_BYTES // (
       math.prod(shape[1:]) * rows * stored.itemsize)))
   device = jax.sharding.SingleDeviceSharding(devices[0], memory_kind="device")
 
