@@ -116,16 +116,18 @@ class Streamed(replica_slices.ReplicaSlices):
 # semaphore per event loop (a save's writes run in one). A semaphore per array let each array
 # written side by side hold three blocks while Orbax's byte limiter let three in all through.
 # On the v5e host this did not change the tpu lane's `stacked` save (4.3 GB, seven arrays
-# streamed through device memory): +1.10 GB per array, +1.13 and +1.05 GB shared
-# (2026-12-07); what holds that RAM is not yet known (docs/offload.md).
+# streamed through device memory, 64 MiB blocks): +1.10 GB with a semaphore per array, +1.13
+# and +1.05 GB with one shared (2026-12-07); what holds that RAM is not yet known
+# (docs/offload.md).
 _AT_ONCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _blocks_at_once() -> asyncio.Semaphore:
+  count = max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1)
   loop = asyncio.get_running_loop()
-  if loop not in _AT_ONCE:
-    _AT_ONCE[loop] = asyncio.Semaphore(max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1))
-  return _AT_ONCE[loop]
+  if loop not in _AT_ONCE or _AT_ONCE[loop][0] != count:  # the constants are tuned in tests
+    _AT_ONCE[loop] = (count, asyncio.Semaphore(count))
+  return _AT_ONCE[loop][1]
 
 
 class _Rows:
