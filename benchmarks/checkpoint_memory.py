@@ -4,6 +4,8 @@
     python -m benchmarks.checkpoint_memory --gb=0.3 --variants=checkpointer:pinned_host
     python -m benchmarks.checkpoint_memory --config=configs/llm_1b.py --made_by=jit \
         --variants=checkpointer:pinned_host     # a recipe's train state (on the chip)
+    python -m benchmarks.checkpoint_memory --gb=4.3 --stack=64 --block_mib=64 \
+        --variants=checkpointer:pinned_host     # a save's blocks of 64 MiB (shipped: 32)
 
 Each variant runs in its own process: it builds a state of float32 arrays of a decoder's
 shapes (`state_shapes`) with memory kind `device` or `pinned_host`, saves it as the training
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from trainer import host_memory
+from trainer import checkpoint_blocks, host_memory
 
 VARIANTS = ("orbax_default", "save_concurrent", "checkpointer")
 KINDS = ("device", "pinned_host")
@@ -190,7 +192,7 @@ def _restore(directory: pathlib.Path, shapes: dict, state: dict, gb) -> dict:
 
 def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0,
                 env: dict | None = None, stack: int = 1, config: str = "",
-                made_by: str = "device_put") -> dict:
+                made_by: str = "device_put", block_mib: int = 0) -> dict:
   """`measure` in a fresh process (its peak is its own), with this checkout on the path and
   `env` added to the environment."""
   root = pathlib.Path(__file__).resolve().parent.parent
@@ -198,7 +200,7 @@ def run_variant(variant: str, kind: str, *, gb: float, bound_gb: float = 0.0,
              **(env or {}))
   out = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_memory", "--one",
                         f"--variants={variant}:{kind}", f"--gb={gb}", f"--bound_gb={bound_gb}", f"--stack={stack}",
-                        f"--config={config}", f"--made_by={made_by}"],
+                        f"--config={config}", f"--made_by={made_by}", f"--block_mib={block_mib}"],
                        cwd=root, env=env, capture_output=True, text=True, check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
   if out.returncode or not lines:
@@ -222,8 +224,14 @@ def main(argv=None) -> None:
   parser.add_argument("--made_by", default="device_put", choices=("device_put", "jit"),
                       help="with --config: fill the state by device_put of NumPy arrays (as a "
                            "restore does) or by a jitted program (as a train step does)")
+  parser.add_argument("--block_mib", type=int, default=0,
+                      help="a host-memory save's blocks of rows, MiB (0: as shipped, "
+                           "trainer/checkpoint_blocks.py:HOST_STATE_BLOCK_BYTES), four in flight")
   parser.add_argument("--one", action="store_true", help="measure in this process (internal)")
   args = parser.parse_args(argv)
+  if args.one and args.block_mib:
+    checkpoint_blocks.HOST_STATE_BLOCK_BYTES = args.block_mib * 2**20
+    checkpoint_blocks.HOST_STATE_WRITE_BYTES = 4 * checkpoint_blocks.HOST_STATE_BLOCK_BYTES
   for pair in args.variants.split(","):
     variant, kind = pair.split(":")
     if variant not in VARIANTS or kind not in KINDS:
@@ -231,7 +239,10 @@ def main(argv=None) -> None:
     result = (measure(variant, kind, args.gb, args.bound_gb, args.stack, args.config,
                       args.made_by) if args.one
               else run_variant(variant, kind, gb=args.gb, bound_gb=args.bound_gb,
-                               stack=args.stack, config=args.config, made_by=args.made_by))
+                               stack=args.stack, config=args.config, made_by=args.made_by,
+                               block_mib=args.block_mib))
+    result["block_mib"] = checkpoint_blocks.HOST_STATE_BLOCK_BYTES // 2**20 if args.one else (
+        args.block_mib or checkpoint_blocks.HOST_STATE_BLOCK_BYTES // 2**20)
     print(json.dumps(result), flush=True)
 
 
