@@ -28,10 +28,11 @@ from orbax.checkpoint._src.serialization import replica_slices
 # encoded a whole array's chunks ahead of the v5e host's disk (about 190 MB/s) and held them
 # until written, about 1 GB over each 1.05 GB array's copy. A block in flight costs about three
 # times its bytes (the block, TensorStore's copy, its encoded chunks): on this repo's CPU machine
-# a 4.3 GB state of 1.07 GB arrays (benchmarks/checkpoint_memory.py --gb=4.3 --stack=64) saved at
-# +0.52-0.65 GB of RSS with blocks of 64 MiB and +0.31-0.42 GB with 32 MiB, in the same 8.5-10.5 s
-# (2026-12-07, three and two runs); on the v5e host 64 MiB blocks gave that state +1.05-1.13 GB
-# (bound 1.0) and llm_1b +1.22-1.27 GB (bound 1.48). 32 MiB is not yet measured there.
+# a 4.3 GB state of 1.07 GB arrays (benchmarks/checkpoint_memory.py --gb=4.3 --stack=64
+# --block_mib) saved at +0.52-0.67 GB of RSS with blocks of 64 MiB and +0.31-0.42 GB with
+# 32 MiB, in the same 7.8-10.5 s (2026-12-07, four runs each); on the v5e host 64 MiB blocks
+# gave that state +1.05-1.13 GB (bound 1.0) and llm_1b +1.22-1.27 GB (bound 1.48). 32 MiB is
+# not yet measured there.
 HOST_STATE_BLOCK_BYTES = 32 * 2**20
 HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
 # A restore into host memory reads a shard larger than HOST_STATE_READ_BLOCK_BYTES in blocks of
