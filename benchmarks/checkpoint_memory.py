@@ -226,12 +226,16 @@ def main(argv=None) -> None:
                            "restore does) or by a jitted program (as a train step does)")
   parser.add_argument("--block_mib", type=int, default=0,
                       help="a host-memory save's blocks of rows, MiB (0: as shipped, "
-                           "trainer/checkpoint_blocks.py:HOST_STATE_BLOCK_BYTES), four in flight")
+                           "trainer/checkpoint_blocks.py:HOST_STATE_BLOCK_BYTES), as many in "
+                           "flight as shipped")
   parser.add_argument("--one", action="store_true", help="measure in this process (internal)")
   args = parser.parse_args(argv)
+  if args.block_mib < 0:
+    parser.error(f"--block_mib={args.block_mib}: MiB of a block, 1 or more (0: as shipped)")
   if args.one and args.block_mib:
+    in_flight = checkpoint_blocks.HOST_STATE_WRITE_BYTES // checkpoint_blocks.HOST_STATE_BLOCK_BYTES
     checkpoint_blocks.HOST_STATE_BLOCK_BYTES = args.block_mib * 2**20
-    checkpoint_blocks.HOST_STATE_WRITE_BYTES = 4 * checkpoint_blocks.HOST_STATE_BLOCK_BYTES
+    checkpoint_blocks.HOST_STATE_WRITE_BYTES = in_flight * checkpoint_blocks.HOST_STATE_BLOCK_BYTES
   for pair in args.variants.split(","):
     variant, kind = pair.split(":")
     if variant not in VARIANTS or kind not in KINDS:
@@ -241,8 +245,8 @@ def main(argv=None) -> None:
               else run_variant(variant, kind, gb=args.gb, bound_gb=args.bound_gb,
                                stack=args.stack, config=args.config, made_by=args.made_by,
                                block_mib=args.block_mib))
-    result["block_mib"] = checkpoint_blocks.HOST_STATE_BLOCK_BYTES // 2**20 if args.one else (
-        args.block_mib or checkpoint_blocks.HOST_STATE_BLOCK_BYTES // 2**20)
+    if args.one:  # (a variant run in its own process prints its own)
+      result["block_mib"] = checkpoint_blocks.HOST_STATE_BLOCK_BYTES // 2**20
     print(json.dumps(result), flush=True)
 
 
