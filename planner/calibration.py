@@ -168,8 +168,8 @@ class HostRam:
   the machine had 20.7 GB in use), so the figures are the machine's. planner/host_ram.py counts
   a run's phases with them (trainer.state_memory=host)."""
   process: float  # bytes in steps beside the state: runtime, imports, programs, data pipeline
-  save_over_batch: float  # bytes a save adds over the steps' beyond its batch of copies
-  restore_over_batch: float  # bytes a restore adds beyond the state and its batch read
+  save_over_batch: float  # bytes a save adds over the steps' beyond what it holds at once
+  restore_over_batch: float  # bytes a restore adds beyond the state and what it reads at once
   heap_per_code_byte: float  # the compiler's freed heap after an uncached compile, per byte of
   # the train program's generated code (kept until a save's malloc_trim)
   source: str  # where, when, what
@@ -198,12 +198,15 @@ class HostRam:
 # saves +1.66 to +2.55 GB over them (the stopped run's 24.81 GB), the early restore's peak
 # 22.45 GB: the figures stand. A host-memory save now streams large arrays without a whole
 # copy (trainer/checkpoint_blocks.py): at f2e5e1d (2026-12-07, 64 MiB blocks) llm_1b's saves
-# rose +1.27 and +1.22 GB over steps of 22.81 and 22.20 GB (peaks 24.08 and 23.42 GB, against
-# the plan's 24.6: +2%), and its early restore peaked at 22.14 GB, under its steps. The save
-# phase still counts the whole copy of the largest array (its batch) and so errs towards
-# refusing, by about 0.8 GB; refit once the 32 MiB blocks are measured on the chip.
+# rose +1.27 and +1.22 GB over steps of 22.81 and 22.20 GB (peaks 24.08 and 23.42 GB), and its
+# early restore peaked at 22.14 GB, under its steps. At 359c6ef (2026-12-07, 32 MiB blocks;
+# its layers unrolled on one chip, configs/llama.py's TPU rule, so every array over a block is
+# streamed: a save holds three blocks, 0.10 GB) its saves rose +0.18 and +0.26 GB (peaks 22.94
+# and 22.45 GB over steps of 22.76 and 22.19 GB): 0.16 GB beyond the blocks. Its restore,
+# reading 0.26 GB at once (blocks of 64 MiB, four at a time), peaked at 22.73 GB beside its
+# compile: none beyond what it reads, over the steps' 22.52 GB.
 _V5E_HOST = HostRam(
-    process=22.52e9 - 14.83e9, save_over_batch=24.82e9 - 22.73e9 - 1.05e9,
+    process=22.52e9 - 14.83e9, save_over_batch=0.26e9 - 3 * 32 * 2**20,
     restore_over_batch=0.0, heap_per_code_byte=(22.73e9 - 22.52e9) / 82.8e6,
     source="one TPU v5e chip's host of 40 GiB, 2026-12-07: llm_1b as shipped, stopped and "
            "resumed (benchmarks/whole_run.py; planner/calibration.py)")

@@ -4,9 +4,11 @@ one host holds in each phase of the run, against its RAM (`axtrain plan`'s host 
     in steps     the process [measured: runtime, imports, compiled programs, data pipeline]
                  + the train step's host bytes, its state included [compiler] (the state
                  alone [exact] where the compiler reports none)
-    a save       the process + the state + a batch of copies of it [exact] + the save's own
-                 buffers beyond the batch [measured]
-    a restore    the process + the state + a batch read [exact] + the restore's own [measured]
+    a save       the process + the state + what it holds of the state at once (a batch of
+                 copies, or the blocks of the arrays it streams) [exact] + the save's own
+                 buffers beyond those [measured]
+    a restore    the process + the state + what it reads at once (a group of arrays, or blocks
+                 of their shards) [exact] + the restore's own [measured]
     a first run  in steps + the compiler's freed heap [model: per byte of the train program's
                  code], held until the first save trims it; a run whose programs come from the
                  compilation cache (a second run of the setting, a resume) has none
@@ -34,12 +36,13 @@ class HostNeed:
   ram: int  # the host's RAM (the mesh entry's fact); 0 where the entry names none
   state: int  # the train state in host memory, on one host [exact]
   step: int  # the train step's host bytes on one host, the state included [compiler]; 0: none
-  batch: int  # what a save copies off at once and a restore reads at once [exact]
+  save_batch: int  # what a save holds of the state in host RAM at once [exact]
+  restore_batch: int  # what a restore reads at once [exact]
   code: int = 0  # the train program's generated code, bytes [compiler]
   # Measured on the platform (planner/calibration.py:HostRam), 0 with `source` "" where not:
   process: int = 0  # runtime, imports, compiled programs, data pipeline
-  save_over: int = 0  # a save's own bytes beyond its batch
-  restore_over: int = 0  # a restore's own bytes beyond its batch
+  save_over: int = 0  # a save's own bytes beyond its save_batch
+  restore_over: int = 0  # a restore's own bytes beyond its restore_batch
   compile_heap: int = 0  # the compiler's freed heap after an uncached compile [model]
   source: str = ""
 
@@ -53,11 +56,11 @@ class HostNeed:
 
   @property
   def save(self) -> int:
-    return self.process + self.state + self.batch + self.save_over
+    return self.process + self.state + self.save_batch + self.save_over
 
   @property
   def restore(self) -> int:
-    return self.process + self.state + self.batch + self.restore_over
+    return self.process + self.state + self.restore_batch + self.restore_over
 
   @property
   def first_run(self) -> int:
@@ -88,11 +91,11 @@ def host_need(exp: experiment_lib.Experiment, entry: Entry, *, devices: int, ste
   `code`: the compiled train step's host bytes per device and its generated code."""
   per_host = entry.hardware.devices_per_host
   per_host = min(per_host if per_host > 0 else devices, devices)
+  save, restore = memory_model.checkpoint_batches(exp, per_host, entry.hardware.platform)
   need = HostNeed(platform=entry.hardware.platform, devices=per_host,
                   ram=(entry.hardware.host_memory_bytes or 0) * per_host,
                   state=memory_model.state_bytes(exp).total * per_host,
-                  step=step_host * per_host,
-                  batch=memory_model.checkpoint_batch(exp, per_host), code=code)
+                  step=step_host * per_host, save_batch=save, restore_batch=restore, code=code)
   figures = calibration.host_ram_for(entry.hardware)
   if figures is None:
     return need

@@ -16,7 +16,8 @@ import jax
 from jax.sharding import NamedSharding
 
 from modules import attn_registry
-from trainer import checkpoint_bounded, experiment as experiment_lib, flops as flops_lib, offload
+from trainer import checkpoint_blocks as blocks, checkpoint_bounded, experiment as experiment_lib
+from trainer import flops as flops_lib, offload
 from trainer import sharding
 
 
@@ -198,15 +199,42 @@ def _largest_param_shard(exp: experiment_lib.Experiment) -> int:
   return max((shard for _, shard in _param_shards(exp)), default=0)
 
 
-def checkpoint_batch(exp: experiment_lib.Experiment, devices_per_host: int) -> int:
-  """Host bytes a checkpoint save of a state in host memory copies off at once on one host,
-  and a restore reads at once: batches of HOST_STATE_SAVE_GB (Orbax's bound is the process's),
-  an array larger than that alone, all its shards on the host (trainer/checkpoint_bounded.py);
-  never more than the host's state. A shard replicated on the host is copied once."""
-  largest = max((min(whole, shard * devices_per_host) for whole, shard in _param_shards(exp)),
-                default=0)
-  batch = max(int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9), largest)
-  return min(state_bytes(exp).total * devices_per_host, batch)
+def checkpoint_batches(exp: experiment_lib.Experiment, devices_per_host: int,
+                       platform: str) -> tuple[int, int]:
+  """(save, restore): host bytes of a state in host memory that a checkpoint save holds in host
+  RAM at once on one host, and that a restore reads at once; never more than the host's state
+  (trainer/checkpoint_bounded.py, trainer/checkpoint_blocks.py). A shard replicated on the host
+  is written and read once.
+  - A save copies arrays in batches of HOST_STATE_SAVE_GB (an array larger than that alone, all
+    its shards on the host), but writes an array whose shards are larger than
+    HOST_STATE_BLOCK_BYTES a block of rows at a time, all of a save's such arrays sharing a few
+    blocks (`blocks_at_once`); on a host whose device memory cannot hold a copy of the shard,
+    the save copies it whole instead, which this does not count (between steps it can).
+  - A restore reads groups of HOST_STATE_SAVE_GB (an array larger than that alone, all its
+    shards on the host); off CPU, a shard larger than HOST_STATE_READ_BLOCK_BYTES a block of
+    rows at a time, HOST_STATE_READ_BYTES of them at once for each shard."""
+  save = restore = int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9)
+  block = 0
+  abstract = nn_unbox(exp.abstract_state)
+  for a, sh in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(
+      exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding))):
+    item, shape = a.dtype.itemsize, tuple(sh.shard_shape(a.shape))
+    shard = math.prod(shape) * item
+    on_host = min(math.prod(a.shape) * item, shard * devices_per_host)
+    rows = blocks.block_rows(shape, item, blocks.HOST_STATE_BLOCK_BYTES)
+    if rows:
+      block = max(block, rows * shard // shape[0])
+    else:
+      save = max(save, on_host)
+    rows = blocks.block_rows(shape, item, blocks.HOST_STATE_READ_BLOCK_BYTES)
+    if rows and platform not in blocks.HOST_VIEW_PLATFORMS:
+      at_once = max(1, blocks.HOST_STATE_READ_BYTES // (rows * shard // shape[0]))
+      restore = max(restore, min(shard, at_once * rows * shard // shape[0]) * (on_host // shard))
+    else:
+      restore = max(restore, on_host)
+  save = max(save, block * blocks.blocks_at_once())
+  state = state_bytes(exp).total * devices_per_host
+  return min(state, save), min(state, restore)
 
 
 def analytic_memory(exp: experiment_lib.Experiment, *, compute_bytes: int) -> Analytic:

@@ -116,10 +116,11 @@ def _host(p: Plan) -> list[str]:
   lines += [
       f"    in steps           [model]     {gib(h.steps)}: the process and the "
       + ("train step" if h.step else "state"),
-      f"    a save's peak      [model]     {gib(h.save)}: the process and the state + a batch "
-      f"of copies {gib(h.batch)} [exact] + the save's buffers {own(h.save_over)}",
-      f"    a restore's peak   [model]     {gib(h.restore)}: the process and the state + a "
-      f"batch read {gib(h.batch)} [exact] + the restore's buffers {own(h.restore_over)}",
+      f"    a save's peak      [model]     {gib(h.save)}: the process and the state + what it "
+      f"holds at once {gib(h.save_batch)} [exact] + the save's buffers {own(h.save_over)}",
+      f"    a restore's peak   [model]     {gib(h.restore)}: the process and the state + what "
+      f"it reads at once {gib(h.restore_batch)} [exact] + the restore's buffers "
+      f"{own(h.restore_over)}",
       f"    a first run        [model]     {gib(h.first_run)}: in steps + the compiler's freed "
       f"heap {heap}, until its first save trims it",
   ]

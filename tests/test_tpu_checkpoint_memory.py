@@ -11,8 +11,9 @@ Measured on the lent v5e (2026-12-06, batches of 0.1 GB, TensorStore writing 8 f
 the save added 0.48 GB at its peak, the restore 0.78 GB beyond the state (1.4-2.2 GB with 0.25 GB
 batches). On 2026-12-07 (f2e5e1d): `layers` passed (save +0.37 GB); `stacked` restored at 0.77 GB
 over the state (passed) but its save, written in blocks through device memory
-(trainer/checkpoint_blocks.py), rose +1.10 GB of RSS (+0.74 GB of RAM in use): it fails, the
-open part of issue 45's item 1 (docs/offload.md).
+(trainer/checkpoint_blocks.py), rose +1.10 GB of RSS (+0.74 GB of RAM in use) and failed. At
+359c6ef, with 32 MiB blocks, both passed: `layers` saved at +0.34 GB, `stacked` at +0.72 GB of
+RSS and restored at 0.74 GB over the state (docs/offload.md).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from orbax.checkpoint._src.serialization import replica_slices
 # a 4.3 GB state of 1.07 GB arrays (benchmarks/checkpoint_memory.py --gb=4.3 --stack=64
 # --block_mib) saved at +0.52-0.67 GB of RSS with blocks of 64 MiB and +0.31-0.42 GB with
 # 32 MiB, in the same 7.8-10.5 s (2026-12-07, four runs each); on the v5e host 64 MiB blocks
-# gave that state +1.05-1.13 GB (bound 1.0) and llm_1b +1.22-1.27 GB (bound 1.48). 32 MiB is
-# not yet measured there.
+# gave that state +1.05-1.13 GB (bound 1.0) and llm_1b +1.22-1.27 GB (bound 1.48); with 32 MiB
+# blocks +0.72 GB and llm_1b +0.18/+0.26 GB, in 94.2/60.0 s against 89.3/57.7 s (2026-12-07).
 HOST_STATE_BLOCK_BYTES = 32 * 2**20
 HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
 # A restore into host memory reads a shard larger than HOST_STATE_READ_BLOCK_BYTES in blocks of
@@ -118,13 +118,19 @@ class Streamed(replica_slices.ReplicaSlices):
 # written side by side hold three blocks while Orbax's byte limiter let three in all through.
 # On the v5e host this did not change the tpu lane's `stacked` save (4.3 GB, seven arrays
 # streamed through device memory, 64 MiB blocks): +1.10 GB with a semaphore per array, +1.13
-# and +1.05 GB with one shared (2026-12-07); what holds that RAM is not yet known
+# and +1.05 GB with one shared (2026-12-07); 32 MiB blocks then brought it to +0.72 GB
 # (docs/offload.md).
 _AT_ONCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def blocks_at_once() -> int:
+  """How many blocks of a save's streamed arrays are in host RAM at once (fewer than
+  HOST_STATE_WRITE_BYTES of them: TensorStore's writes in flight take that limit too)."""
+  return max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1)
+
+
 def _blocks_at_once() -> asyncio.Semaphore:
-  count = max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1)
+  count = blocks_at_once()
   loop = asyncio.get_running_loop()
   if loop not in _AT_ONCE or _AT_ONCE[loop][0] != count:  # the constants are tuned in tests
     _AT_ONCE[loop] = (count, asyncio.Semaphore(count))

@@ -47,8 +47,9 @@ or a restore must not take them again. These would:
   (checkpoint_blocks.py): a view of the buffer on CPU; on a TPU or GPU host a slice of one copy
   of the array in device memory, which is free between steps. On the v5e (2026-12-07) llm_1b's
   saves then rose +1.27 and +1.22 GB (bound 1.48); the `tpu` lane's `stacked` state (4.3 GB,
-  three 1.07 GB arrays) +1.05-1.13 GB of RSS (bound 1.0). Blocks are now 32 MiB, not 64
-  (checkpoint_blocks.py: why, and what is measured).
+  three 1.07 GB arrays) +1.05-1.13 GB of RSS (bound 1.0). With blocks of 32 MiB (since
+  6f3ae8b; checkpoint_blocks.py) the `stacked` save rose +0.72 GB and llm_1b's +0.18/+0.26 GB
+  (2026-12-07; its layers are unrolled on one chip, so every array over a block is streamed).
 - The restore's mirror: a group of one large array held its whole read buffer and then its
   copy into host memory, one after the other (llm_1b's read beside its compile took 62.9 s for
   14.8 GB on the v5e, against 16-19 s when reads ran ahead). Off CPU, a shard larger than
