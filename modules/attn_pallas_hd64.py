@@ -86,13 +86,21 @@ def layout(cfg, *, batch: int, length: int, heads: int, kv_heads: int, head_dim:
   return lay, repeat
 
 
+# The kernels' calls, traced once per layout and form (both static, compared by value): every
+# layer of a model calls them with the same shapes, and tracing a Pallas call is most of an
+# attention layer's trace (llm_1b's 16 layers: a quarter of its train step's). Inside the step's
+# program the calls are inlined: the same kernels.
+_forward = jax.jit(kernels.forward, static_argnums=(0, 1))
+_backward = jax.jit(kernels.backward, static_argnums=(0, 1))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _attend(lay, form, tabs, q2, k2, v2, seg_col, seg_row):
-  return kernels.forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)[0]
+  return _forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)[0]
 
 
 def _attend_fwd(lay, form, tabs, q2, k2, v2, seg_col, seg_row):
-  out, lse = kernels.forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)
+  out, lse = _forward(lay, form, tabs, q2, k2, v2, seg_col, seg_row)
   return out, (tabs, q2, k2, v2, seg_col, seg_row, out, lse)
 
 
@@ -101,7 +109,7 @@ def _attend_bwd(lay, form, residuals, do2):
   b, length = q2.shape[:2]
   di = jnp.sum((out.astype(jnp.float32) * do2.astype(jnp.float32)).reshape(
       b, length, lay.pairs, 2, kernels.HEAD_DIM), axis=-1).transpose(0, 2, 3, 1)
-  dq2, dk2, dv2 = kernels.backward(lay, form, tabs, q2, k2, v2, seg_col, seg_row, lse, do2, di)
+  dq2, dk2, dv2 = _backward(lay, form, tabs, q2, k2, v2, seg_col, seg_row, lse, do2, di)
   return None, dq2, dk2, dv2, None, None
 
 
