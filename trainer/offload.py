@@ -30,6 +30,7 @@ Saved activations can go to host memory too: model.remat's `offload_*` policies
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -103,12 +104,17 @@ class _Chain:
   def fetch(self, x, rows: tuple[int, int], axis: int):
     """Rows [start, start + size) along `axis` of host array `x`, on the device (the index is
     `start`, or 0 after a piece that held a number above inf: never)."""
-    start, size = rows
-    index = [np.int32(0)] * x.ndim
-    index[axis] = jax.lax.select(self.after, np.int32(0), np.int32(start))
-    sizes = list(x.shape)
-    sizes[axis] = size
-    return to_device(jax.lax.dynamic_slice(x, index, sizes))
+    return _fetch(x, self.after, *rows, axis)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _fetch(x, after, start: int, size: int, axis: int):
+  """_Chain.fetch's slice, traced once per shape and piece (alike in every layer)."""
+  index = [np.int32(0)] * x.ndim
+  index[axis] = jax.lax.select(after, np.int32(0), np.int32(start))
+  sizes = list(x.shape)
+  sizes[axis] = size
+  return to_device(jax.lax.dynamic_slice(x, index, sizes))
 
 
 LANES, SUBLANES = 128, 8  # the TPU's tile of a float32 array's two innermost axes
