@@ -213,10 +213,10 @@ def streamed_update(optimizer, axes, grads, params, opt_state, *, keep_old=None)
   state_leaves = dict(jax.tree_util.tree_flatten_with_path(state)[0])
   new_state, new_params, chain = dict(state_leaves), {}, _Chain()
   squares = {"params": jnp.float32(0), "updates": jnp.float32(0)}
-  updates = _PieceUpdates(optimizer, keep_old)
+  updates, shapes = _PieceUpdates(optimizer, keep_old), _shapes(params)
   for path, p in _by_size(params):
     template = jax.eval_shape(optimizer.for_axes(_prune(axes, path)).after_clip.init,
-                              _prune(_shapes(params), path))
+                              _prune(shapes, path))
     t_paths = jax.tree_util.tree_flatten_with_path(template)[0]
     s = [state_leaves[k] for k, _ in t_paths]
     g = _get(grads, path)
