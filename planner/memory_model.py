@@ -220,16 +220,17 @@ def checkpoint_batches(exp: experiment_lib.Experiment, devices_per_host: int,
       exp.state_shardings.params, is_leaf=lambda x: isinstance(x, NamedSharding))):
     item, shape = a.dtype.itemsize, tuple(sh.shard_shape(a.shape))
     shard = math.prod(shape) * item
+    row = shard // shape[0] if shape else shard
     on_host = min(math.prod(a.shape) * item, shard * devices_per_host)
     rows = blocks.block_rows(shape, item, blocks.HOST_STATE_BLOCK_BYTES)
     if rows:
-      block = max(block, rows * shard // shape[0])
+      block = max(block, rows * row)
     else:
       save = max(save, on_host)
     rows = blocks.block_rows(shape, item, blocks.HOST_STATE_READ_BLOCK_BYTES)
     if rows and platform not in blocks.HOST_VIEW_PLATFORMS:
-      at_once = max(1, blocks.HOST_STATE_READ_BYTES // (rows * shard // shape[0]))
-      restore = max(restore, min(shard, at_once * rows * shard // shape[0]) * (on_host // shard))
+      held = min(shard, blocks.read_blocks_at_once(rows * row) * rows * row)
+      restore = max(restore, held * (on_host // shard))
     else:
       restore = max(restore, on_host)
   save = max(save, block * blocks.blocks_at_once())

@@ -438,6 +438,14 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
                   offloaded=offloaded)
 
 
+def experiment_for(run: RunConfig, entry: Entry, devices) -> experiment_lib.Experiment:
+  """`run` built on `devices` for `entry`, computing in the dtype it has on `entry`'s platform
+  (not this machine's): what a plan compiles."""
+  exp = experiment_lib.build(run, entry, devices)
+  dtype = experiment_lib.compute_dtype(run.trainer.compute_dtype, entry.hardware.platform)
+  return dataclasses.replace(exp, compute_dtype=dtype)
+
+
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
          with_eval: bool = True, compiler_options: dict | None = None,
          say: Callable[[str], None] = lambda _: None) -> Plan:
@@ -450,9 +458,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   else:
     compiler = {"tpu": TPU_COMPILER, "gpu": GPU_COMPILER}.get(
         devices[0].platform, f"CPU compiler standing in for {entry.hardware.platform}")
-  exp = experiment_lib.build(run, entry, devices)
-  dtype = experiment_lib.compute_dtype(run.trainer.compute_dtype, entry.hardware.platform)
-  exp = dataclasses.replace(exp, compute_dtype=dtype)
+  exp = experiment_for(run, entry, devices)
   n = len(devices)
   state, batch = abstract_inputs(exp, exp.source.batch_size)
   # Hosts of GPU/Trainium entries talk over the network; a TPU slice is one ICI domain, and
@@ -469,8 +475,9 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   if with_eval:
     _, eval_batch = abstract_inputs(exp, run.eval.batch_size)
     evaluated = _compile(exp.eval_fn, (state.params, eval_batch), what="eval step", **where)
-  analytic = memory_model.analytic_memory(exp, compute_bytes=np.dtype(dtype).itemsize)
-  traffic = memory_model.hbm_traffic(exp, analytic, compute_bytes=np.dtype(dtype).itemsize)
+  compute_bytes = np.dtype(exp.compute_dtype).itemsize
+  analytic = memory_model.analytic_memory(exp, compute_bytes=compute_bytes)
+  traffic = memory_model.hbm_traffic(exp, analytic, compute_bytes=compute_bytes)
   tokens = exp.source.batch_size * exp.source.seq_len
   model_flops = flops_lib.model_flops_per_token(run, exp.abstract_state.params) * tokens
   remat = getattr(run.model, "remat", "none")

@@ -129,6 +129,12 @@ def blocks_at_once() -> int:
   return max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1)
 
 
+def read_blocks_at_once(block_bytes: int) -> int:
+  """How many blocks of `block_bytes` a restore's read of one shard has in host RAM at once
+  (read_in_blocks): fewer than HOST_STATE_READ_BYTES of them, one at least."""
+  return max(1, HOST_STATE_READ_BYTES // block_bytes)
+
+
 def _blocks_at_once() -> asyncio.Semaphore:
   count = blocks_at_once()
   loop = asyncio.get_running_loop()
@@ -197,8 +203,7 @@ async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_sha
   index = numpy_utils.resolve_slice(index, tuple(global_shape))
   if tuple(sl.stop - sl.start for sl in index) != shape:
     return await orbax()
-  at_once = asyncio.Semaphore(max(1, HOST_STATE_READ_BYTES // (
-      math.prod(shape[1:]) * rows * stored.itemsize)))
+  at_once = asyncio.Semaphore(read_blocks_at_once(math.prod(shape[1:]) * rows * stored.itemsize))
   device = jax.sharding.SingleDeviceSharding(devices[0], memory_kind="device")
 
   async def block(start: int):
