@@ -25,6 +25,7 @@ import time
 
 import jax
 
+from core.registry import ConfigError
 from launcher import config_loading
 from planner import plan as plan_lib
 from trainer import config as config_lib, mesh_rules, meshes
@@ -69,7 +70,10 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.repeat < 1:
     p.error(f"--repeat={args.repeat}: one or more")
-  exp, steps = build(args.config, args.mesh)
+  try:
+    exp, steps = build(args.config, args.mesh)
+  except (config_loading.Refused, ConfigError) as e:  # a user's mistake: one line
+    p.error(str(e))
   row = {"config": args.config, "mesh": args.mesh, "backend": jax.default_backend()}
   for what, (name, inputs) in steps.items():
     times = [trace_seconds(exp, name, inputs) for _ in range(args.repeat)]
