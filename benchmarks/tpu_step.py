@@ -20,7 +20,6 @@ the MFU that implies (model FLOPs per chip / step / 197 TFLOP/s, the v5e's bf16 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -91,9 +90,7 @@ def measure(overrides: dict) -> dict:
     node[leaf] = value
   run = config_lib.parse(cfg)
   devices, _ = plan.target_devices(entry)
-  exp = experiment.build(run, entry, devices)
-  exp = dataclasses.replace(exp, compute_dtype=experiment.compute_dtype(
-      run.trainer.compute_dtype, "tpu"))
+  exp = experiment.build(run, entry, devices, platform="tpu")
   state, batch = plan.abstract_inputs(exp, exp.source.batch_size)
   if packed and not declared:
     batch.update({k: jax.ShapeDtypeStruct(batch["inputs"].shape, np.int32,

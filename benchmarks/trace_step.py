@@ -28,7 +28,7 @@ import jax
 from core.registry import ConfigError
 from launcher import config_loading
 from planner import plan as plan_lib
-from trainer import config as config_lib, mesh_rules, meshes
+from trainer import config as config_lib, experiment as experiment_lib, mesh_rules, meshes
 
 
 def build(config: str, mesh: str):
@@ -41,7 +41,7 @@ def build(config: str, mesh: str):
   run = config_lib.parse(cfg)
   on_platform = jax.default_backend() == entry.hardware.platform
   devices = jax.devices() if on_platform else plan_lib.target_devices(entry)[0]
-  exp = plan_lib.experiment_for(run, entry, devices)
+  exp = experiment_lib.build(run, entry, devices, platform=entry.hardware.platform)
   state, batch = plan_lib.abstract_inputs(exp, exp.source.batch_size)
   _, eval_batch = plan_lib.abstract_inputs(exp, run.eval.batch_size)
   return exp, {"train": ("step_fn", (state, batch)),

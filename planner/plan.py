@@ -438,14 +438,6 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
                   offloaded=offloaded)
 
 
-def experiment_for(run: RunConfig, entry: Entry, devices) -> experiment_lib.Experiment:
-  """`run` built on `devices` for `entry`, computing in the dtype it has on `entry`'s platform
-  (not this machine's): what a plan compiles."""
-  exp = experiment_lib.build(run, entry, devices)
-  dtype = experiment_lib.compute_dtype(run.trainer.compute_dtype, entry.hardware.platform)
-  return dataclasses.replace(exp, compute_dtype=dtype)
-
-
 def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin: float = 0.05,
          with_eval: bool = True, compiler_options: dict | None = None,
          say: Callable[[str], None] = lambda _: None) -> Plan:
@@ -458,7 +450,7 @@ def plan(run: RunConfig, entry: Entry, *, config_name: str, devices=None, margin
   else:
     compiler = {"tpu": TPU_COMPILER, "gpu": GPU_COMPILER}.get(
         devices[0].platform, f"CPU compiler standing in for {entry.hardware.platform}")
-  exp = experiment_for(run, entry, devices)
+  exp = experiment_lib.build(run, entry, devices, platform=entry.hardware.platform)
   n = len(devices)
   state, batch = abstract_inputs(exp, exp.source.batch_size)
   # Hosts of GPU/Trainium entries talk over the network; a TPU slice is one ICI domain, and

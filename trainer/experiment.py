@@ -238,8 +238,11 @@ def count_params(run: RunConfig) -> int:
   return sum(math.prod(getattr(x, "value", x).shape) for x in leaves)
 
 
-def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
-  """Builds everything and checks shapes against the mesh; nothing is allocated or compiled."""
+def build(run: RunConfig, entry: Entry, devices=None, *,
+          platform: str | None = None) -> Experiment:
+  """Builds everything and checks shapes against the mesh; nothing is allocated or compiled.
+  `platform`: whose compute dtype the steps take ("auto": float32 on cpu), the devices' own
+  unless given (a plan's CPU devices standing in for an entry's chips)."""
   devices = jax.devices() if devices is None else devices
   quantization.check_hardware(run.model.quantization, entry.hardware, mesh=entry.name)
   model = MODELS.build(run.model)
@@ -267,4 +270,5 @@ def build(run: RunConfig, entry: Entry, devices=None) -> Experiment:
   return Experiment(run=run, model=model, optimizer=optimizer, source=source, mesh=mesh,
                     rules=rules, abstract_state=abstract, state_shardings=state_shardings,
                     batch_sharding=batch_sharding, eval_microbatches=eval_microbatches, axes=axes,
-                    compute_dtype=compute_dtype(run.trainer.compute_dtype, devices[0].platform))
+                    compute_dtype=compute_dtype(run.trainer.compute_dtype,
+                                                platform or devices[0].platform))
