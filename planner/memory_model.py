@@ -210,10 +210,11 @@ def checkpoint_batches(exp: experiment_lib.Experiment, devices_per_host: int,
     HOST_STATE_BLOCK_BYTES a block of rows at a time, all of a save's such arrays sharing a few
     blocks (`blocks_at_once`); on a host whose device memory cannot hold a copy of the shard,
     the save copies it whole instead, which this does not count (between steps it can).
-  - A restore reads groups of HOST_STATE_SAVE_GB (an array larger than that alone, all its
-    shards on the host); off CPU, a shard larger than HOST_STATE_READ_BLOCK_BYTES a block of
-    rows at a time, HOST_STATE_READ_BYTES of them at once for each shard."""
-  save = restore = int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9)
+  - A restore holds reads of fewer than HOST_STATE_READ_BYTES at once, all its arrays together,
+    or one larger shard read whole alone; off CPU a shard larger than
+    HOST_STATE_READ_BLOCK_BYTES is read a block of rows at a time under that budget."""
+  save = int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9)
+  restore = blocks.HOST_STATE_READ_BYTES
   block = 0
   abstract = nn_unbox(exp.abstract_state)
   for a, sh in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(
@@ -227,12 +228,9 @@ def checkpoint_batches(exp: experiment_lib.Experiment, devices_per_host: int,
       block = max(block, rows * row)
     else:
       save = max(save, on_host)
-    rows = blocks.block_rows(shape, item, blocks.HOST_STATE_READ_BLOCK_BYTES)
-    if rows and platform not in blocks.HOST_VIEW_PLATFORMS:
-      held = min(shard, blocks.read_blocks_at_once(rows * row) * rows * row)
-      restore = max(restore, held * (on_host // shard))
-    else:
-      restore = max(restore, on_host)
+    if (platform in blocks.HOST_VIEW_PLATFORMS
+        or not blocks.block_rows(shape, item, blocks.HOST_STATE_READ_BLOCK_BYTES)):
+      restore = max(restore, shard)
   save = max(save, block * blocks.blocks_at_once())
   state = state_bytes(exp).total * devices_per_host
   return min(state, save), min(state, restore)

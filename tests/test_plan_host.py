@@ -49,12 +49,12 @@ def test_llm_7b_on_one_v5e_host_streams_its_largest_arrays():
   float32, 5.8 GB, FSDP-split over 4096: shards of 32 x 512 x 11008, rows of 22.5 MB). A save
   streams them a block of rows at a time, all its streamed arrays sharing a few blocks, so it
   holds at most those blocks, not the whole array Orbax would copy; a restore reads each of the
-  8 shards (721 MB) a block at a time, HOST_STATE_READ_BYTES at once for each."""
+  8 shards (721 MB) a block at a time, under HOST_STATE_READ_BYTES at once for all of them."""
   p = _stored("llm_7b@tpu-v5e-8")
   assert p.host.devices == 8
   assert (checkpoint_bounded.HOST_STATE_SAVE_GB * GB <= p.host.save_batch
           <= blocks.blocks_at_once() * blocks.HOST_STATE_BLOCK_BYTES < 32 * 4096 * 11008 * 4 / 8)
-  assert p.host.restore_batch == 8 * blocks.HOST_STATE_READ_BYTES
+  assert p.host.restore_batch == blocks.HOST_STATE_READ_BYTES
   # FSDP splits every parameter over the 8 chips but the 65 norm scales of 4096, which each
   # chip holds whole (7 copies more); 12 bytes a parameter (and the step counters).
   assert 0 <= p.host.state - 12 * (p.num_params + 7 * 65 * 4096) < 2**10

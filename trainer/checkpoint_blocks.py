@@ -12,6 +12,7 @@ save's blocks are views of the buffers and a restore is Orbax's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import math
@@ -20,7 +21,9 @@ import weakref
 import jax
 import numpy as np
 from orbax.checkpoint._src.arrays import numpy_utils
-from orbax.checkpoint._src.serialization import replica_slices
+from orbax.checkpoint._src.serialization import limits, replica_slices
+
+from trainer import host_memory
 
 # A host-memory save writes an array larger than HOST_STATE_BLOCK_BYTES in blocks of rows of at
 # most that (Streamed), and has blocks of fewer than HOST_STATE_WRITE_BYTES in all in host RAM
@@ -35,11 +38,15 @@ from orbax.checkpoint._src.serialization import replica_slices
 # blocks +0.72 GB and llm_1b +0.18/+0.26 GB, in 94.2/60.0 s against 89.3/57.7 s (2026-12-07).
 HOST_STATE_BLOCK_BYTES = 32 * 2**20
 HOST_STATE_WRITE_BYTES = 4 * HOST_STATE_BLOCK_BYTES
-# A restore into host memory reads a shard larger than HOST_STATE_READ_BLOCK_BYTES in blocks of
-# rows of at most that, fewer than HOST_STATE_READ_BYTES of them at once (read_in_blocks): as
-# measured on the v5e host (llm_1b's restore peaked under its steps' RAM; 2026-12-07).
+# A restore into host memory holds read buffers of fewer than HOST_STATE_READ_BYTES at once, all
+# its arrays together (ReadBudget), each until its copy into host memory is done; off CPU it reads
+# a shard larger than HOST_STATE_READ_BLOCK_BYTES in blocks of rows of at most that, through
+# device memory, READ_SHARDS_AT_ONCE such shards at once (`read_bounded`). READ_RELEASE_BYTES:
+# read bytes freed between two givebacks of the heap (host_memory.release).
 HOST_STATE_READ_BLOCK_BYTES = 64 * 2**20
 HOST_STATE_READ_BYTES = 4 * HOST_STATE_READ_BLOCK_BYTES
+READ_SHARDS_AT_ONCE = 2
+READ_RELEASE_BYTES = 2**30
 
 
 def block_rows(shape: tuple, itemsize: int, limit: int) -> int | None:
@@ -129,12 +136,6 @@ def blocks_at_once() -> int:
   return max(1, HOST_STATE_WRITE_BYTES // HOST_STATE_BLOCK_BYTES - 1)
 
 
-def read_blocks_at_once(block_bytes: int) -> int:
-  """How many blocks of `block_bytes` a restore's read of one shard has in host RAM at once
-  (read_in_blocks): fewer than HOST_STATE_READ_BYTES of them, one at least."""
-  return max(1, HOST_STATE_READ_BYTES // block_bytes)
-
-
 def _blocks_at_once() -> asyncio.Semaphore:
   count = blocks_at_once()
   loop = asyncio.get_running_loop()
@@ -178,57 +179,98 @@ def _take_rows(array, start, rows: int):
   return jax.lax.dynamic_slice_in_dim(array, start, rows, 0)
 
 
-async def read_in_blocks(orbax_read, devices, index, t, *, global_shape, new_shard_shape,
-                         dtype, byte_limiter, strict, dll, memory_kind):
-  """Orbax's read of one shard of a restore (`serialization._read_array_index_and_device_put`),
-  for a pinned_host target whose shard is larger than HOST_STATE_READ_BLOCK_BYTES, off
-  HOST_VIEW_PLATFORMS: read a block of rows at a time (fewer than HOST_STATE_READ_BYTES of blocks
-  in host RAM at once), each put into device memory, joined there and copied into host memory:
-  never the whole shard in host RAM, nor NumPy's buffer beside its copy into host memory.
-  Anything else (a reshaped or padded read, a layout, a shard that does not split into rows,
-  device memory too small) is Orbax's."""
+class ReadBudget:
+  """A restore's reads into host memory, all of them together: read buffers of fewer than
+  HOST_STATE_READ_BYTES in host RAM at once (a larger one alone), each held until its copy into
+  host memory is done; READ_SHARDS_AT_ONCE shards read a block at a time through device memory
+  at once. Made inside the restore's event loop; its waits for copies run in threads, so the
+  loop goes on reading meanwhile."""
+
+  def __init__(self):
+    self.limit = HOST_STATE_READ_BYTES
+    self._bytes = limits.LimitInFlightBytes(self.limit)
+    self.shards = asyncio.Semaphore(READ_SHARDS_AT_ONCE)
+    self._freed = 0  # bytes released since the heap was last given back
+
+  @contextlib.asynccontextmanager
+  async def held(self, nbytes: int):
+    """Holds `nbytes` of the budget while the block runs (all of it for a read that large:
+    Orbax's limiter keeps what it holds under its limit)."""
+    nbytes = max(1, min(int(nbytes), self.limit - 1))
+    await self._bytes.wait_for_bytes(nbytes)
+    try:
+      yield
+    finally:
+      await self._bytes.release_bytes(nbytes)
+      self._freed += nbytes
+      if self._freed >= READ_RELEASE_BYTES:  # freed read buffers stay in malloc's arenas
+        self._freed = 0
+        host_memory.release()
+
+
+async def _placed(arrays):
+  """`arrays` once their copies are done, waited for in a thread (the event loop reads on)."""
+  await asyncio.to_thread(jax.block_until_ready, arrays)
+  return arrays
+
+
+async def read_bounded(orbax_read, budget: ReadBudget, devices, index, t, *, global_shape,
+                       new_shard_shape, dtype, byte_limiter, strict, dll, memory_kind):
+  """Orbax's read of one shard of a restore (`serialization._read_array_index_and_device_put`)
+  under `budget`, for a pinned_host target: the shard's read buffer held in the budget until
+  its copy into host memory is done (Orbax lets it go once the copy is dispatched, and the copy
+  holds the buffer until done). Off HOST_VIEW_PLATFORMS, a shard larger than
+  HOST_STATE_READ_BLOCK_BYTES is read a block of rows at a time (`_read_rows`). Other targets
+  are Orbax's alone."""
   def orbax():
     return orbax_read(devices, index, t, global_shape=global_shape,
                       new_shard_shape=new_shard_shape, dtype=dtype, byte_limiter=byte_limiter,
                       strict=strict, dll=dll, memory_kind=memory_kind)
 
+  if memory_kind != "pinned_host":
+    return await orbax()
   stored = np.dtype(t.dtype.numpy_dtype)
   shape = tuple(new_shard_shape)
-  rows = block_rows(shape, max(stored.itemsize, np.dtype(dtype or stored).itemsize),
-                    HOST_STATE_READ_BLOCK_BYTES)
-  if (memory_kind != "pinned_host" or not strict or dll is not None or rows is None
-      or tuple(t.shape) != tuple(global_shape)
-      or any(d.platform in HOST_VIEW_PLATFORMS for d in devices)):
-    return await orbax()
-  index = numpy_utils.resolve_slice(index, tuple(global_shape))
-  if tuple(sl.stop - sl.start for sl in index) != shape:
-    return await orbax()
-  at_once = asyncio.Semaphore(read_blocks_at_once(math.prod(shape[1:]) * rows * stored.itemsize))
+  itemsize = max(stored.itemsize, np.dtype(dtype or stored).itemsize)
+  rows = block_rows(shape, itemsize, HOST_STATE_READ_BLOCK_BYTES)
+  resolved = numpy_utils.resolve_slice(index, tuple(global_shape))
+  if (strict and dll is None and rows is not None and tuple(t.shape) == tuple(global_shape)
+      and not any(d.platform in HOST_VIEW_PLATFORMS for d in devices)
+      and tuple(sl.stop - sl.start for sl in resolved) == shape):
+    try:
+      async with budget.shards:
+        return await _read_rows(budget, devices, resolved, t, shape, rows, stored, dtype)
+    except jax.errors.JaxRuntimeError:  # out of device memory: Orbax's read
+      pass
+  async with budget.held(math.prod(shape) * itemsize):
+    result, nbytes = await orbax()
+    return await _placed(result), nbytes
+
+
+async def _read_rows(budget, devices, index, t, shape, rows, stored, dtype):
+  """One shard, a block of `rows` rows at a time, each held in `budget` until put into device
+  memory; joined there and copied into host memory: never the whole shard in host RAM, nor
+  NumPy's buffer beside its copy into host memory."""
   device = jax.sharding.SingleDeviceSharding(devices[0], memory_kind="device")
+  block_bytes = math.prod(shape[1:]) * rows * stored.itemsize
 
   async def block(start: int):
-    async with at_once:
+    async with budget.held(block_bytes):
       piece = t[(slice(index[0].start + start, index[0].start + start + rows), *index[1:])]
       data = await piece.read()
       if dtype is not None:
         data = data.astype(dtype, copy=False)
-      placed = jax.device_put(data, device)
-      placed.block_until_ready()  # its host buffer is free once copied
-      return placed
+      return await _placed(jax.device_put(data, device))  # its host buffer is free once copied
 
-  try:
-    blocks = await asyncio.gather(*(block(start) for start in range(0, shape[0], rows)))
-    with jax.set_mesh(None):  # a single device's program (a restore runs in the run's mesh)
-      whole = _join_rows(blocks) if len(blocks) > 1 else blocks[0]
-    for b in blocks:
-      if b is not whole:
-        b.delete()
-    result = [jax.device_put(whole, jax.sharding.SingleDeviceSharding(d, memory_kind=memory_kind))
-              for d in devices]
-    jax.block_until_ready(result)
-    whole.delete()
-  except jax.errors.JaxRuntimeError:  # out of device memory: Orbax's read
-    return await orbax()
+  parts = await asyncio.gather(*(block(start) for start in range(0, shape[0], rows)))
+  with jax.set_mesh(None):  # a single device's program (a restore runs in the run's mesh)
+    whole = _join_rows(parts) if len(parts) > 1 else parts[0]
+  for part in parts:
+    if part is not whole:
+      part.delete()
+  result = await _placed([jax.device_put(
+      whole, jax.sharding.SingleDeviceSharding(d, memory_kind="pinned_host")) for d in devices])
+  whole.delete()
   return result, math.prod(shape) * stored.itemsize
 
 

@@ -34,11 +34,10 @@ or a restore must not take them again. These would:
   a pinned_host placement is a copy on a TPU host, which holds the read buffer until it is
   done, so reads ran ahead of the copies. On the v5e, llm_1b's restore (a 14.8 GB state)
   peaked 6.7 GB above the RAM in use once it was done (a 4.46 GB state's: 0.78-1.43 GB
-  beyond the state). A host-memory target is read a group of HOST_STATE_SAVE_GB (or one
-  larger array) at a time, each group's arrays placed before the next group is read
-  (`_Arrays.deserialize`). On the v5e (2026-12-07) llm_1b's restore then peaked at 22.26 GB in
-  use, below the 22.52 GB of the steps after it, in 42.9 s (16-19 s before); the 4.46 GB
-  state's took 0.07 GB beyond the state.
+  beyond the state). A host-memory target was then read a group of HOST_STATE_SAVE_GB (or one
+  larger array) at a time, each group's arrays placed before the next group was read. On the
+  v5e (2026-12-07) llm_1b's restore then peaked at 22.26 GB in use, below the 22.52 GB of the
+  steps after it, in 42.9 s (16-19 s before); the 4.46 GB state's took 0.07 GB beyond it.
 - llm_1b's save still peaked 1.5-2.1 GB over its steps (bound 1.48 GB): each 1.05-1.07 GB
   array's whole copy, and what TensorStore holds of it until it is written. Writing the copy in
   blocks of rows, a few at once, left 1.66-2.55 GB (v5e, 2026-12-07: four saves), the copy
@@ -233,7 +232,7 @@ class Transfers(DefaultSerializationStatusCallback):
 class _Arrays(ocp.type_handlers.ArrayHandler):
   """Orbax's jax.Array handler, whose copies follow `transfers`; a bounded save's writes go
   through `transfers.ts_context` (one TensorStore context for all of the save's arrays); a
-  restore into host memory reads a group at a time (`deserialize`)."""
+  restore into host memory reads under one budget of host RAM (`deserialize`)."""
 
   def __init__(self, transfers: Transfers):
     super().__init__(array_metadata_store=ArrayMetadataStore(), callback=transfers)
@@ -251,34 +250,31 @@ class _Arrays(ocp.type_handlers.ArrayHandler):
     return await super().serialize(values, infos, args)
 
   async def deserialize(self, infos, args=None):
-    """Orbax's; arrays restored into host memory are read HOST_STATE_SAVE_GB (or one larger
-    array) at a time, each group placed (its copies into host memory done) before the next is
-    read, and the freed read buffers given back."""
+    """Orbax's; the reads of arrays restored into host memory share one budget of host RAM
+    (checkpoint_blocks.ReadBudget: each read buffer held until its copy into host memory is
+    done), and the freed read buffers are given back."""
     if args is None or not any(_memory_kind(arg) == "pinned_host" for arg in args):
       return await super().deserialize(infos, args)
-    restored, orbax_read = [], serialization._read_array_index_and_device_put  # pylint: disable=protected-access
+    orbax_read = serialization._read_array_index_and_device_put  # pylint: disable=protected-access
     serialization._read_array_index_and_device_put = functools.partial(  # pylint: disable=protected-access
-        blocks.read_in_blocks, orbax_read)
+        blocks.read_bounded, orbax_read, blocks.ReadBudget())
     try:
-      for group in _groups(list(zip(infos, args)), HOST_STATE_SAVE_GB * 1e9):
-        arrays = await super().deserialize([info for info, _ in group],
-                                           [arg for _, arg in group])
-        placing = time.perf_counter()
-        jax.block_until_ready(arrays)
-        _placing[0] += time.perf_counter() - placing
-        host_memory.release()
-        restored.extend(arrays)
+      arrays = await super().deserialize(infos, args)
     finally:
       serialization._read_array_index_and_device_put = orbax_read  # pylint: disable=protected-access
-    return restored
+    placing = time.perf_counter()
+    jax.block_until_ready(arrays)
+    _placing[0] += time.perf_counter() - placing
+    host_memory.release()
+    return arrays
 
 
 _placing = [0.0]  # placing_seconds(), added to by _Arrays.deserialize
 
 
 def placing_seconds() -> float:
-  """Seconds this process's host-memory restores have waited, so far, for their groups' copies
-  into host memory once read (trainer/early_restore.py records a resume's share)."""
+  """Seconds this process's host-memory restores have waited, so far, for their copies into
+  host memory once all read (trainer/early_restore.py records a resume's share)."""
   return _placing[0]
 
 
@@ -286,34 +282,12 @@ def _memory_kind(arg) -> str | None:
   return getattr(getattr(arg, "sharding", None), "memory_kind", None)
 
 
-def _restored_bytes(arg) -> float:
-  """An array's bytes from its restore args; unknown (no shape or dtype given): infinite."""
-  shape, dtype = getattr(arg, "global_shape", None), getattr(arg, "dtype", None)
-  if shape is None or dtype is None:
-    return float("inf")
-  return math.prod(shape) * np.dtype(dtype).itemsize
-
-
-def _groups(pairs: list, limit: float) -> list[list]:
-  """(info, restore args) pairs in order, in groups of at most `limit` bytes; a larger array
-  alone."""
-  groups, size = [], 0.0
-  for pair in pairs:
-    nbytes = _restored_bytes(pair[1])
-    if not groups or size + nbytes > limit:
-      groups.append([])
-      size = 0.0
-    groups[-1].append(pair)
-    size += nbytes
-  return groups
-
-
 class StateHandler(ocp.StandardCheckpointHandler):
   """StandardSave/StandardRestore's handler (the same files and checks), whose jax.Array
   copies follow `transfers`: its PyTreeCheckpointHandler (`_impl`, which Orbax's own
   constructor makes without these options) gets save_device_host_concurrent_gb and an
-  ArrayHandler that asks `transfers` (which also reads a target in host memory a group at a
-  time)."""
+  ArrayHandler that asks `transfers` (and reads a target in host memory under one budget of
+  host RAM)."""
 
   def __init__(self, transfers: Transfers):
     super().__init__()

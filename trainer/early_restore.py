@@ -78,7 +78,7 @@ class EarlyRestore:
     self._future: concurrent.futures.Future | None = None
     self._started_at = 0.0  # time.time() when the read started
     self._read_s = 0.0  # the read's seconds, once done
-    self._placing_s = 0.0  # of those, waiting for groups' copies into host memory
+    self._placing_s = 0.0  # of those, waiting for copies into host memory once all read
 
   @classmethod
   def start(cls, exp, directory: pathlib.Path, *,

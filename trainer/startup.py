@@ -11,7 +11,7 @@
                       (trainer/early_restore.py), what the loop still waited for that read
     restore_started_s process start -> that read started (beside the compile)
     restore_read_s    that read's own seconds
-    restore_placing_s of those, waiting for each group's copy into host memory once read
+    restore_placing_s of those, waiting for copies into host memory once all was read
     restore_after_compile  for a resume whose restore ran after the compile, why
     first_step_s      the first step, dispatched and finished (its programs' last compile or
                       load included)
