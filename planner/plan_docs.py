@@ -440,9 +440,9 @@ def offloaded() -> str:
 
 
 # The host RAM in use (GB, `free`'s used column) beside a stored report's phases: llm_1b as
-# shipped on the lent v5e host, 2026-12-07 at 359c6ef (docs/offload.md; benchmarks/whole_run.py).
-CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "22.19", "a save": "22.45-22.94",
-                                     "a restore": "22.73", "a first run's steps": "22.76"}}
+# shipped on the lent v5e host, 2026-12-07 at e2ced50 (docs/offload.md; benchmarks/whole_run.py).
+CHIP_HOST_GB = {"llm_1b@tpu-v5e-1": {"in steps": "22.11", "a save": "22.39-22.89",
+                                     "a restore": "22.63", "a first run's steps": "22.71"}}
 
 
 def host_phases(name: str) -> str:

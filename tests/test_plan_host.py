@@ -22,12 +22,12 @@ from trainer import checkpoint_blocks as blocks, checkpoint_bounded, config as c
 from trainer import meshes
 
 GB = 1e9
-# llm_1b as shipped on one v5e chip (benchmarks/whole_run.py at 359c6ef, 2026-12-07; BENCHMARKS.md):
+# llm_1b as shipped on one v5e chip (benchmarks/whole_run.py at e2ced50, 2026-12-07; BENCHMARKS.md):
 # RAM in use in the steps of a run whose programs came from the compilation cache (the resumed
 # run's), at the peak of a save (the stopped run's, its record's host_ram_in_use_peak_bytes), at
 # the peak of a restore (the resumed run's, read beside its compile); and in the steps of a run
 # that compiled its programs itself (the stopped run's).
-CHIP_GB = {"in steps": 22.19, "a save": 22.94, "a restore": 22.73, "a first run's steps": 22.76}
+CHIP_GB = {"in steps": 22.11, "a save": 22.89, "a restore": 22.63, "a first run's steps": 22.71}
 
 
 def _stored(name: str):

@@ -13,7 +13,9 @@ batches). On 2026-12-07 (f2e5e1d): `layers` passed (save +0.37 GB); `stacked` re
 over the state (passed) but its save, written in blocks through device memory
 (trainer/checkpoint_blocks.py), rose +1.10 GB of RSS (+0.74 GB of RAM in use) and failed. At
 359c6ef, with 32 MiB blocks, both passed: `layers` saved at +0.34 GB, `stacked` at +0.72 GB of
-RSS and restored at 0.74 GB over the state (docs/offload.md).
+RSS and restored at 0.74 GB over the state (docs/offload.md). With the restore's one read budget
+(e2ced50's tree): both passed; `layers` restored in 13.1 s, `stacked` in 10.2 s at 0.48 GB over
+the state, and the saves rose +0.37 and +0.66 GB.
 """
 
 from __future__ import annotations
