@@ -427,19 +427,19 @@ def _compile_reading(this: Run, *, fresh: bool):
 def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str]]:
   """The run's one compile (refused here for memory, nothing written) with XLA's log kept apart:
   (the train step's compiled_stats, XLA's lines for compiler.log, the notes on them)."""
-  lines: list[str] = []
-  notes: list[str] = []
+  lines, notes = [], []
   with compiler_output.compiler_log(notes, rest=lines), \
       concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-init") as pool:
     # The loop will initialise: its program is compiled beside the steps' (llm_1b on one v5e
-    # compiled it for 78 s after the steps' 166 s), in a thread the block waits for, also when
-    # the steps are refused.
-    init = pool.submit(lambda: this.exp.init_fn.lower(
-        jax.random.key(this.exp.run.trainer.seed)).compile()) if initialises else None
-    compiled = _check_memory(this.exp, this.mesh)
+    # compiled it for 78 s after the steps' 166 s) once the train step is traced, in a thread
+    # the block waits for, also when the steps are refused (step_memory.check_train).
+    init = []
+    start_init = (lambda: init.append(pool.submit(lambda: this.exp.init_fn.lower(
+        jax.random.key(this.exp.run.trainer.seed)).compile()))) if initialises else None
+    compiled = _check_memory(this.exp, this.mesh, lowered=start_init)
     this.startup.note("to_steps_compiled_s")
-    if init is not None:
-      init.result()
+    for started in init:
+      started.result()
   # The compiler's freed heap goes back to the system: llm_1b's steps on one v5e host kept
   # 3.9 GiB more RAM in use after compiling than after reading the programs from the cache.
   host_memory.release()
@@ -447,16 +447,16 @@ def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str
   return compiled, lines, notes
 
 
-def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry) -> dict:
+def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry, *, lowered=None) -> dict:
   """Compiles the train and eval steps for batches shaped like the data's; refuses (ConfigError)
-  a step that needs more memory than a device has (naming `entry`'s sweep). Returns the train
-  step's compiled_stats."""
+  a step that needs more memory than a device has (naming `entry`'s sweep); `lowered` is called
+  once the train step is lowered. Returns the train step's compiled_stats."""
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_batch = next(exp.source.train_iterator(**process))
   eval_batch = exp.source.eval_batches(batch_size=exp.run.eval.batch_size, num_batches=1,
                                        **process)[0]
   return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch,
-                                 entry=entry)
+                                 entry=entry, lowered=lowered)
 
 
 class _Extension:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+from typing import Callable
 
 import jax
 
@@ -131,12 +132,13 @@ def verified(exp, cands, *, what: str, memory: int | None, entry=None) -> list:
   return out
 
 
-def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None, entry=None):
-  """`fn.lower(*args).compile()` under the experiment's mesh and rules; a compiler that runs out
-  of device memory (the TPU compiler refuses such programs) is a ConfigError that says what
-  would fit (`fix`)."""
+def compile_step(fn, args, *, exp, what: str, memory: DeviceMemory | None = None, entry=None,
+                 lowered=None):
+  """`fn.lower(*args).compile()` under the experiment's mesh and rules (`lowered`: that lowering,
+  where the caller made it); a compiler that runs out of device memory (the TPU compiler refuses
+  such programs) is a ConfigError that says what would fit (`fix`)."""
   with exp.context():
-    lowered = fn.lower(*args)
+    lowered = lowered if lowered is not None else fn.lower(*args)
     try:
       return lowered.compile()
     except jax.errors.JaxRuntimeError as e:
@@ -168,22 +170,32 @@ def check(stats: dict, *, exp, what: str, memory: DeviceMemory | None, entry=Non
                     f"{plan_report.gib(memory.bytes)} ({memory.source}); {advice}")
 
 
-def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None) -> dict:
+def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None,
+                lowered: Callable[[], None] | None = None) -> dict:
   """Compiles the train and eval steps of `exp` for global batches shaped like `train_batch`
   and `eval_batch` (one process's rows of each); refuses (ConfigError) a step that does not
-  fit. `entry`: the run's mesh entry (the refusal names its sweep). Returns the train step's
-  compiled_stats."""
+  fit. `entry`: the run's mesh entry (the refusal names its sweep). `lowered`: called once the
+  train step is traced and lowered (the caller starts its own compiles then). Returns the train
+  step's compiled_stats."""
   memory = device_memory(exp.mesh.local_devices)
   state = exp.abstract_state_inputs()
   batch = exp.abstract_batch(train_batch, rows=exp.source.batch_size)
-  # The eval step compiles (or is read from the compilation cache) beside the train step, in a
-  # thread this waits for: llm_1b's steps on one v5e took 65 s to be read back one after the
-  # other. A refused train step is reported, not the eval step's, once the eval step's compile
-  # has ended (a compile cannot be stopped).
+  # The train step is traced and lowered first, with no other trace beside it: tracing is
+  # Python, and threads tracing or lowering beside it share the interpreter (llm_1b's train step
+  # traced in 20.9-23.6 s in runs on a v5e host, beside the eval step's and the init's threads,
+  # against 6.7 s alone). Its compile then runs beside the eval step's, in a thread this waits
+  # for: llm_1b's steps on one v5e took 65 s to be read back one after the other. A refused
+  # train step is reported, not the eval step's, once the eval step's compile has ended (a
+  # compile cannot be stopped).
+  with exp.context():
+    train_lowered = exp.step_fn.lower(state, batch)
+  if lowered is not None:
+    lowered()
   with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-eval") as pool:
     evaluated = pool.submit(check_eval, exp, eval_batch, memory=memory, entry=entry)
     train = metrics_lib.compiled_stats(compile_step(
-        exp.step_fn, (state, batch), exp=exp, what="train step", memory=memory, entry=entry))
+        exp.step_fn, (state, batch), exp=exp, what="train step", memory=memory, entry=entry,
+        lowered=train_lowered))
     check(train, exp=exp, what="train step", memory=memory, entry=entry)
     evaluated.result()
   return train
