@@ -218,6 +218,56 @@ def test_a_host_state_restore_holds_a_bounded_budget_of_reads_until_each_is_plac
   assert serialization._read_array_index_and_device_put is read  # pylint: disable=protected-access
 
 
+def test_a_restore_reads_a_few_large_shards_through_device_memory_at_once(tmp_path, monkeypatch):
+  """Off CPU (forced here with HOST_VIEW_PLATFORMS empty) a shard larger than a read block is
+  read a block of rows at a time through device memory, where it is joined whole: at most
+  READ_SHARDS_AT_ONCE such shards at once (device memory), and their blocks in host RAM under
+  the restore's one budget (host RAM), all read back bit for bit."""
+  import asyncio  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
+  from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
+  state = _host_state([(1024, 1024)] * 4)  # four arrays of 4 MB: 4 blocks of 1 MiB each
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1))
+  assert ckpt.save(1, state, {})
+  ckpt.close()
+  monkeypatch.setattr(checkpoint_blocks, "HOST_VIEW_PLATFORMS", ())
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_READ_BLOCK_BYTES", 2**20)
+  monkeypatch.setattr(checkpoint_blocks, "HOST_STATE_READ_BYTES", 3 * 2**20 + 1)
+  shards, blocks = {"now": 0, "most": 0}, {"now": 0, "most": 0}
+  read_rows, placed = checkpoint_blocks._read_rows, checkpoint_blocks._placed  # pylint: disable=protected-access
+
+  async def rows(*args):
+    shards["now"] += 1
+    shards["most"] = max(shards["most"], shards["now"])
+    try:
+      await asyncio.sleep(0.02)
+      return await read_rows(*args)
+    finally:
+      shards["now"] -= 1
+
+  async def placing(arrays):
+    if not isinstance(arrays, list):  # a block put into device memory
+      blocks["now"] += 1
+      blocks["most"] = max(blocks["most"], blocks["now"])
+      await asyncio.sleep(0.01)
+      blocks["now"] -= 1
+    return await placed(arrays)
+
+  monkeypatch.setattr(checkpoint_blocks, "_read_rows", rows)
+  monkeypatch.setattr(checkpoint_blocks, "_placed", placing)
+  restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
+      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
+      jax.tree.map(lambda a: a.sharding, state))
+  for key, value in state.items():
+    np.testing.assert_array_equal(np.asarray(restored.state[key]), np.asarray(value))
+  assert shards == {"now": 0, "most": checkpoint_blocks.READ_SHARDS_AT_ONCE}, shards
+  assert blocks == {"now": 0, "most": 3}, blocks  # 1 MiB blocks under a budget of 3 MiB + 1
+
+
 def test_a_host_state_save_writes_a_large_array_in_blocks_a_few_at_once(tmp_path, monkeypatch):
   """TensorStore encoded a whole array's chunks ahead of the v5e host's disk and held them until
   written: each of llm_1b's 1.05 GB arrays climbed about 1 GB over its copy (a save +2.09 GB

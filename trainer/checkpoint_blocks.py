@@ -3,10 +3,12 @@
 
 A save hands Orbax's write an array whose pieces are larger than HOST_STATE_BLOCK_BYTES as a
 `Streamed`: each block of rows is brought into host RAM only when it is written, instead of
-Orbax's copy of the whole array first. A restore reads a shard larger than
-HOST_STATE_READ_BLOCK_BYTES with `read_in_blocks`, a block at a time through device memory,
+Orbax's copy of the whole array first. A restore's reads share one `ReadBudget` of host RAM,
+each read holding its part until its copy into host memory is done (`read_bounded`); off CPU a
+shard larger than HOST_STATE_READ_BLOCK_BYTES is read a block at a time through device memory,
 instead of a whole read buffer and its copy into host memory. On CPU (HOST_VIEW_PLATFORMS) a
-save's blocks are views of the buffers and a restore is Orbax's own.
+save's blocks are views of the buffers and a restore's reads are Orbax's own, each held in the
+budget.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ or a restore must not take them again. These would:
   copy into host memory, one after the other (llm_1b's read beside its compile took 62.9 s for
   14.8 GB on the v5e, against 16-19 s when reads ran ahead). Off CPU, a shard larger than
   HOST_STATE_READ_BLOCK_BYTES is read a block of rows at a time, a few at once, each put into
-  device memory, joined there and copied into host memory (`read_in_blocks`). On the v5e
+  device memory, joined there and copied into host memory (checkpoint_blocks.py). On the v5e
   (2026-12-07) llm_1b's read beside its compile then peaked at 22.14 GB of RAM in use, under its
   steps' 22.20 GB (61.3 s); the `stacked` state restored 0.77 GB over the state (bound 1.0).
 - The copies and reads are NumPy buffers from malloc's arenas, which keep freed memory:
