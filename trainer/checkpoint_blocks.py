@@ -241,7 +241,8 @@ async def read_bounded(orbax_read, budget: ReadBudget, devices, index, t, *, glo
       and tuple(sl.stop - sl.start for sl in resolved) == shape):
     try:
       async with budget.shards:
-        return await _read_rows(budget, devices, resolved, t, shape, rows, stored, dtype)
+        return await _read_rows(budget, devices, resolved, t, shape, rows, stored, dtype,
+                                itemsize)
     except jax.errors.JaxRuntimeError:  # out of device memory: Orbax's read
       pass
   async with budget.held(math.prod(shape) * itemsize):
@@ -249,12 +250,13 @@ async def read_bounded(orbax_read, budget: ReadBudget, devices, index, t, *, glo
     return await _placed(result), nbytes
 
 
-async def _read_rows(budget, devices, index, t, shape, rows, stored, dtype):
-  """One shard, a block of `rows` rows at a time, each held in `budget` until put into device
-  memory; joined there and copied into host memory: never the whole shard in host RAM, nor
-  NumPy's buffer beside its copy into host memory."""
+async def _read_rows(budget, devices, index, t, shape, rows, stored, dtype, itemsize):
+  """One shard, a block of `rows` rows at a time, each held in `budget` (at the larger of the
+  stored and the restored itemsize) until put into device memory; joined there and copied into
+  host memory: never the whole shard in host RAM, nor NumPy's buffer beside its copy into host
+  memory."""
   device = jax.sharding.SingleDeviceSharding(devices[0], memory_kind="device")
-  block_bytes = math.prod(shape[1:]) * rows * stored.itemsize
+  block_bytes = math.prod(shape[1:]) * rows * itemsize
 
   async def block(start: int):
     async with budget.held(block_bytes):
