@@ -136,6 +136,22 @@ def _host_state(shapes):
   return state
 
 
+def _restores_bit_for_bit(folder, state, views=None) -> None:
+  """Restores step 1 of `folder` onto `state`'s shapes and shardings and checks every array
+  against `views` (default: `state` itself), bit for bit and in host memory."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from trainer import checkpoint  # pylint: disable=import-outside-toplevel
+  from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
+  restored = checkpoint.Checkpointer(folder, CheckpointConfig(keep=1)).restore(
+      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
+      jax.tree.map(lambda a: a.sharding, state))
+  for key, value in (views or state).items():
+    np.testing.assert_array_equal(np.asarray(restored.state[key]), np.asarray(value))
+    assert restored.state[key].sharding.memory_kind == "pinned_host"
+
+
 def test_a_host_state_save_drops_each_batchs_copies_before_the_next_is_made(tmp_path,
                                                                             monkeypatch):
   """Orbax's save loop held the last batch's copies while it copied the next: llm_1b's save
@@ -207,12 +223,7 @@ def test_a_host_state_restore_holds_a_bounded_budget_of_reads_until_each_is_plac
 
   monkeypatch.setattr(serialization, "_read_array_index_and_device_put", read)
   monkeypatch.setattr(checkpoint_blocks, "_placed", placing)
-  restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
-      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
-      jax.tree.map(lambda a: a.sharding, state))
-  for key, value in state.items():
-    np.testing.assert_array_equal(np.asarray(restored.state[key]), np.asarray(value))
-    assert restored.state[key].sharding.memory_kind == "pinned_host"
+  _restores_bit_for_bit(tmp_path / "checkpoints", state)
   assert held["now"] == [] and held["with_large"] == 1, held  # all placed; the 8 MB alone
   assert held["most"] == 3, held  # two 1 MB reads and the 4-byte step side by side
   assert serialization._read_array_index_and_device_put is read  # pylint: disable=protected-access
@@ -224,9 +235,6 @@ def test_a_restore_reads_a_few_large_shards_through_device_memory_at_once(tmp_pa
   READ_SHARDS_AT_ONCE such shards at once (device memory), and their blocks in host RAM under
   the restore's one budget (host RAM), all read back bit for bit."""
   import asyncio  # pylint: disable=import-outside-toplevel
-
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
 
   from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
   from trainer.config import CheckpointConfig  # pylint: disable=import-outside-toplevel
@@ -259,11 +267,7 @@ def test_a_restore_reads_a_few_large_shards_through_device_memory_at_once(tmp_pa
 
   monkeypatch.setattr(checkpoint_blocks, "_read_rows", rows)
   monkeypatch.setattr(checkpoint_blocks, "_placed", placing)
-  restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
-      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
-      jax.tree.map(lambda a: a.sharding, state))
-  for key, value in state.items():
-    np.testing.assert_array_equal(np.asarray(restored.state[key]), np.asarray(value))
+  _restores_bit_for_bit(tmp_path / "checkpoints", state)
   assert shards == {"now": 0, "most": checkpoint_blocks.READ_SHARDS_AT_ONCE}, shards
   assert blocks == {"now": 0, "most": 3}, blocks  # 1 MiB blocks under a budget of 3 MiB + 1
 
@@ -274,8 +278,6 @@ def test_a_host_state_save_writes_a_large_array_in_blocks_a_few_at_once(tmp_path
   over the steps; bound 1.48). A host-memory save writes an array larger than
   HOST_STATE_BLOCK_BYTES in blocks of rows (views of its copy), with HOST_STATE_WRITE_BYTES of
   them written at once; the restore reads it back bit for bit."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   from orbax.checkpoint._src.serialization import limits  # pylint: disable=import-outside-toplevel
 
   from trainer import checkpoint, checkpoint_blocks  # pylint: disable=import-outside-toplevel
@@ -303,11 +305,7 @@ def test_a_host_state_save_writes_a_large_array_in_blocks_a_few_at_once(tmp_path
   ckpt.close()
   assert sorted(writes) == [4] + [2**20] * 9, writes  # the step counter; 8 blocks; the 1 MB array
   assert flight["most"] <= 3 * 2**20, flight
-  restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
-      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
-      jax.tree.map(lambda a: a.sharding, state))
-  for key, value in state.items():
-    np.testing.assert_array_equal(np.asarray(restored.state[key]), np.asarray(value))
+  _restores_bit_for_bit(tmp_path / "checkpoints", state)
 
 
 @pytest.mark.parametrize("source", ["view", "device"])
@@ -321,7 +319,6 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   piece whose rows do not divide into such blocks is written in blocks of fewer rows; the
   restore reads it all back bit for bit: off CPU (the device source) a block of rows at a time
   too, each put into device memory and joined there before its copy into host memory."""
-  import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from orbax.checkpoint._src.serialization import serialization  # pylint: disable=import-outside-toplevel
 
@@ -352,12 +349,7 @@ def test_a_streamed_array_is_written_a_block_at_a_time_from_its_view_or_a_device
   assert all(shared) if source == "view" else not any(shared), shared
   joined, join = [], checkpoint_blocks._join_rows  # pylint: disable=protected-access
   monkeypatch.setattr(checkpoint_blocks, "_join_rows", lambda b: joined.append(len(b)) or join(b))
-  restored = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=1)).restore(
-      1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
-      jax.tree.map(lambda a: a.sharding, state))
-  for key, value in views.items():
-    np.testing.assert_array_equal(np.asarray(restored.state[key]), value)
-    assert restored.state[key].sharding.memory_kind == "pinned_host"
+  _restores_bit_for_bit(tmp_path / "checkpoints", state, views)
   # The restore reads the large arrays a block at a time through device memory off CPU
   assert sorted(joined) == ([] if source == "view" else [6, 7]), joined
 
