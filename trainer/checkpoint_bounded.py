@@ -67,11 +67,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import time
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 # Not exported by orbax.checkpoint 0.12: the order of a save's copies to host RAM (Transfers).
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
