@@ -436,7 +436,7 @@ def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str
     init = []
     start_init = (lambda: init.append(pool.submit(lambda: this.exp.init_fn.lower(
         jax.random.key(this.exp.run.trainer.seed)).compile()))) if initialises else None
-    compiled = _check_memory(this.exp, this.mesh, lowered=start_init)
+    compiled = _check_memory(this.exp, this.mesh, on_lowered=start_init)
     this.startup.note("to_steps_compiled_s")
     for started in init:
       started.result()
@@ -447,16 +447,16 @@ def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str
   return compiled, lines, notes
 
 
-def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry, *, lowered=None) -> dict:
+def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry, *, on_lowered=None):
   """Compiles the train and eval steps for batches shaped like the data's; refuses (ConfigError)
-  a step that needs more memory than a device has (naming `entry`'s sweep); `lowered` is called
-  once the train step is lowered. Returns the train step's compiled_stats."""
+  a step that needs more memory than a device has (naming `entry`'s sweep); calls `on_lowered`
+  once the train step is lowered. Returns the train step's compiled_stats (a dict)."""
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_batch = next(exp.source.train_iterator(**process))
   eval_batch = exp.source.eval_batches(batch_size=exp.run.eval.batch_size, num_batches=1,
                                        **process)[0]
   return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch,
-                                 entry=entry, lowered=lowered)
+                                 entry=entry, on_lowered=on_lowered)
 
 
 class _Extension:

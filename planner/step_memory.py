@@ -171,10 +171,10 @@ def check(stats: dict, *, exp, what: str, memory: DeviceMemory | None, entry=Non
 
 
 def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None,
-                lowered: Callable[[], None] | None = None) -> dict:
+                on_lowered: Callable[[], None] | None = None) -> dict:
   """Compiles the train and eval steps of `exp` for global batches shaped like `train_batch`
   and `eval_batch` (one process's rows of each); refuses (ConfigError) a step that does not
-  fit. `entry`: the run's mesh entry (the refusal names its sweep). `lowered`: called once the
+  fit. `entry`: the run's mesh entry (the refusal names its sweep). `on_lowered`: called once the
   train step is traced and lowered (the caller starts its own compiles then). Returns the train
   step's compiled_stats."""
   memory = device_memory(exp.mesh.local_devices)
@@ -189,8 +189,8 @@ def check_train(exp, *, train_batch: dict, eval_batch: dict, entry=None,
   # compile cannot be stopped).
   with exp.context():
     train_lowered = exp.step_fn.lower(state, batch)
-  if lowered is not None:
-    lowered()
+  if on_lowered is not None:
+    on_lowered()
   with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-eval") as pool:
     evaluated = pool.submit(check_eval, exp, eval_batch, memory=memory, entry=entry)
     train = metrics_lib.compiled_stats(compile_step(

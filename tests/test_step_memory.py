@@ -96,7 +96,7 @@ def test_check_compares_the_compiled_bytes_with_the_device():
 def test_the_train_step_is_traced_alone_before_the_other_compiles_start():
   """Tracing is Python: a trace beside another thread's trace or lowering shares the interpreter
   (llm_1b's train step traced in 20.9-23.6 s in runs on a v5e host, 6.7 s alone). check_train
-  traces and lowers the train step first, calls `lowered` (where the run starts its init's
+  traces and lowers the train step first, calls `on_lowered` (where the run starts its init's
   compile), and only then starts the eval step's compile beside the train step's."""
   import time  # pylint: disable=import-outside-toplevel
   from jax import monitoring  # pylint: disable=import-outside-toplevel
@@ -114,7 +114,7 @@ def test_the_train_step_is_traced_alone_before_the_other_compiles_start():
   monitoring.register_event_duration_secs_listener(listen)
   try:
     step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch,
-                            lowered=lambda: called.append(time.perf_counter()))
+                            on_lowered=lambda: called.append(time.perf_counter()))
   finally:
     monitoring.unregister_event_duration_listener(listen)
   (_, start, end), = [t for t in traces if t[0] == "train_step"]

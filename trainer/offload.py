@@ -20,9 +20,9 @@ elementwise (Adafactor, Muon: whole), move when the compiler schedules them. The
 train step's without offload: the same gradients, clipping and update, so losses agree and
 checkpoints move between offloaded and not-offloaded runs (offload is placement, like the mesh).
 On a mesh of one device, pieces of parameters of the same axes share one traced update
-(_PieceUpdates), so a model of many alike layers traces its update once per shape. The update itself runs on the device:
-XLA's host compute (`compute_on("device_host")`) brought every operand back to the device (the
-llm_1b step's temporaries grew to 23 GiB on v5e).
+(_PieceUpdates), so a model of many alike layers traces its update once per shape. The update
+itself runs on the device: XLA's host compute (`compute_on("device_host")`) brought every
+operand back to the device (the llm_1b step's temporaries grew to 23 GiB on v5e).
 
 Saved activations can go to host memory too: model.remat's `offload_*` policies
 (modules/decoder.py). docs/offload.md has the figures.
