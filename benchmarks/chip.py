@@ -31,6 +31,7 @@ import collections
 import datetime
 import json
 import pathlib
+import re
 import shutil
 import statistics
 import sys
@@ -53,15 +54,19 @@ SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     # One microbatch a step: the settings of issue 32's first measurements (125m 4 sequences,
     # no remat; llm_1b 8 sequences, full remat), as the rules lay them out now.
     "125m-b4": ("configs/llama.py:size=125m", ("--config.data.batch_size=4", *_ONE_EVAL)),
-    # (Adafactor with the state on the chip, as issue 32 measured it: the one-chip rule now
-    # keeps AdamW's state in host memory.)
     # llm_1b as shipped (state in host memory) with 4 of its 16 layers: what fits the lent
     # machine's time and host RAM, for the host transfers' share of a step.
     "1b-l4": ("configs/llm_1b.py", ("--config.model.num_layers=4", *_ONE_EVAL)),
+    # Adafactor with the state on the chip, full remat and splash, as issue 32 measured it (the
+    # one-chip rule now keeps AdamW's state in host memory and saves the matmuls' outputs with
+    # pallas_hd64: at 8 rows that does not fit).
     "1b-b8": ("configs/llm_1b.py", ("--config.data.batch_size=8",
                                     "--config.trainer.microbatch_rows=8",
                                     "--config.optimizer.kind=adafactor",
-                                    "--config.trainer.state_memory=device", *_ONE_EVAL)),
+                                    "--config.trainer.state_memory=device",
+                                    "--config.model.remat=full",
+                                    "--config.model.block.attention.implementation=splash",
+                                    *_ONE_EVAL)),
 }
 
 
@@ -85,7 +90,8 @@ def argv_for(name: str, overrides: tuple[str, ...], *, steps: int, out: pathlib.
 
 def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
   """Device op time by op name over the captured steps, from jax.profiler's xplane file: per
-  device plane and line ("XLA Ops", "XLA Modules", ...), the `top` names by total time."""
+  device plane and line ("XLA Ops", "XLA Modules", ...), the `top` names by total time; the XLA
+  Ops line also every op (`ops`: HLO name -> [ms, runs])."""
   from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
   files = sorted(trace_dir.rglob("*.xplane.pb"))
   if not files:
@@ -102,10 +108,19 @@ def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
         total[event.name] += event.duration_ns
         count[event.name] += 1
       if total:
-        out[f"{plane.name} | {line.name}"] = {
+        out[f"{plane.name} | {line.name}"] = entry = {
             "total_ms": sum(total.values()) / 1e6,
             "top": [[name, round(ns / 1e6, 3), count[name]] for name, ns in total.most_common(top)]}
+        if line.name == "XLA Ops":  # every op by its HLO name, for benchmarks/chip_ops.py
+          entry["ops"] = {_op_name(name): [round(ns / 1e6, 5), count[name]]
+                          for name, ns in total.items()}
   return out
+
+
+def _op_name(event: str) -> str:
+  """An XLA Ops event's HLO instruction name ("%fusion.12 = bf16[...] fusion(...)" -> fusion.12)."""
+  m = re.match(r"%?([\w.\-]+)", event)
+  return m[1] if m else event
 
 
 def _host_rss_bytes() -> int:

@@ -3,9 +3,9 @@
 The estimate (planner/plan.py:estimate) walks the compiled step's ops (planner/hlo_ops.py) and
 times each at the rate the device reaches on ops of its kind:
 
-    matmul     max(FLOPs / (matmul x peak FLOP/s), bytes / (memory x HBM bandwidth)); a
-               quantized matmul (int8 or fp8 operands: model.quantization) at
-               `matmul_quantized` x the chip's int8 / fp8 peak (trainer/meshes.py)
+    matmul     max(FLOPs / (matmul x peak FLOP/s), its bytes' time); a quantized matmul (int8
+               or fp8 operands: model.quantization) at `matmul_quantized` x the chip's int8 /
+               fp8 peak (trainer/meshes.py)
     attention  a Pallas / cuDNN attention kernel, whose FLOPs the HLO does not show: its
                FLOPs over the pairs its mask admits (causal, within a sliding window:
                planner/plan.py:attention_call_flops) at `attention` x peak for a forward
@@ -13,7 +13,12 @@ times each at the rate the device reaches on ops of its kind:
                `attention_backward` forward passes. A row's attention figures are one
                kernel's (`attention_kernel`); `kernels` holds those of the other kernels
                timed on that hardware, and the run's implementation picks its own
-    the rest   bytes / (memory x HBM bandwidth)
+    the rest   its bytes' time
+    bytes      bytes / (memory x HBM bandwidth); where the row times the compiler's alternate
+               memory (`alternate_memory`: a TPU's on-chip vector memory, S(1) in the HLO's
+               layouts), max(its HBM bytes / (memory x HBM bandwidth), all its bytes /
+               (alternate_memory x HBM bandwidth)): bytes in on-chip memory move faster than
+               HBM's, though not for free
 
 and adds them (one device runs one op at a time), collectives beside them.
 
@@ -66,6 +71,20 @@ class Calibration:
   attention_wrapper_timed: bool = False
   # Other attention implementations timed on this hardware: name -> their kernel's figures.
   kernels: tuple[tuple[str, Kernel], ...] = ()
+  # The rate of an op's bytes in HBM and the alternate memory space together
+  # (hlo_ops.Op.alt_bytes), as a multiple of the HBM bandwidth, fitted to ops with operands on
+  # chip. 0: the memories are not told apart, every byte moves at `memory` x the HBM bandwidth.
+  alternate_memory: float = 0.0
+  alternate_source: str = ""
+
+  def bytes_seconds(self, op, hbm_bandwidth: float) -> float:
+    """The time of an op's (hlo_ops.Op) memory traffic: its HBM bytes at `memory` x the
+    bandwidth; where the row times the alternate memory (on chip, S(1)), all its bytes at no
+    more than `alternate_memory` x it."""
+    if not self.alternate_memory:
+      return op.bytes / (self.memory * hbm_bandwidth)
+    return max((op.bytes - op.alt_bytes) / (self.memory * hbm_bandwidth),
+               op.bytes / (self.alternate_memory * hbm_bandwidth))
 
   @property
   def matmul_quantized(self) -> float:
@@ -109,6 +128,21 @@ class Calibration:
 # each implementation as a whole, the ops around its kernel included, so a run with it does not
 # count those ops again (attention_wrapper_timed): 125m as shipped plans at 3.61 s (3.91 s
 # with them) against 3.28 s on the chip, llm_1b at 39.4 s (41.1 s) against 36.53-37.46 s.
+# alternate_memory: libtpu places many buffers in the chip's on-chip vector memory (S(1) in the
+# compiled HLO's layouts: 63% of the bytes of 125m's step at 4 rows); an op whose operands are
+# there passes the HBM bandwidth (`python -m benchmarks.chip_ops
+# benchmarks/profiles/125m-b4.jsonl`: the 60 longest ops of 125m at 4 rows, bf16 and int8,
+# b4d961c, 2026-12-07, profiled through the CLI). The quantizing fusions of int8 moved 134 MB in
+# 0.099 ms (1.36 TB/s, 1.66x the HBM's 819 GB/s) and the ops bounded by their HBM bytes ran at
+# 0.84 of it; the least-squares fit over the joined ops, memory held at 0.85, gives 1.59x. With
+# it (and a gather counted for what it takes, not its whole operand: the loss's take_along_axis
+# had counted 1.05 GB of logits), the plan against the chip, bf16 / int8: 125m at 4 rows 57.0 /
+# 49.7 ms against 57.68 / 51.46 (63.4 / 61.5 before), 125m as shipped 3.24 / 2.76 s against
+# 3.28 / 2.85, llm_1b cut to 4 layers 15.0 / 13.5 s against 14.82 / 13.80 (15.67 before). In
+# the same profiles pallas_hd64's kernels took 0.537-0.549 ms forward and 0.720-0.723 ms
+# backward a layer (0.24 of peak, 1.33 forward passes), the ops around them are too short to be
+# among the 60: whether they cost what the plan leaves out (2.6 ms in 43.9 at 4 rows) waits for
+# a profile of every op (benchmarks/chip.py now keeps them).
 _SPLASH_V5E = (0.22, 1.95)
 _HD64_FORWARD, _HD64_BOTH = 0.6469 / 0.7393, 1.4382 / 2.316
 
@@ -127,6 +161,9 @@ _V5E = Calibration(
     kernels=(("pallas_hd64", Kernel(*_scaled(_SPLASH_V5E, _HD64_FORWARD, _HD64_BOTH),
                                     note="pallas_hd64's kernel: splash's figures scaled by "
                                          "their times side by side on the chip, 2026-12-06")),),
+    alternate_memory=1.59,
+    alternate_source="measured on one TPU v5e chip, 2026-12-07 (125m at 4 rows, bf16 and int8: "
+                     "the profiles' 60 longest ops joined with the compiled HLO)",
     source="measured on one TPU v5e chip, 2026-12-05 (benchmarks/chip.py profiles, "
            "splash kernel timings)",
     host_to_device=13.9e9, device_to_host=0.0,

@@ -5,9 +5,13 @@ a unit: the entry, loop bodies and conditions (times their trip counts), conditi
 and called computations; the insides of a fusion are one op. Per op:
 
     bytes     what it reads and writes in device memory: its operands' and its result's sizes
-              (a fusion's, not its inner instructions'). Parameters, constants, tuples,
-              get-tuple-element, bitcasts, loop / call wrappers and the `-done` halves of
-              asynchronous pairs move nothing of their own.
+              (a fusion's, not its inner instructions'; of an operand it slices or gathers
+              from, what it takes). Parameters, constants, tuples, get-tuple-element,
+              bitcasts, loop / call wrappers and the `-done` halves of asynchronous pairs move
+              nothing of their own.
+    alt_bytes the part of `bytes` in buffers the compiler placed in its alternate memory
+              space, S(1) in their layouts: on a TPU its on-chip vector memory (VMEM), not
+              HBM (planner/calibration.py: `alternate_memory`).
     flops     2 x multiply-adds of every dot or convolution inside (a convolution counts the
               input features and window taps that meet real input, not padding or dilation).
     seconds   a roofline: max(flops / peak FLOP/s, bytes / HBM bandwidth); a collective adds
@@ -72,6 +76,7 @@ class Op:
   # host memory, memory space S(5)), "to_device" (its source is), else ""
   host: str = ""
   bytes: float
+  alt_bytes: float = 0.0  # of `bytes`, those in the alternate memory space S(1)
   flops: float
   sent: float  # bytes it sends to other devices (collectives)
   seconds: float
@@ -170,6 +175,17 @@ def _bytes(type_text: str) -> float:
   return float(sum(hlo_collectives.shape_bytes(type_text)))
 
 
+def _alt_share(type_text: str) -> float:
+  """The share of `type_text`'s bytes (a tuple's elements together) laid out in the alternate
+  memory space S(1)."""
+  total = alt = 0.0
+  for m in _SPACES.finditer(type_text):
+    b = _bytes(m[0])
+    total += b
+    alt += b if _ALTERNATE in (m[1] or "") else 0.0
+  return alt / total if total else 0.0
+
+
 def _dims(type_text: str) -> list[int]:
   m = re.search(r"\[([\d,]*)\]", type_text)
   return [int(d) for d in m[1].split(",") if d] if m else []
@@ -246,11 +262,11 @@ def _users(body: list[Instr]) -> dict[str, list[Instr]]:
 
 def _read(comps, body: list[Instr], users, name: str, size: float, seen: frozenset) -> float:
   """Bytes a fused computation reads of its value `name` (`size` bytes): only the slices that
-  (dynamic-)slices take, nothing of the buffer a dynamic-update-slice writes in place, what a
-  nested fusion reads of it; all of it for any other use."""
+  (dynamic-)slices and gathers take, nothing of the buffer a dynamic-update-slice writes in
+  place, what a nested fusion reads of it; all of it for any other use."""
   total = 0.0
   for u in users.get(name, []):
-    if u.op in ("dynamic-slice", "slice") and u.operands[0] == name:
+    if u.op in ("dynamic-slice", "slice", "gather") and u.operands[0] == name:
       total += _bytes(u.out)
     elif u.op == "dynamic-update-slice" and u.operands[0] == name:
       continue
@@ -295,16 +311,22 @@ def _roots(lines: dict[str, list[str]]) -> dict[str, str]:
   return out
 
 
-def _fusion_bytes(comps, roots, called: str, instr: Instr, shapes: dict[str, str]) -> float:
-  """A fusion's memory traffic: what it reads of each operand (_read) and writes (_written)."""
+def _fusion_bytes(comps, roots, called: str, instr: Instr,
+                  shapes: dict[str, str]) -> tuple[float, float]:
+  """A fusion's memory traffic: what it reads of each operand (_read) and writes (_written);
+  (all of it, the part in the alternate memory space)."""
   body = comps.get(called)
-  if not body:
-    return _bytes(instr.out) + sum(_bytes(shapes.get(o, "")) for o in instr.operands)
-  params = _param_names(body)
-  users = _users(body)
-  read = sum(_read(comps, body, users, params[k], _bytes(shapes.get(o, "")), frozenset({called}))
-             if k in params else _bytes(shapes.get(o, "")) for k, o in enumerate(instr.operands))
-  return read + _written(body, roots.get(called, body[-1].name))
+  reads = [_bytes(shapes.get(o, "")) for o in instr.operands]
+  written = _bytes(instr.out)
+  if body:
+    params = _param_names(body)
+    users = _users(body)
+    reads = [_read(comps, body, users, params[k], size, frozenset({called})) if k in params
+             else size for k, size in enumerate(reads)]
+    written = _written(body, roots.get(called, body[-1].name))
+  alt = written * _alt_share(instr.out) + sum(
+      r * _alt_share(shapes.get(o, "")) for r, o in zip(reads, instr.operands))
+  return sum(reads) + written, alt
 
 
 def _metadata(instr: Instr, inner) -> str:
@@ -377,8 +399,10 @@ def _category(instr: Instr, inner) -> str:
 
 
 # A layout's memory space: S(5) is host memory (TPU's and GPU's compilers), in a copy-start's
-# (destination, source, context) tuple
+# (destination, source, context) tuple; S(1) the alternate memory that the compiler's memory
+# space assignment places buffers in (a TPU's on-chip vector memory)
 _SPACES = re.compile(r"\w+\[[\d,]*\](\{[^}]*\})?")
+_ALTERNATE = "S(1)"
 
 
 def _host_direction(out_type: str) -> str:
@@ -388,6 +412,36 @@ def _host_direction(out_type: str) -> str:
   if len(parts) < 2:
     return ""
   return "to_host" if "S(5)" in parts[0] else "to_device" if "S(5)" in parts[1] else ""
+
+
+def _traffic(i: Instr, called: str | None, comps, roots, shapes) -> tuple[float, float, str]:
+  """(bytes, alt_bytes, host direction) of one op; `called`: a fusion's computation."""
+  host = ""
+  if i.op in ("copy-start", "slice-start"):
+    # (source, destination, context): one read and one write of what is copied.
+    size = 2 * min((b for b in hlo_collectives.shape_bytes(i.out) if b > 8), default=0)
+    host = _host_direction(i.out)
+    ends = [m[1] or "" for m in _SPACES.finditer(i.out)][:2]
+    alt = size / 2 * sum(_ALTERNATE in e for e in ends)
+  elif called:
+    size, alt = _fusion_bytes(comps, roots, called, i, shapes)
+  elif i.op in ("dynamic-slice", "slice", "gather"):
+    # reads only what it returns (a gather also its indices)
+    index = shapes.get(i.operands[1], "") if i.op == "gather" else ""
+    size = 2 * _bytes(i.out) + _bytes(index)
+    alt = _bytes(i.out) * (_alt_share(i.out) + _alt_share(shapes.get(i.operands[0], ""))) + (
+        _bytes(index) * _alt_share(index))
+  elif i.op == "dynamic-update-slice":
+    update = _bytes(shapes.get(i.operands[1], ""))
+    size = 2 * update  # in place: the update, read and written
+    alt = update * (_alt_share(shapes.get(i.operands[1], "")) + _alt_share(i.out))
+  else:
+    # An asynchronous collective's `-start` also returns its operands: count them once.
+    result = float(hlo_collectives.result_bytes(i.op, i.out))
+    size = result + sum(_bytes(shapes.get(o, "")) for o in i.operands)
+    alt = result * _alt_share(i.out) + sum(
+        _bytes(shapes.get(o, "")) * _alt_share(shapes.get(o, "")) for o in i.operands)
+  return size, alt, host
 
 
 def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwidth: float,
@@ -412,21 +466,8 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       inner = _inner(comps, called[1]) if called and i.op == "fusion" else []
       if any(j.op == "custom-call" and "AsyncCollectiveDone" in j.rest for j, _ in inner):
         continue  # the finishing half of an asynchronous collective: counted at its start
-      host = ""
-      if i.op in ("copy-start", "slice-start"):
-        # (source, destination, context): one read and one write of what is copied.
-        size = 2 * min((b for b in hlo_collectives.shape_bytes(i.out) if b > 8), default=0)
-        host = _host_direction(i.out)
-      elif i.op == "fusion" and called:
-        size = _fusion_bytes(comps, roots, called[1], i, shapes)
-      elif i.op in ("dynamic-slice", "slice"):
-        size = 2 * _bytes(i.out)  # reads only what it returns
-      elif i.op == "dynamic-update-slice":
-        size = 2 * _bytes(shapes.get(i.operands[1], ""))  # in place: the update, read and written
-      else:
-        # An asynchronous collective's `-start` also returns its operands: count them once.
-        size = float(hlo_collectives.result_bytes(i.op, i.out)) + sum(
-            _bytes(shapes.get(o, "")) for o in i.operands)
+      size, alt, host = _traffic(i, called[1] if called and i.op == "fusion" else None,
+                                 comps, roots, shapes)
       dots = [(j, s) for j, s in inner + [(i, shapes)] if j.op in ("convolution", "dot")]
       flops = sum(_conv_flops(j, s) for j, s in dots)
       narrow = narrow_dtype(dots) if dots else ""
@@ -442,5 +483,5 @@ def ops_report(hlo_text: str, *, num_devices: int, peak_flops: float, hbm_bandwi
       prim = prim or i.op  # no metadata (e.g. copies the compiler adds): the opcode
       out.append(Op(name=i.name, opcode=i.op, category=category, module=module, primitive=prim,
                     pass_=pass_, count=n, narrow=narrow, host=host, bytes=size * n,
-                    flops=flops * n, sent=sent * n, seconds=seconds * n))
+                    alt_bytes=alt * n, flops=flops * n, sent=sent * n, seconds=seconds * n))
   return Report(ops=tuple(out), compiler_bytes=compiler_bytes, compiler_flops=compiler_flops)

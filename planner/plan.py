@@ -399,13 +399,13 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
   if not (hw.peak_bf16_flops and hw.hbm_bandwidth and hw.link_bandwidth) or compiled.ops is None:
     return None
   cal = calibration_lib.for_hardware(hw, attention=attention)
-  flops_rate, bytes_rate = cal.matmul * hw.peak_bf16_flops, cal.memory * hw.hbm_bandwidth
+  flops_rate = cal.matmul * hw.peak_bf16_flops
   kernel_rate = cal.attention * hw.peak_bf16_flops
   compute_s = kernel_s = hbm_s = 0.0
   for op in compiled.ops.ops:
     if op.category == "matmul":
       rate = cal.matmul_quantized * hw.peak_flops(op.narrow) if op.narrow else flops_rate
-      compute_s += max(op.flops / rate, op.bytes / bytes_rate)
+      compute_s += max(op.flops / rate, cal.bytes_seconds(op, hw.hbm_bandwidth))
     elif op.category == "kernel" and _ATTENTION_KERNEL.search(op.name):
       passes = (cal.attention_backward if _BACKWARD.search(op.name)
                 else 0.0 if _FORWARD_ONLY.search(op.name) else 1.0)
@@ -414,7 +414,7 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
       # (asynchronous copies run beside the other ops; collectives are timed below)
       if cal.attention_wrapper_timed and ATTENTION_SCOPE in op.primitive:
         continue  # timed with the kernel: its figures are the implementation's as a whole
-      hbm_s += op.bytes / bytes_rate
+      hbm_s += cal.bytes_seconds(op, hw.hbm_bandwidth)
   c = compiled.collectives
   cross = c.cross_host_bytes if hw.host_bandwidth else 0.0
   collective_s = (c.total_bytes - cross) / hw.link_bandwidth + (

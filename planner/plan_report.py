@@ -191,7 +191,9 @@ def _time(p: Plan) -> list[str]:
            + f" per device ({c.transfer_source})"]
           if e.transfer_s else []),
         f"    at {c.matmul:.0%} of peak FLOP/s on matmuls, {c.attention:.1%} on attention "
-        f"kernels, {c.memory:.0%} of HBM bandwidth: {c.source} (planner/calibration.py)"
+        f"kernels, {c.memory:.0%} of HBM bandwidth"
+        + (f" ({c.alternate_memory:.0%} of it with on-chip memory)" if c.alternate_memory else "")
+        + f": {c.source} (planner/calibration.py)"
         + (f"; {c.attention_note}" if c.attention_note else ""),
         *_quantized(p),
     ]

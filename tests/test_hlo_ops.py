@@ -144,3 +144,49 @@ def test_a_scanned_layer_reads_its_slice_and_writes_its_update_in_place():
   slice_, x, index, update = 64 * 32 * 2, 16 * 64 * 2, 4, 16 * 32 * 2
   assert op.bytes == slice_ + x + index + update
   assert op.flops == 2 * 16 * 64 * 32
+
+
+# TPU HLO as libtpu writes it after memory space assignment: S(1) in a layout places the buffer
+# in the on-chip alternate memory (VMEM), no S(...) in HBM. A loss's take_along_axis: a gather
+# of one value per row out of [4,2048,32000] logits (shapes of 125m at 4 rows, fused as the TPU
+# compiler fuses it), then a quantizing fusion whose input and two of its outputs are on chip.
+TPU_HLO = """
+HloModule jit_train_step, entry_computation_layout={()->f32[8192]{0}}
+
+%fused_take (param_0.5: f32[4,2048,32000], param_1.3: s32[4,2048,3]) -> f32[8192] {
+  %param_0.5 = f32[4,2048,32000]{2,1,0:T(8,128)} parameter(0)
+  %param_1.3 = s32[4,2048,3]{1,0,2:T(4,128)S(1)} parameter(1)
+  %gather.10 = f32[4,2048]{1,0:T(4,128)} gather(%param_0.5, %param_1.3), offset_dims={}, collapsed_slice_dims={0,1,2}, start_index_map={0,1,2}, index_vector_dim=2, slice_sizes={1,1,1}
+  ROOT %bitcast.9 = f32[8192]{0:T(1024)S(1)} bitcast(%gather.10)
+}
+
+%fused_round (param_0.7: bf16[4,2048,2048]) -> (s8[4,2048,2048], s8[4,2048,2048], s8[4,2048,2048]) {
+  %param_0.7 = bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)S(1)} parameter(0)
+  %convert.1 = s8[4,2048,2048]{2,1,0:T(32,128)(4,1)} convert(%param_0.7)
+  ROOT %tuple.1 = (s8[4,2048,2048]{2,1,0:T(32,128)(4,1)}, s8[4,2048,2048]{2,1,0:T(32,128)(4,1)S(1)}, s8[4,2048,2048]{2,1,0:T(32,128)(4,1)S(1)}) tuple(%convert.1, %convert.1, %convert.1)
+}
+
+ENTRY %main () -> f32[8192] {
+  %logits = f32[4,2048,32000]{2,1,0:T(8,128)} parameter(0)
+  %index = s32[4,2048,3]{1,0,2:T(4,128)S(1)} parameter(1)
+  %hidden = bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)S(1)} parameter(2)
+  %round = (s8[4,2048,2048]{2,1,0:T(32,128)(4,1)}, s8[4,2048,2048]{2,1,0:T(32,128)(4,1)S(1)}, s8[4,2048,2048]{2,1,0:T(32,128)(4,1)S(1)}) fusion(%hidden), kind=kLoop, calls=%fused_round
+  %slice.1 = f32[1,2048,32000]{2,1,0:T(8,128)S(1)} slice(%logits), slice={[0:1], [0:2048], [0:32000]}
+  ROOT %take = f32[8192]{0:T(1024)S(1)} fusion(%logits, %index), kind=kCustom, calls=%fused_take
+}
+"""
+
+
+def test_a_gather_reads_what_it_takes_and_on_chip_bytes_are_told_apart():
+  """Hand counts: the gather reads its 8192 values (and all its indices), not the 128 MB of
+  logits; bytes in S(1) layouts are `alt_bytes`, counted per operand and per output element."""
+  ops = {o.name: o for o in _report(TPU_HLO).ops}
+  take, round_, slice_ = ops["take"], ops["round"], ops["slice.1"]
+  values, index = 8192 * 4, 4 * 2048 * 3 * 4
+  assert take.bytes == values + index + values  # read from the logits, the indices, written
+  assert take.alt_bytes == index + values  # the indices and the result are on chip
+  hidden, one = 4 * 2048 * 2048 * 2, 4 * 2048 * 2048
+  assert round_.bytes == hidden + 3 * one
+  assert round_.alt_bytes == hidden + 2 * one
+  rows = 2048 * 32000 * 4
+  assert (slice_.bytes, slice_.alt_bytes) == (2 * rows, rows)  # read from HBM, written on chip

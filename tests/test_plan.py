@@ -467,3 +467,29 @@ def test_temporaries_above_the_peak_say_why():
   assert peak.endswith("13.6 GiB (the compiler's peak less its host-memory bytes)")
   plain = plan_docs.report_text(plan_docs.BY_NAME["llama_125m@tpu-v5e-1"])
   assert "train temporaries" in plain and "host transfers' buffers" not in plain
+
+
+def test_bytes_in_on_chip_memory_are_timed_apart_from_hbm_where_the_row_measured_them():
+  """The v5e row times an op's HBM bytes at `memory` x the bandwidth and all its bytes at no
+  more than `alternate_memory` x it: an op wholly on chip is no longer timed as HBM traffic, one
+  wholly in HBM is timed as before. A row that does not tell the memories apart (the GPU's)
+  times every byte as HBM's."""
+  from planner import calibration, hlo_ops  # pylint: disable=import-outside-toplevel
+  tpu, gpu = meshes.lookup("tpu-v5e-1").hardware, meshes.lookup("gpu-h100-8").hardware
+  v5e, assumed = calibration.for_hardware(tpu), calibration.for_hardware(gpu)
+  assert v5e.alternate_memory > v5e.memory and "measured" in v5e.alternate_source
+  assert assumed.alternate_memory == 0
+
+  def op(alt):
+    return hlo_ops.Op(name="fusion.1", opcode="fusion", category="elementwise", module="",
+                      primitive="mul", pass_="forward", count=1, narrow="", bytes=1e9,
+                      alt_bytes=alt, flops=0.0, sent=0.0, seconds=0.0)
+
+  hbm = 1e9 / (v5e.memory * tpu.hbm_bandwidth)
+  on_chip = 1e9 / (v5e.alternate_memory * tpu.hbm_bandwidth)
+  assert v5e.bytes_seconds(op(0.0), tpu.hbm_bandwidth) == pytest.approx(hbm)
+  assert v5e.bytes_seconds(op(1e9), tpu.hbm_bandwidth) == pytest.approx(on_chip)
+  assert v5e.bytes_seconds(op(0.25e9), tpu.hbm_bandwidth) == pytest.approx(0.75 * hbm)
+  assert v5e.bytes_seconds(op(0.75e9), tpu.hbm_bandwidth) == pytest.approx(on_chip)
+  assert assumed.bytes_seconds(op(1e9), gpu.hbm_bandwidth) == pytest.approx(
+      1e9 / (assumed.memory * gpu.hbm_bandwidth))
