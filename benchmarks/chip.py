@@ -112,12 +112,12 @@ def profile_summary(trace_dir: pathlib.Path, top: int = 60) -> dict:
             "total_ms": sum(total.values()) / 1e6,
             "top": [[name, round(ns / 1e6, 3), count[name]] for name, ns in total.most_common(top)]}
         if line.name == "XLA Ops":  # every op by its HLO name, for benchmarks/chip_ops.py
-          entry["ops"] = {_op_name(name): [round(ns / 1e6, 5), count[name]]
+          entry["ops"] = {op_name(name): [round(ns / 1e6, 5), count[name]]
                           for name, ns in total.items()}
   return out
 
 
-def _op_name(event: str) -> str:
+def op_name(event: str) -> str:
   """An XLA Ops event's HLO instruction name ("%fusion.12 = bf16[...] fusion(...)" -> fusion.12)."""
   m = re.match(r"%?([\w.\-]+)", event)
   return m[1] if m else event

@@ -29,9 +29,10 @@ import collections
 import dataclasses
 import json
 import pathlib
-import re
 import statistics
 import sys
+
+from benchmarks import chip
 
 _OPS_LINE = "XLA Ops"
 
@@ -53,36 +54,27 @@ def profile_ops(row: dict) -> dict[str, float]:
   if line is None:
     raise SystemExit("benchmarks.chip_ops: the row holds no profile (run with --profile)")
   steps = max(len(steps_line["top"]), 1) if steps_line else 1
-  pairs = line.get("ops") or {re.match(r"%?([\w.\-]+)", t)[1]: (ms, n) for t, ms, n in line["top"]}
+  pairs = line.get("ops") or {chip.op_name(t): (ms, n) for t, ms, n in line["top"]}
   return {name: ms / 1e3 / steps for name, (ms, _) in pairs.items()}
 
 
 def compile_row(row: dict):
   """(the compiled step's ops, the calibration row, the hardware) of a row's command on its mesh
-  (tpu-v5e-1 unless the row names one)."""
+  (tpu-v5e-1 unless the row names one), as `axtrain plan` compiles it: the mesh rules leave the
+  command's overrides as given."""
   # pylint: disable=import-outside-toplevel
   from launcher import config_loading
-  from planner import calibration, hlo_ops, plan as plan_lib
-  from trainer import config as config_lib, experiment, mesh_rules, meshes
+  from planner import plan as plan_lib
+  from trainer import config as config_lib, mesh_rules, meshes
   argv = [a for a in row["argv"] if not a.startswith(("--output_dir", "--overwrite",
                                                       "--config.trainer.profile_steps"))]
   config = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
-  overrides = [a for a in argv if a.startswith("--config.")]
   config_loading.register_components()
   entry = meshes.lookup((row.get("mesh") or {}).get("name") or "tpu-v5e-1")
-  cfg = config_loading.load(config, *overrides)
-  mesh_rules.apply_rules(cfg, entry, set())
-  run = config_lib.parse(cfg)
-  devices, _ = plan_lib.target_devices(entry)
-  exp = experiment.build(run, entry, devices, platform=entry.hardware.platform)
-  state, batch = plan_lib.abstract_inputs(exp, exp.source.batch_size)
-  with exp.context():
-    text = exp.step_fn.lower(state, batch).compile().as_text()
-  hw = entry.hardware
-  report = hlo_ops.ops_report(text, num_devices=len(devices), peak_flops=hw.peak_flops(),
-                              hbm_bandwidth=hw.hbm_bandwidth, link_bandwidth=hw.link_bandwidth)
-  attention = run.model.block.attention.implementation
-  return report.ops, calibration.for_hardware(hw, attention=attention), hw
+  cfg = config_loading.load(config, *(a for a in argv if a.startswith("--config.")))
+  mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
+  planned = plan_lib.plan(config_lib.parse(cfg), entry, config_name=config, with_eval=False)
+  return planned.train.ops.ops, planned.estimate.calibration, entry.hardware
 
 
 def join(ops, measured: dict[str, float], cal, hw) -> list[Joined]:

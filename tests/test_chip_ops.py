@@ -76,5 +76,5 @@ def test_a_profiled_op_is_kept_by_its_hlo_name():
   from benchmarks import chip  # pylint: disable=import-outside-toplevel
   line = ("%round-nearest-even_convert_fusion.16 = (s8[4,2048,2048]{2,1,0:T(32,128)(4,1)}) "
           "fusion(bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)S(1)} %get-tuple-element.885), kind=kLoop")
-  assert chip._op_name(line) == "round-nearest-even_convert_fusion.16"  # pylint: disable=protected-access
-  assert chip._op_name("copy-done.2") == "copy-done.2"  # pylint: disable=protected-access
+  assert chip.op_name(line) == "round-nearest-even_convert_fusion.16"
+  assert chip.op_name("copy-done.2") == "copy-done.2"
