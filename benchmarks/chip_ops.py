@@ -18,8 +18,15 @@ what the chip achieved on the ops that one resource bounds, the figures a calibr
     alternate_memory       all bytes / (time x HBM bandwidth), on memory-bound ops the plan
                            bounds by that rate
 
-Attention kernels are left out (their figures come from the kernels' own timings), as are
-asynchronous copies and collectives, which run beside the other ops.
+    attention              one forward call's causal FLOPs (planner/plan.py:
+                           attention_call_flops) / (its time x peak), on the attention
+                           kernels' forward calls
+    attention_backward     a backward call's time / a forward call's
+
+An attention implementation timed as a whole (Calibration.attention_wrapper_timed) leaves the
+ops around its kernel, inside the attention call, out of the plan: they are shown apart ("around
+the kernel", planned at 0). Asynchronous copies and collectives, which run beside the other
+ops, are left out.
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ class Joined:
   op: object  # planner.hlo_ops.Op
   measured: float  # seconds per step on the chip
   planned: float  # seconds per step in the plan's estimate
-  bound: str  # what bounds it in the plan: flops, hbm or alternate
+  # what bounds it in the plan: flops, hbm or alternate; kernel (an attention kernel); around
+  # (an op inside the attention call that the plan leaves to the kernel's figures)
+  bound: str
 
 
 def profile_ops(row: dict) -> dict[str, float]:
@@ -59,13 +68,14 @@ def profile_ops(row: dict) -> dict[str, float]:
 
 
 def compile_row(row: dict):
-  """(the compiled step's ops, the calibration row, the hardware) of a row's command on its mesh
+  """(the compiled step's ops, the calibration row, the hardware, the FLOPs of one attention
+  kernel call: planner/plan.py:attention_call_flops) of a row's command on its mesh
   (tpu-v5e-1 unless the row names one), as `axtrain plan` compiles it: the mesh rules leave the
   command's overrides as given."""
   # pylint: disable=import-outside-toplevel
   from launcher import config_loading
   from planner import plan as plan_lib
-  from trainer import config as config_lib, mesh_rules, meshes
+  from trainer import config as config_lib, experiment, mesh_rules, meshes
   argv = [a for a in row["argv"] if not a.startswith(("--output_dir", "--overwrite",
                                                       "--config.trainer.profile_steps"))]
   config = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
@@ -73,16 +83,32 @@ def compile_row(row: dict):
   entry = meshes.lookup((row.get("mesh") or {}).get("name") or "tpu-v5e-1")
   cfg = config_loading.load(config, *(a for a in argv if a.startswith("--config.")))
   mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(argv)})
-  planned = plan_lib.plan(config_lib.parse(cfg), entry, config_name=config, with_eval=False)
-  return planned.train.ops.ops, planned.estimate.calibration, entry.hardware
+  run = config_lib.parse(cfg)
+  planned = plan_lib.plan(run, entry, config_name=config, with_eval=False)
+  exp = experiment.build(run, entry, plan_lib.target_devices(entry)[0],
+                         platform=entry.hardware.platform)
+  return (planned.train.ops.ops, planned.estimate.calibration, entry.hardware,
+          plan_lib.attention_call_flops(exp))
 
 
-def join(ops, measured: dict[str, float], cal, hw) -> list[Joined]:
-  """The timed ops the estimate times one by one, each with the plan's time and its bound."""
+def join(ops, measured: dict[str, float], cal, hw, call_flops: float = 0.0) -> list[Joined]:
+  """The timed ops the estimate times one by one, each with the plan's time and its bound
+  (`kernel` for an attention kernel, `around` for an op inside the attention call that a row
+  timing the implementation as a whole leaves out: planned 0)."""
+  from planner import plan as plan_lib  # pylint: disable=import-outside-toplevel
   out = []
   for op in ops:
-    if (op.name not in measured or op.category in ("kernel", "collective")
-        or op.opcode in ("copy-start", "slice-start")):
+    if op.name not in measured or op.category == "collective" or op.opcode in (
+        "copy-start", "slice-start"):
+      continue
+    kernel = cal.kernel_seconds(op, call_flops, hw.peak_flops())
+    if kernel is not None:
+      out.append(Joined(op, measured[op.name], kernel, "kernel"))
+      continue
+    if op.category == "kernel":
+      continue
+    if cal.attention_wrapper_timed and plan_lib.ATTENTION_SCOPE in op.primitive:
+      out.append(Joined(op, measured[op.name], 0.0, "around"))
       continue
     hbm = (op.bytes - op.alt_bytes if cal.alternate_memory else op.bytes) / (
         cal.memory * hw.hbm_bandwidth)
@@ -98,31 +124,45 @@ def join(ops, measured: dict[str, float], cal, hw) -> list[Joined]:
   return out
 
 
-def fits(joined: list[Joined], hw) -> dict[str, tuple[float, int]]:
+def fits(joined: list[Joined], hw, call_flops: float = 0.0) -> dict[str, tuple[float, int]]:
   """figure -> (the median of what the chip achieved, ops it is the median of); see the
   module's doc."""
+  from planner import calibration  # pylint: disable=import-outside-toplevel
   samples = collections.defaultdict(list)
+  per_call = collections.defaultdict(list)  # an attention kernel's seconds a call, by pass
   for j in joined:
     op, t = j.op, j.measured
     if t <= 0:
       continue
-    if j.bound == "flops":
+    if j.bound == "kernel":
+      per_call[calibration.kernel_pass(op.name)].append(t / op.count)
+    elif j.bound == "flops":
       key = f"{op.narrow} matmul" if op.narrow else "matmul"
       samples[key].append(op.flops / (t * hw.peak_flops(op.narrow)))
     elif op.category != "matmul" and j.bound == "hbm" and op.alt_bytes <= 0.1 * op.bytes:
       samples["memory"].append((op.bytes - op.alt_bytes) / (t * hw.hbm_bandwidth))
     elif op.category != "matmul" and j.bound == "alternate":
       samples["alternate_memory"].append(op.bytes / (t * hw.hbm_bandwidth))
-  return {k: (statistics.median(v), len(v)) for k, v in sorted(samples.items())}
+  out = {k: (statistics.median(v), len(v)) for k, v in sorted(samples.items())}
+  forward, backward = per_call.get("forward"), per_call.get("backward")
+  if forward and call_flops:
+    out["attention"] = (call_flops / (statistics.median(forward) * hw.peak_flops()),
+                        len(forward))
+    if backward:
+      out["attention_backward"] = (statistics.median(backward) / statistics.median(forward),
+                                   len(backward))
+  return out
 
 
-def report(row: dict, joined: list[Joined], measured: dict[str, float], hw, top: int) -> str:
+def report(row: dict, joined: list[Joined], measured: dict[str, float], hw, top: int,
+           call_flops: float = 0.0) -> str:
   lines = [f"{row.get('setting')} at {str(row.get('commit'))[:7]} ({row.get('date')}): "
            f"step {row.get('step_time_s', 0) * 1e3:.2f} ms on the chip; profile "
            f"{sum(measured.values()) * 1e3:.2f} ms in the {len(measured)} ops it names"]
   by_kind = collections.defaultdict(lambda: [0, 0.0, 0.0])
   for j in joined:
-    k = by_kind[j.op.category + (f" {j.op.narrow}" if j.op.narrow else "")]
+    k = by_kind["around the kernel" if j.bound == "around" else
+                j.op.category + (f" {j.op.narrow}" if j.op.narrow else "")]
     k[0] += 1
     k[1] += j.measured
     k[2] += j.planned
@@ -134,7 +174,7 @@ def report(row: dict, joined: list[Joined], measured: dict[str, float], hw, top:
   planned = sum(j.planned for j in joined)
   lines.append(f"  {'joined':20s} {len(joined):5d} {chip * 1e3:9.3f} {planned * 1e3:9.3f} "
                f"{planned / chip if chip else 0:9.2f}")
-  for figure, (value, n) in fits(joined, hw).items():
+  for figure, (value, n) in fits(joined, hw, call_flops).items():
     lines.append(f"  achieved {figure}: {value:.3f} (median of {n} ops)")
   for j in sorted(joined, key=lambda j: -j.measured)[:top]:
     lines.append(f"    {j.op.name:40s} {j.op.category:12s} {j.bound:9s} chip "
@@ -156,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.row >= 0 and i != args.row or not row.get("profile"):
       continue
     measured = profile_ops(row)
-    ops, cal, hw = compile_row(row)
-    print(report(row, join(ops, measured, cal, hw), measured, hw, args.ops), flush=True)
+    ops, cal, hw, call_flops = compile_row(row)
+    print(report(row, join(ops, measured, cal, hw, call_flops), measured, hw, args.ops,
+                 call_flops), flush=True)
   return 0
 
 

@@ -30,8 +30,23 @@ TPU, GPU and Trainium plans read the row of their hardware.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from trainer.meshes import Hardware
+
+
+# An attention kernel's ops in the compiled HLO (Pallas splash or ours on TPU, cuDNN's fused
+# attention on GPU) and which of them run a backward pass.
+ATTENTION_KERNEL = re.compile(r"splash|flash|fmha|attention", re.IGNORECASE)
+_BACKWARD = re.compile(r"dkv|bwd|backward", re.IGNORECASE)
+_FORWARD_ONLY = re.compile(r"dq", re.IGNORECASE)
+
+
+def kernel_pass(name: str) -> str:
+  """An attention kernel op's pass, by its name: "backward", "forward", or "" for a dq kernel
+  (its dkv kernel times the pair as one backward pass)."""
+  return ("backward" if _BACKWARD.search(name) else "" if _FORWARD_ONLY.search(name)
+          else "forward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +100,16 @@ class Calibration:
       return op.bytes / (self.memory * hbm_bandwidth)
     return max((op.bytes - op.alt_bytes) / (self.memory * hbm_bandwidth),
                op.bytes / (self.alternate_memory * hbm_bandwidth))
+
+  def kernel_seconds(self, op, call_flops: float, peak_flops: float) -> float | None:
+    """An attention kernel op's (hlo_ops.Op) time: its forward passes of `call_flops` each at
+    `attention` x `peak_flops`, a backward pass `attention_backward` of them (dq pairs with
+    dkv: one pass); None for an op that is no attention kernel."""
+    if op.category != "kernel" or not ATTENTION_KERNEL.search(op.name):
+      return None
+    pass_ = kernel_pass(op.name)
+    passes = self.attention_backward if pass_ == "backward" else float(pass_ == "forward")
+    return op.count * passes * call_flops / (self.attention * peak_flops)
 
   @property
   def matmul_quantized(self) -> float:

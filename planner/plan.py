@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import time
 from typing import Callable
 
@@ -348,11 +347,6 @@ def _compile(fn, args, *, exp, num_devices: int, per_host: int | None, hardware,
                   hlo_matmul_flops=hlo_matmul_flops)
 
 
-# An attention kernel's ops in the compiled HLO (Pallas splash on TPU, cuDNN's fused attention
-# on GPU) and which of them run a backward pass (dq pairs with dkv: one pass).
-_ATTENTION_KERNEL = re.compile(r"splash|flash|fmha|attention", re.IGNORECASE)
-_BACKWARD = re.compile(r"dkv|bwd|backward", re.IGNORECASE)
-_FORWARD_ONLY = re.compile(r"dq", re.IGNORECASE)
 # The attention layer's call of its implementation (modules/attention.py:Attention._attend), as
 # jax's op metadata names it: the kernel and the ops around it.
 ATTENTION_SCOPE = "attention._attend"
@@ -400,16 +394,13 @@ def estimate(plan_flops: float, compiled: Compiled, entry: Entry, *, call_flops:
     return None
   cal = calibration_lib.for_hardware(hw, attention=attention)
   flops_rate = cal.matmul * hw.peak_bf16_flops
-  kernel_rate = cal.attention * hw.peak_bf16_flops
   compute_s = kernel_s = hbm_s = 0.0
   for op in compiled.ops.ops:
     if op.category == "matmul":
       rate = cal.matmul_quantized * hw.peak_flops(op.narrow) if op.narrow else flops_rate
       compute_s += max(op.flops / rate, cal.bytes_seconds(op, hw.hbm_bandwidth))
-    elif op.category == "kernel" and _ATTENTION_KERNEL.search(op.name):
-      passes = (cal.attention_backward if _BACKWARD.search(op.name)
-                else 0.0 if _FORWARD_ONLY.search(op.name) else 1.0)
-      kernel_s += op.count * passes * call_flops / kernel_rate
+    elif (kernel := cal.kernel_seconds(op, call_flops, hw.peak_bf16_flops)) is not None:
+      kernel_s += kernel
     elif op.category != "collective" and op.opcode not in ("copy-start", "slice-start"):
       # (asynchronous copies run beside the other ops; collectives are timed below)
       if cal.attention_wrapper_timed and ATTENTION_SCOPE in op.primitive:

@@ -18,7 +18,7 @@ def compiled():
   """configs/tiny.py's train step, compiled by libtpu for tpu-v5e-1 (about 10 s on 2 cores)."""
   row = {"argv": ["axtrain", "--config=configs/tiny.py", "--output_dir=/nowhere", "--overwrite"],
          "mesh": {"name": "tpu-v5e-1"}}
-  return row, chip_ops.compile_row(row)
+  return row, chip_ops.compile_row(row)[:3]
 
 
 def _profile(ops, cal, hw) -> dict:
@@ -78,3 +78,27 @@ def test_a_profiled_op_is_kept_by_its_hlo_name():
           "fusion(bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)S(1)} %get-tuple-element.885), kind=kLoop")
   assert chip.op_name(line) == "round-nearest-even_convert_fusion.16"
   assert chip.op_name("copy-done.2") == "copy-done.2"
+
+
+def test_the_attention_kernels_figures_come_from_their_calls():
+  """attention: one forward call's FLOPs over its time at peak; attention_backward: a backward
+  call's time over a forward call's (12 layers, each call timed alone in the profile)."""
+  from planner import calibration, hlo_ops  # pylint: disable=import-outside-toplevel
+  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  hw = meshes.lookup("tpu-v5e-1").hardware
+  cal = calibration.for_hardware(hw, attention="pallas_hd64")
+
+  def kernel(name):
+    return hlo_ops.Op(name=name, opcode="custom-call", category="kernel", module="",
+                      primitive="attention._attend pallas_call", pass_="forward", count=12,
+                      narrow="", bytes=0.0, flops=0.0, sent=0.0, seconds=0.0)
+
+  flops, forward_s = 25.8e9, 0.5e-3  # a call's FLOPs; a forward call's time
+  ops = [kernel("flash_hd64_fwd_transposed.3"), kernel("flash_hd64_bwd_transposed.7")]
+  measured = {ops[0].name: 12 * forward_s, ops[1].name: 12 * 1.5 * forward_s}
+  joined = chip_ops.join(ops, measured, cal, hw, flops)
+  assert [j.bound for j in joined] == ["kernel", "kernel"]
+  assert joined[0].planned == pytest.approx(12 * flops / (cal.attention * hw.peak_flops()))
+  fits = chip_ops.fits(joined, hw, flops)
+  assert fits["attention"] == (pytest.approx(flops / (forward_s * hw.peak_flops())), 1)
+  assert fits["attention_backward"] == (pytest.approx(1.5), 1)
