@@ -110,10 +110,7 @@ def join(ops, measured: dict[str, float], cal, hw, call_flops: float = 0.0) -> l
     if cal.attention_wrapper_timed and plan_lib.ATTENTION_SCOPE in op.primitive:
       out.append(Joined(op, measured[op.name], 0.0, "around"))
       continue
-    hbm = (op.bytes - op.alt_bytes if cal.alternate_memory else op.bytes) / (
-        cal.memory * hw.hbm_bandwidth)
-    memory = cal.bytes_seconds(op, hw.hbm_bandwidth)
-    bound = "hbm" if memory == hbm else "alternate"
+    memory, bound = cal.bytes_bound(op, hw.hbm_bandwidth)
     planned = memory
     if op.category == "matmul":
       compute = op.flops / (cal.matmul_quantized * hw.peak_flops(op.narrow) if op.narrow
@@ -191,10 +188,16 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--row", type=int, default=-1, help="only this row (0-based; default: all)")
   p.add_argument("--ops", type=int, default=10, help="list this many of the longest ops")
   args = p.parse_args(argv)
-  rows = [json.loads(line) for line in pathlib.Path(args.file).read_text().splitlines() if line]
-  for i, row in enumerate(rows):
-    if args.row >= 0 and i != args.row or not row.get("profile"):
-      continue
+  try:
+    rows = [json.loads(line) for line in pathlib.Path(args.file).read_text().splitlines() if line]
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    p.error(f"{args.file}: not a readable chip.jsonl ({type(e).__name__}: {e})")
+  chosen = [r for i, r in enumerate(rows) if (args.row < 0 or i == args.row)
+            and isinstance(r, dict) and r.get("profile")]
+  if not chosen:
+    p.error(f"{args.file}: no profiled row" + (f" {args.row}" if args.row >= 0 else "")
+            + f" among its {len(rows)} (`benchmarks.chip run --profile` writes them)")
+  for row in chosen:
     measured = profile_ops(row)
     ops, cal, hw, call_flops = compile_row(row)
     print(report(row, join(ops, measured, cal, hw, call_flops), measured, hw, args.ops,

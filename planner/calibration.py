@@ -96,10 +96,15 @@ class Calibration:
     """The time of an op's (hlo_ops.Op) memory traffic: its HBM bytes at `memory` x the
     bandwidth; where the row times the alternate memory (on chip, S(1)), all its bytes at no
     more than `alternate_memory` x it."""
+    return self.bytes_bound(op, hbm_bandwidth)[0]
+
+  def bytes_bound(self, op, hbm_bandwidth: float) -> tuple[float, str]:
+    """(bytes_seconds, what bounds it: "hbm" or "alternate")."""
     if not self.alternate_memory:
-      return op.bytes / (self.memory * hbm_bandwidth)
-    return max((op.bytes - op.alt_bytes) / (self.memory * hbm_bandwidth),
-               op.bytes / (self.alternate_memory * hbm_bandwidth))
+      return op.bytes / (self.memory * hbm_bandwidth), "hbm"
+    hbm = (op.bytes - op.alt_bytes) / (self.memory * hbm_bandwidth)
+    both = op.bytes / (self.alternate_memory * hbm_bandwidth)
+    return (hbm, "hbm") if hbm >= both else (both, "alternate")
 
   def kernel_seconds(self, op, call_flops: float, peak_flops: float) -> float | None:
     """An attention kernel op's (hlo_ops.Op) time: its forward passes of `call_flops` each at
