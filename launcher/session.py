@@ -25,7 +25,8 @@ from launcher import (config_loading, convert, distributed, flat, folders, platf
                       preemption, run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import attn_registry, quantization
-from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
+from trainer import checkpoint, checkpoint_files, compile_cache, compile_prefetch, disk
+from trainer import config as config_lib
 from trainer import host_memory
 from trainer import experiment as experiment_lib
 from trainer import early_restore, flops, loop, mesh_rules, meshes, schedules, sharding
@@ -56,6 +57,8 @@ class Run:
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
   startup: startup_lib.Startup  # when the phases before the first step ended
   notes: tuple = ()  # what to say of the config once the run is accepted (axtrain: note: ...)
+  # (the compilation cache folder or None, the setting's name): trainer/compile_prefetch.py
+  prefetch: tuple = (None, "")
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
@@ -72,7 +75,10 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
-  compile_cache.enable(run_cfg.trainer.compile_cache)
+  resolved = json.loads(cfg.to_json_best_effort())
+  prefetch = (compile_cache.enable(run_cfg.trainer.compile_cache),
+              compile_prefetch.setting(resolved, entry.name))
+  compile_prefetch.start(*prefetch)  # the programs this setting used last, loaded in threads
   exp = experiment_lib.build(run_cfg, entry)
   startup = startup_lib.Startup()
   startup.note("to_experiment_s")
@@ -94,10 +100,11 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
-             resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
+             resolved=resolved, exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
              main_process=main_process, notes=notes,
-             multi_process=multi_process, callbacks=tuple(callbacks), startup=startup)
+             multi_process=multi_process, callbacks=tuple(callbacks), startup=startup,
+             prefetch=prefetch)
   try:
     if not main_process:
       return _train(this)
@@ -444,6 +451,10 @@ def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str
   # 3.9 GiB more RAM in use after compiling than after reading the programs from the cache.
   host_memory.release()
   this.startup.note("to_compiled_s")
+  compile_prefetch.remember(*this.prefetch)
+  for name, value in compile_prefetch.finish().items():
+    if value:
+      this.startup.add(name, value)
   return compiled, lines, notes
 
 

@@ -20,6 +20,13 @@ fallbacks; the early read is dropped before that restore starts. Where it runs:
 - a host whose available RAM is at least `RAM_FACTOR` times the state: the compile's heap and
   the restore are held at once (llm_1b's uncached compile peaked at 11.5 GB in use).
 
+While the read runs, the interpreter hands its lock between threads every SWITCH_INTERVAL_S
+seconds instead of Python's 5 ms: the read's threads take the lock briefly and often (Orbax's
+event loop, each block's copy), and with the trace beside them holding it, each of those waited
+up to 5 ms. On this repo's CPU machine a 125m host-memory restore beside llm_1b's trace took
+5.4-5.8 s at 5 ms and 4.0-4.5 s at 0.5 ms (2.9-3.7 s alone), the three traces 10.4-11.4 s and
+10.1-10.2 s (2026-12-07).
+
 run.json's `startup` says when a read that the loop took started and how long it took
 (`restore_started_s`, `restore_read_s`); `state_s` is then what the loop waited for it. A
 resume whose restore ran after the compile says why (`restore_after_compile`).
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import pathlib
+import sys
 import time
 
 import flax.linen as nn
@@ -43,6 +51,7 @@ from trainer.startup import Startup
 # state, a batch read, and the compiler's heap beside them.
 RAM_FACTOR = 2.0
 NOTHING_TO_RESTORE = "no committed checkpoint"  # (the run initialises: nothing to say)
+SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while the read runs (Python's default: 0.005)
 
 
 def first_step(directory: pathlib.Path, at_most: int | None) -> int | None:
@@ -97,6 +106,8 @@ class EarlyRestore:
   def _read(self) -> Restored | None:
     self._started_at, started = time.time(), time.perf_counter()
     placing = checkpoint_bounded.placing_seconds()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
       abstract = nn.meta.unbox(self._exp.abstract_state)  # outside the mesh (as the loop does)
       with self._exp.context():
@@ -104,6 +115,8 @@ class EarlyRestore:
       jax.block_until_ready(restored.state)
     except Exception:  # pylint: disable=broad-except  (the loop's own restore reports it)
       return None
+    finally:
+      sys.setswitchinterval(interval)
     self._read_s = time.perf_counter() - started
     self._placing_s = checkpoint_bounded.placing_seconds() - placing
     return restored

@@ -1,0 +1,68 @@
+"""A setting's programs are loaded from the compilation cache ahead of their lookup
+(trainer/compile_prefetch.py): the next start of a setting gets the executable JAX would have read,
+and only that one; a wrong guess or a damaged index is JAX's own read, as before.
+
+One process of its own (JAX's cache folder is chosen once per process), with JAX caching every
+program (its minimum compile time 0)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+SCRIPT = r"""
+import base64, json, pathlib, sys
+import jax, jax.numpy as jnp
+from jax._src.lib import xla_client
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from trainer import compile_cache, compile_prefetch as cp
+folder = compile_cache.enable(sys.argv[1])
+out = {}
+f = lambda x: jnp.sin(x) * 2 + x.sum()
+x = jnp.arange(8.0)
+def run():
+  jax.clear_caches()  # a new start: nothing in this process's memory
+  return jax.jit(f).lower(x).compile()(x).tolist()
+out["none_yet"] = cp.start(folder, "s")
+first = run()
+cp.remember(folder, "s")
+out["first"] = cp.finish()
+out["other_setting"] = cp.start(folder, "t")
+cp.finish()
+out["started"] = cp.start(folder, "s")
+out["same"] = run() == first
+out["second"] = cp.finish()
+index = pathlib.Path(folder) / "axtrain-prefetch" / "s.json"
+entries = json.loads(index.read_text())
+for e in entries["programs"]:  # a guess for other compile options: loaded, not handed over
+  e["options"] = base64.b64encode(xla_client.CompileOptions().SerializeAsString()).decode()
+index.write_text(json.dumps(entries))
+out["wrong_started"] = cp.start(folder, "s")
+out["wrong_same"] = run() == first
+out["wrong"] = cp.finish()
+index.write_text("{not json")
+out["damaged_started"] = cp.start(folder, "s")
+out["damaged_same"] = run() == first
+out["damaged"] = cp.finish()
+print(json.dumps(out))
+"""
+
+
+def test_the_next_start_takes_the_executable_loaded_ahead_and_only_the_right_one(tmp_path):
+  done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "cache")], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  assert out["none_yet"] == 0 and out["first"]["programs_loaded_ahead"] == 0
+  assert out["other_setting"] == 0  # another setting's index: nothing to load
+  assert out["started"] >= 1 and out["same"]
+  assert out["second"]["programs_loaded_ahead"] == 1, out
+  assert out["second"]["loads_not_taken"] == out["started"] - 1
+  assert out["wrong_started"] >= 1 and out["wrong_same"]
+  assert out["wrong"]["programs_loaded_ahead"] == 0, out  # JAX read it itself
+  assert out["damaged_started"] == 0 and out["damaged_same"]
+  assert out["damaged"]["programs_loaded_ahead"] == 0
