@@ -7,7 +7,6 @@ each live in their own module; this one only puts them in order.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -21,17 +20,15 @@ import jax
 import ml_collections
 from absl import flags
 
-from launcher import (config_loading, convert, distributed, flat, folders, platforms,
+from launcher import (config_loading, convert, distributed, flat, folders, platforms, starting,
                       preemption, run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import attn_registry, quantization
-from trainer import checkpoint, checkpoint_files, compile_cache, compile_prefetch, disk
+from trainer import checkpoint, checkpoint_files, compile_cache, disk
 from trainer import config as config_lib
-from trainer import host_memory
 from trainer import experiment as experiment_lib
-from trainer import early_restore, flops, loop, mesh_rules, meshes, schedules, sharding
+from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
 from trainer import startup as startup_lib
-from planner import compiler_output, step_memory
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
@@ -57,8 +54,7 @@ class Run:
   callbacks: tuple  # trainer.callbacks.Callback objects for the loop
   startup: startup_lib.Startup  # when the phases before the first step ended
   notes: tuple = ()  # what to say of the config once the run is accepted (axtrain: note: ...)
-  # (the compilation cache folder or None, the setting's name): trainer/compile_prefetch.py
-  prefetch: tuple = (None, "")
+  cache_dir: pathlib.Path | None = None  # the compilation cache's folder (None: off)
 
 
 def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
@@ -75,10 +71,9 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
-  resolved = json.loads(cfg.to_json_best_effort())
-  prefetch = (compile_cache.enable(run_cfg.trainer.compile_cache),
-              compile_prefetch.setting(resolved, entry.name))
-  compile_prefetch.start(*prefetch)  # the programs this setting used last, loaded in threads
+  config_value = config_loading.config_file_arg(argv)
+  rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
+  cache_dir = compile_cache.enable(run_cfg.trainer.compile_cache)
   exp = experiment_lib.build(run_cfg, entry)
   startup = startup_lib.Startup()
   startup.note("to_experiment_s")
@@ -89,8 +84,6 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
       kernel_note(run_cfg.model, platform=platform),
       quantization.emulation_note(run_cfg.model.quantization, platform=platform)) if n)
 
-  config_value = config_loading.config_file_arg(argv)
-  rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
   run_dir_lib.check_writable(rd.path)
   nested = folders.enclosing_run(rd.path)
   if nested is not None:
@@ -100,11 +93,11 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   checkpoint.check_restore_step(rd.path / "checkpoints", run_cfg.checkpoint.restore_step)
   main_process = jax.process_index() == 0
   this = Run(argv=argv, config_value=config_value, run_dir=rd,
-             resolved=resolved, exp=exp, mesh=entry, rule=rule,
+             resolved=json.loads(cfg.to_json_best_effort()), exp=exp, mesh=entry, rule=rule,
              overwrite=fv.overwrite, rewrite_config=fv.rewrite_config, progress=fv.progress,
              main_process=main_process, notes=notes,
              multi_process=multi_process, callbacks=tuple(callbacks), startup=startup,
-             prefetch=prefetch)
+             cache_dir=cache_dir)
   try:
     if not main_process:
       return _train(this)
@@ -234,7 +227,9 @@ def _train(this: Run) -> int:
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
   fresh = state in ("new", "overwrite")
-  early, (compiled, compiler_lines, compiler_notes) = _compile_reading(this, fresh=fresh)
+  early, (compiled, compiler_lines, compiler_notes) = starting.compile_reading(
+      this.exp, this.mesh, run_dir=rd.path, startup=this.startup, fresh=fresh,
+      prefetch=(this.cache_dir, this.resolved))
   for note in this.notes if this.main_process else ():
     print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:
@@ -417,57 +412,6 @@ def _finished(this: Run, result: loop.Result, finish, progress: Progress) -> int
   elif this.main_process:  # --noprogress leaves out the progress lines, not the outcome
     print(done, file=sys.stderr)
   return 0
-
-
-def _compile_reading(this: Run, *, fresh: bool):
-  """(a resume's checkpoint read beside the compile, or None: early_restore.py; _compile's)"""
-  ckpts = this.run_dir.path / "checkpoints"
-  early = None if fresh else early_restore.EarlyRestore.start(this.exp, ckpts, startup=this.startup)
-  try:
-    return early, _compile(this, initialises=fresh or not checkpoint_files.committed_steps(ckpts))
-  except BaseException:
-    if early is not None:
-      early.close()
-    raise
-
-
-def _compile(this: Run, *, initialises: bool) -> tuple[dict, list[str], list[str]]:
-  """The run's one compile (refused here for memory, nothing written) with XLA's log kept apart:
-  (the train step's compiled_stats, XLA's lines for compiler.log, the notes on them)."""
-  lines, notes = [], []
-  with compiler_output.compiler_log(notes, rest=lines), \
-      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="axtrain-init") as pool:
-    # The loop will initialise: its program is compiled beside the steps' (llm_1b on one v5e
-    # compiled it for 78 s after the steps' 166 s) once the train step is traced, in a thread
-    # the block waits for, also when the steps are refused (step_memory.check_train).
-    init = []
-    start_init = (lambda: init.append(pool.submit(lambda: this.exp.init_fn.lower(
-        jax.random.key(this.exp.run.trainer.seed)).compile()))) if initialises else None
-    compiled = _check_memory(this.exp, this.mesh, on_lowered=start_init)
-    this.startup.note("to_steps_compiled_s")
-    for started in init:
-      started.result()
-  # The compiler's freed heap goes back to the system: llm_1b's steps on one v5e host kept
-  # 3.9 GiB more RAM in use after compiling than after reading the programs from the cache.
-  host_memory.release()
-  this.startup.note("to_compiled_s")
-  compile_prefetch.remember(*this.prefetch)
-  for name, value in compile_prefetch.finish().items():
-    if value:
-      this.startup.add(name, value)
-  return compiled, lines, notes
-
-
-def _check_memory(exp: experiment_lib.Experiment, entry: meshes.Entry, *, on_lowered=None):
-  """Compiles the train and eval steps for batches shaped like the data's; refuses (ConfigError)
-  a step that needs more memory than a device has (naming `entry`'s sweep); calls `on_lowered`
-  once the train step is lowered. Returns the train step's compiled_stats (a dict)."""
-  process = dict(process_index=jax.process_index(), process_count=jax.process_count())
-  train_batch = next(exp.source.train_iterator(**process))
-  eval_batch = exp.source.eval_batches(batch_size=exp.run.eval.batch_size, num_batches=1,
-                                       **process)[0]
-  return step_memory.check_train(exp, train_batch=train_batch, eval_batch=eval_batch,
-                                 entry=entry, on_lowered=on_lowered)
 
 
 class _Extension:

@@ -5,7 +5,9 @@ resumed run, a second run of the same setting or an extension reads them back fr
 folder instead of compiling again (llm_1b on one TPU v5e compiles for about 3.5 minutes). The
 key is JAX's own (the program, the compiler and its flags, the devices), so a hit never changes
 what a run computes. JAX caches only programs that took at least
-`jax_persistent_cache_min_compile_time_secs` (1 s by default) to compile.
+`jax_persistent_cache_min_compile_time_secs` (1 s by default) to compile. The next start of a
+setting loads the programs its last run used while it traces its steps
+(trainer/compile_prefetch.py; its index is `axtrain-prefetch/` in the cache folder).
 
     trainer.compile_cache="auto"   $JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/axtrain/jax
                                    ($XDG_CACHE_HOME/axtrain/jax); off where JAX's own

@@ -9,7 +9,7 @@ executable took 21-27 s more to load (deserialize), one after the other (benchma
 A run that compiled (or read) its programs notes their cache keys, per setting, in the cache folder
 (`remember`: `<cache>/axtrain-prefetch/<setting>.json`, with the compile options and devices that
 JAX loaded them for). The next start of the same setting (a resume, a second run) `start`s loading
-those entries in threads as soon as the cache is on, beside the experiment's build and the trace.
+those entries in threads as its compile begins (launcher/starting.py), beside the trace.
 When JAX then looks a program up, it asks `_read` (installed over JAX's
 `compilation_cache.get_executable_and_time`), which hands over the executable loaded ahead if it is
 the one asked for: the same key (JAX's own, computed from the program just lowered), compile options
@@ -106,10 +106,11 @@ def _index(cache_dir: pathlib.Path, name: str) -> pathlib.Path:
   return pathlib.Path(cache_dir) / FOLDER / f"{name}.json"
 
 
-def start(cache_dir: pathlib.Path | None, name: str) -> int:
+def start(cache_dir: pathlib.Path | None, name: str, *, leave: tuple[str, ...] = ()) -> int:
   """Starts loading, in threads, the entries that the last run of setting `name` used (the
-  index in `cache_dir`); returns how many. Nothing where the cache is off, there is no index, or
-  it does not read."""
+  index in `cache_dir`), but those of programs named in `leave` (JAX's module names, which begin
+  its keys: a resumed run leaves its initialisation); returns how many. Nothing where the cache
+  is off, there is no index, or it does not read."""
   with _lock:  # a new run in this process: what it looks up is its own
     _asked.clear()
     _taken.update(programs=0, waited_s=0.0)
@@ -129,7 +130,8 @@ def start(cache_dir: pathlib.Path | None, name: str) -> int:
         options = base64.b64decode(entry["options"])
       except (KeyError, TypeError, ValueError):
         continue
-      if key in _ahead or not all(i in by_id for i in ids):
+      if (key in _ahead or not all(i in by_id for i in ids)
+          or any(key.startswith(f"{program}-") for program in leave)):
         continue
       if _state["pool"] is None:
         _state["pool"] = concurrent.futures.ThreadPoolExecutor(

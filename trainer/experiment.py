@@ -31,6 +31,11 @@ from trainer.param_axes import logical_axes
 from trainer.step import TrainState, eval_step, init_params, init_state, train_step
 
 
+# JAX's name for the initialisation's program (its compilation cache keys start with it): a
+# resumed run does not load it ahead (trainer/compile_prefetch.py)
+INIT_PROGRAM = "jit_initial_state"
+
+
 def compute_dtype(name: str, platform: str):
   if name == "auto":
     return jnp.float32 if platform == "cpu" else jnp.bfloat16
@@ -73,7 +78,9 @@ class Experiment:
   def init_fn(self):
     fn = functools.partial(init_state, model=self.model, optimizer=self.optimizer,
                            seq_len=self.source.seq_len)
-    return jax.jit(lambda key: nn.meta.unbox(fn(key)), out_shardings=self.state_shardings)
+    def initial_state(key):  # the program's name (INIT_PROGRAM): compile_prefetch.py
+      return nn.meta.unbox(fn(key))
+    return jax.jit(initial_state, out_shardings=self.state_shardings)
 
   @functools.cached_property
   def step_fn(self):

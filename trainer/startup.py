@@ -13,6 +13,10 @@
     restore_read_s    that read's own seconds
     restore_placing_s of those, waiting for copies into host memory once all was read
     restore_after_compile  for a resume whose restore ran after the compile, why
+    programs_loaded_ahead  programs that JAX took from trainer/compile_prefetch.py's loads
+                      (read from the compilation cache while the steps were traced)
+    loaded_ahead_wait_s  of JAX's cache reads, what it still waited for those loads
+    loads_not_taken   programs loaded ahead that this run did not ask for (let go)
     first_step_s      the first step, dispatched and finished (its programs' last compile or
                       load included)
     first_compile_s   of first_step_s: the train step lowered and compiled again by the loop
