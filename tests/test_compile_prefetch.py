@@ -37,8 +37,13 @@ out["started"] = cp.start(folder, "s")
 out["same"] = run() == first
 out["second"] = cp.finish()
 out["left_out"] = cp.start(folder, "s", leave=("jit__lambda",))  # JAX's name for f's program
+def g(x):
+  return jnp.cos(x) - 1
+jax.jit(g).lower(x).compile()  # this run asks for g's program only
+cp.remember(folder, "s")
 cp.finish()
 index = pathlib.Path(folder) / "axtrain-prefetch" / "s.json"
+out["programs"] = sorted(e["key"].rsplit("-", 1)[0] for e in json.loads(index.read_text())["programs"])
 entries = json.loads(index.read_text())
 for e in entries["programs"]:  # a guess for other compile options: loaded, not handed over
   e["options"] = base64.b64encode(xla_client.CompileOptions().SerializeAsString()).decode()
@@ -65,6 +70,7 @@ def test_the_next_start_takes_the_executable_loaded_ahead_and_only_the_right_one
   assert out["second"]["programs_loaded_ahead"] == 1, out
   assert out["second"]["loads_not_taken"] == out["started"] - 1
   assert out["left_out"] == 0  # a program left out (a resume's initialisation) is not loaded
+  assert out["programs"] == ["jit__lambda", "jit_g"]  # a run asking for g keeps f's entry
   assert out["wrong_started"] >= 1 and out["wrong_same"]
   assert out["wrong"]["programs_loaded_ahead"] == 0, out  # JAX read it itself
   assert out["damaged_started"] == 0 and out["damaged_same"]

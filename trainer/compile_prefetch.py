@@ -7,8 +7,8 @@ executable took 21-27 s more to load (deserialize), one after the other (benchma
 2026-12-07): 40% of a resumed run's time to its first step.
 
 A run that compiled (or read) its programs notes their cache keys, per setting, in the cache folder
-(`remember`: `<cache>/axtrain-prefetch/<setting>.json`, with the compile options and devices that
-JAX loaded them for). The next start of the same setting (a resume, a second run) `start`s loading
+(`remember`: `<cache>/axtrain-prefetch/<setting>.json`, one entry per program, the newest, with the
+compile options and devices that JAX loaded it for). The next start of the same setting (a resume, a second run) `start`s loading
 those entries in threads as its compile begins (launcher/starting.py), beside the trace.
 When JAX then looks a program up, it asks `_read` (installed over JAX's
 `compilation_cache.get_executable_and_time`), which hands over the executable loaded ahead if it is
@@ -158,22 +158,33 @@ def _load(key: str, options: bytes, devices: list, backend):
   return executable, compile_time, options, _ids(devices)
 
 
+def _program(key: str) -> str:
+  """The program's name in a JAX cache key (`<module name>-<digest>`)."""
+  return key.rsplit("-", 1)[0]
+
+
 def remember(cache_dir: pathlib.Path | None, name: str) -> None:
-  """Notes, for setting `name`, the entries JAX looked up in this process so far (those now in
-  the cache), for the next start to load ahead. A folder that cannot be written is let be."""
+  """Notes, for setting `name`, the entries JAX looked up in this process so far, for the next
+  start to load ahead: the index keeps one entry per program, the newest (a resume, which asks
+  for no initialisation, keeps the fresh run's). A folder that cannot be written is let be."""
   if cache_dir is None:
     return
   with _lock:
     asked = dict(_asked)
   if not asked:
     return
-  programs = [{"key": key, "options": base64.b64encode(a["options"]).decode(),
-               "devices": a["devices"]} for key, a in asked.items()]
   path = _index(cache_dir, name)
+  try:
+    kept = json.loads(path.read_text())["programs"]
+    programs = {_program(str(e["key"])): e for e in kept if isinstance(e, dict) and "key" in e}
+  except (OSError, ValueError, KeyError, TypeError):
+    programs = {}
+  programs.update((_program(key), {"key": key, "options": base64.b64encode(a["options"]).decode(),
+                                   "devices": a["devices"]}) for key, a in asked.items())
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"programs": programs}))
+    tmp.write_text(json.dumps({"programs": list(programs.values())}))
     os.replace(tmp, path)
   except OSError:
     pass
