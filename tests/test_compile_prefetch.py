@@ -43,7 +43,8 @@ jax.jit(g).lower(x).compile()  # this run asks for g's program only
 cp.remember(folder, "s")
 cp.finish()
 index = pathlib.Path(folder) / "axtrain-prefetch" / "s.json"
-out["programs"] = sorted(e["key"].rsplit("-", 1)[0] for e in json.loads(index.read_text())["programs"])
+out["programs"] = sorted(e["key"].rsplit("-", 1)[0]
+                         for e in json.loads(index.read_text())["programs"])
 entries = json.loads(index.read_text())
 for e in entries["programs"]:  # a guess for other compile options: loaded, not handed over
   e["options"] = base64.b64encode(xla_client.CompileOptions().SerializeAsString()).decode()

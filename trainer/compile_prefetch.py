@@ -2,23 +2,23 @@
 
 JAX's persistent compilation cache (trainer/compile_cache.py) is keyed by the lowered program, so
 a run must trace and lower a step before it can look the step up; the read-back then loads the
-executable. For llm_1b on one TPU v5e the train step traced and lowered in 15-22 s and its 140 MB
-executable took 21-27 s more to load (deserialize), one after the other (benchmarks/whole_run.py,
-2026-12-07): 40% of a resumed run's time to its first step.
+executable. For llm_1b on one TPU v5e the train step traced in 15-22 s and its 140 MB executable
+took 21-27 s more to load (deserialize), one after the other: most of a resumed run's 67 s to its
+first step (docs/fault_tolerance.md, 2026-12-07).
 
-A run that compiled (or read) its programs notes their cache keys, per setting, in the cache folder
-(`remember`: `<cache>/axtrain-prefetch/<setting>.json`, one entry per program, the newest, with the
-compile options and devices that JAX loaded it for). The next start of the same setting (a resume, a second run) `start`s loading
-those entries in threads as its compile begins (launcher/starting.py), beside the trace.
-When JAX then looks a program up, it asks `_read` (installed over JAX's
-`compilation_cache.get_executable_and_time`), which hands over the executable loaded ahead if it is
-the one asked for: the same key (JAX's own, computed from the program just lowered), compile options
-and devices; else JAX reads the entry itself as before. A guess that misses (the code or the
-setting changed) costs a read in a thread and never changes what runs. What was not taken is let go
-(`finish`).
+A run that compiled (or read) its programs notes their cache keys, per setting, in the cache
+folder (`remember`: `<cache>/axtrain-prefetch/<setting>.json`, one entry per program, the
+newest, with the compile options and devices that JAX loaded it for). The next start of the same
+setting (a resume, a second run) `start`s loading those entries in threads as its compile begins
+(launcher/starting.py), beside the trace. When JAX then looks a program up, it asks `_read`
+(installed over JAX's `compilation_cache.get_executable_and_time`), which hands over the
+executable loaded ahead if it is the one asked for: the same key (JAX's own, computed from the
+program just lowered), compile options and devices; else JAX reads the entry itself as before. A
+guess that misses (the code or the setting changed) costs a read in a thread and never changes
+what runs. What was not taken is let go (`finish`).
 
-`setting` is a digest of the resolved config, the mesh entry, the process's place and JAX's version;
-the index is only a guess, so it need not be exact.
+`setting` is a digest of the resolved config, the mesh entry, the process's place and JAX's
+version; the index is only a guess, so it need not be exact.
 """
 
 from __future__ import annotations
@@ -194,11 +194,11 @@ def finish() -> dict:
   """Lets go of what was loaded ahead and not taken (a load still running ends in its thread);
   returns {programs taken, seconds JAX waited for them, loads not taken}."""
   with _lock:
-    unused, _ahead_items = len(_ahead), list(_ahead.values())
+    unused, pending = len(_ahead), list(_ahead.values())
     _ahead.clear()
     pool, _state["pool"] = _state["pool"], None
     taken = dict(_taken)
-  for future in _ahead_items:
+  for future in pending:
     future.cancel()
   if pool is not None:
     pool.shutdown(wait=False, cancel_futures=True)
