@@ -24,8 +24,7 @@ from launcher import (config_loading, convert, distributed, flat, folders, platf
                       preemption, run_dir as run_dir_lib, run_lock, run_names)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import attn_registry, quantization
-from trainer import checkpoint, checkpoint_files, compile_cache, disk
-from trainer import config as config_lib
+from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk
 from trainer import experiment as experiment_lib
 from trainer import flops, loop, mesh_rules, meshes, schedules, sharding
 from trainer import startup as startup_lib
@@ -71,8 +70,6 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
   rule = mesh_rules.apply_rules(cfg, entry, {k for k, _ in items})
   run_cfg = config_lib.parse(cfg)
   meshes.check_present(entry)
-  config_value = config_loading.config_file_arg(argv)
-  rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
   cache_dir = compile_cache.enable(run_cfg.trainer.compile_cache)
   exp = experiment_lib.build(run_cfg, entry)
   startup = startup_lib.Startup()
@@ -84,6 +81,8 @@ def run(fv: flags.FlagValues, argv: list[str], *, callbacks=()) -> int:
       kernel_note(run_cfg.model, platform=platform),
       quantization.emulation_note(run_cfg.model.quantization, platform=platform)) if n)
 
+  config_value = config_loading.config_file_arg(argv)
+  rd = run_dir_lib.RunDir(_output_dir(fv, config_value, items, cfg=cfg, mesh=entry.name))
   run_dir_lib.check_writable(rd.path)
   nested = folders.enclosing_run(rd.path)
   if nested is not None:
@@ -229,7 +228,7 @@ def _train(this: Run) -> int:
   fresh = state in ("new", "overwrite")
   early, (compiled, compiler_lines, compiler_notes) = starting.compile_reading(
       this.exp, this.mesh, run_dir=rd.path, startup=this.startup, fresh=fresh,
-      prefetch=(this.cache_dir, this.resolved))
+      cache_dir=this.cache_dir, resolved=this.resolved)
   for note in this.notes if this.main_process else ():
     print(f"axtrain: note: {note}", file=sys.stderr)
   if this.main_process:

@@ -19,30 +19,36 @@ from trainer.startup import Startup
 
 
 def compile_reading(exp: experiment_lib.Experiment, entry: meshes.Entry, *,
-                    run_dir: pathlib.Path, startup: Startup, fresh: bool, prefetch: tuple):
-  """(a resume's checkpoint read beside the compile, or None; `_compile`'s). `prefetch`: (the
-  compilation cache's folder or None, the resolved config) for trainer/compile_prefetch.py."""
+                    run_dir: pathlib.Path, startup: Startup, fresh: bool,
+                    cache_dir: pathlib.Path | None, resolved: dict):
+  """(a resume's checkpoint read beside the compile, or None; `_compile`'s). `cache_dir`: the
+  compilation cache's folder (None: off); `resolved`: the resolved config (its setting's name
+  in trainer/compile_prefetch.py)."""
   ckpts = run_dir / "checkpoints"
   initialises = fresh or not checkpoint_files.committed_steps(ckpts)
   # The programs this setting used last, loaded in threads from here (a run that restores
   # leaves out the initialisation's); what the compile does not take is let go after it.
-  cache_dir, resolved = prefetch
-  setting = (cache_dir, compile_prefetch.setting(resolved, entry.name))
-  compile_prefetch.start(*setting, leave=() if initialises else (experiment_lib.INIT_PROGRAM,))
+  setting = compile_prefetch.setting(resolved, entry.name)
+  compile_prefetch.start(cache_dir, setting,
+                         leave=() if initialises else (experiment_lib.INIT_PROGRAM,))
   early = None if fresh else early_restore.EarlyRestore.start(exp, ckpts, startup=startup)
   try:
-    return early, _compile(exp, entry, startup=startup, setting=setting,
-                           initialises=initialises)
+    compiled = _compile(exp, entry, startup=startup, initialises=initialises)
   except BaseException:
     if early is not None:
       early.close()
     raise
   finally:
-    compile_prefetch.finish()
+    ahead = compile_prefetch.finish()
+  compile_prefetch.remember(cache_dir, setting)
+  for name, value in ahead.items():
+    if value:
+      startup.add(name, value)
+  return early, compiled
 
 
 def _compile(exp: experiment_lib.Experiment, entry: meshes.Entry, *, startup: Startup,
-             setting: tuple, initialises: bool) -> tuple[dict, list[str], list[str]]:
+             initialises: bool) -> tuple[dict, list[str], list[str]]:
   """The run's one compile (refused here for memory, nothing written) with XLA's log kept apart:
   (the train step's compiled_stats, XLA's lines for compiler.log, the notes on them)."""
   lines, notes = [], []
@@ -62,10 +68,6 @@ def _compile(exp: experiment_lib.Experiment, entry: meshes.Entry, *, startup: St
   # 3.9 GiB more RAM in use after compiling than after reading the programs from the cache.
   host_memory.release()
   startup.note("to_compiled_s")
-  compile_prefetch.remember(*setting)
-  for name, value in compile_prefetch.finish().items():
-    if value:
-      startup.add(name, value)
   return compiled, lines, notes
 
 
