@@ -226,7 +226,7 @@ def _train(this: Run) -> int:
     return 0
   extension = _Extension(rd, exp) if state == "extend" else None
   fresh = state in ("new", "overwrite")
-  early, (compiled, compiler_lines, compiler_notes) = starting.compile_reading(
+  early, init, (compiled, compiler_lines, compiler_notes) = starting.compile_reading(
       this.exp, this.mesh, run_dir=rd.path, startup=this.startup, fresh=fresh,
       cache_dir=this.cache_dir, resolved=this.resolved)
   for note in this.notes if this.main_process else ():
@@ -247,7 +247,8 @@ def _train(this: Run) -> int:
       result = loop.train(exp, run_dir=rd.path, progress=progress,
                           checkpoint_dir=rd.path / "checkpoints", stop_requested=stop_requested,
                           callbacks=callbacks,
-                          hardware_peak_flops=this.mesh.hardware.peak_bf16_flops, early=early)
+                          hardware_peak_flops=this.mesh.hardware.peak_bf16_flops, early=early,
+                          initialised=init)
   except (loop.NonFiniteError, checkpoint.CheckpointError) as e:
     return _failed(this, finish, _checkpoint_advice(rd, e))
   except jax.errors.JaxRuntimeError as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from tests.ckpt_util import losses
 from tests.conftest import cli_batch
 
 # The `test` model at the suite's small shapes (tests/test_kinds_cli.py): what is cached does not
@@ -27,12 +28,16 @@ def _entries(folder: pathlib.Path) -> list[pathlib.Path]:
 
 
 def test_a_second_run_reads_the_first_runs_programs(tmp_path):
+  # A state in host memory, every program cached (JAX's minimum compile time 0): the second run
+  # initialises beside its steps' loads (trainer/early_init.py), the extension reads its
+  # checkpoint beside them (trainer/early_restore.py).
   cache = f"--config.trainer.compile_cache={tmp_path / 'cache'}"
+  host = "--config.trainer.state_memory=host"
   first, second, extended = cli_batch([
-      [*TINY, cache, f"--output_dir={tmp_path / 'a'}"],
-      [*TINY, cache, f"--output_dir={tmp_path / 'b'}"],
-      [*TINY, "--config.trainer.max_steps=3", cache, f"--output_dir={tmp_path / 'a'}"]])
-  assert first.returncode == 0, first.stderr[-2000:]
+      [*TINY, host, cache, f"--output_dir={tmp_path / 'a'}"],
+      [*TINY, host, cache, f"--output_dir={tmp_path / 'b'}"],
+      [*TINY, host, "--config.trainer.max_steps=3", cache, f"--output_dir={tmp_path / 'a'}"]],
+      env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
   assert READ not in first.stderr and _entries(tmp_path / "cache")
   startup = json.loads((tmp_path / "a" / "run.json").read_text())["startup"]  # trainer/startup.py
   assert (0 < startup["to_experiment_s"] <= startup["to_steps_compiled_s"]
@@ -52,8 +57,14 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
   startup = json.loads((tmp_path / "b" / "run.json").read_text())["startup"]
   spent = startup["compile"]
   assert 0 <= spent["cache_read_s"] <= spent["compile_s"] and spent["trace_s"] > 0
-  # the first run's programs were loaded while the second traced (trainer/compile_prefetch.py)
-  assert startup["programs_loaded_ahead"] >= 1, startup
+  # the first run's programs were loaded while the second traced (trainer/compile_prefetch.py),
+  # its initialisation's first, and run there: the same state, the same losses
+  assert startup["programs_loaded_ahead"] >= 2, startup
+  assert startup["init_run_s"] > 0 and startup["init_started_s"] <= startup["to_compiled_s"]
+  second_losses = losses(tmp_path / "b")
+  assert second_losses and second_losses == {s: losses(tmp_path / "a")[s] for s in second_losses}
+  resumed = json.loads((tmp_path / "a" / "run.json").read_text())["startup"]
+  assert "init_run_s" not in resumed and resumed["restore_read_s"] > 0, resumed
 
 
 def test_the_cache_can_be_turned_off_and_a_bad_folder_is_one_line(tmp_path):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
+from trainer import compile_prefetch as cp
 
 SCRIPT = r"""
 import base64, json, pathlib, sys
@@ -34,7 +35,9 @@ out["first"] = cp.finish()
 out["other_setting"] = cp.start(folder, "t")
 cp.finish()
 out["started"] = cp.start(folder, "s")
+out["loading"] = [cp.loading("jit__lambda"), cp.loading("jit_g")]
 out["same"] = run() == first
+out["taken"] = [cp.taken("jit__lambda"), cp.taken("jit_g")]
 out["second"] = cp.finish()
 out["left_out"] = cp.start(folder, "s", leave=("jit__lambda",))  # JAX's name for f's program
 def g(x):
@@ -51,6 +54,7 @@ for e in entries["programs"]:  # a guess for other compile options: loaded, not 
 index.write_text(json.dumps(entries))
 out["wrong_started"] = cp.start(folder, "s")
 out["wrong_same"] = run() == first
+out["wrong_taken"] = cp.taken("jit__lambda")
 out["wrong"] = cp.finish()
 index.write_text("{not json")
 out["damaged_started"] = cp.start(folder, "s")
@@ -69,10 +73,27 @@ def test_the_next_start_takes_the_executable_loaded_ahead_and_only_the_right_one
   assert out["other_setting"] == 0  # another setting's index: nothing to load
   assert out["started"] >= 1 and out["same"]
   assert out["second"]["programs_loaded_ahead"] == 1, out
+  assert out["loading"] == [True, False] and out["taken"] == [True, False]
   assert out["second"]["loads_not_taken"] == out["started"] - 1
   assert out["left_out"] == 0  # a program left out (a resume's initialisation) is not loaded
   assert out["programs"] == ["jit__lambda", "jit_g"]  # a run asking for g keeps f's entry
   assert out["wrong_started"] >= 1 and out["wrong_same"]
   assert out["wrong"]["programs_loaded_ahead"] == 0, out  # JAX read it itself
+  assert not out["wrong_taken"]
   assert out["damaged_started"] == 0 and out["damaged_same"]
   assert out["damaged"]["programs_loaded_ahead"] == 0
+
+
+def test_the_programs_a_start_needs_first_are_loaded_first():
+  """One load at a time (on one v5e side by side loads only made the first-needed one late):
+  the order is the start's, then the index's."""
+  entries = [{"key": f"{name}-{i}"} for i, name in
+             enumerate(["jit_eval_step", "jit_stage", "jit_initial_state", "jit_train_step"])]
+  def order(first):
+    return [e["key"].rsplit("-", 1)[0] for e in cp._ranked(entries, first)]  # pylint: disable=protected-access
+  assert order(("jit_initial_state", "jit_train_step", "jit_eval_step")) == [
+      "jit_initial_state", "jit_train_step", "jit_eval_step", "jit_stage"]
+  assert order(("jit_train_step", "jit_eval_step")) == [
+      "jit_train_step", "jit_eval_step", "jit_stage", "jit_initial_state"]
+  assert order(()) == [e["key"].rsplit("-", 1)[0] for e in entries]
+  assert cp._ranked([*entries, "not an entry"], ())[-1] == "not an entry"  # pylint: disable=protected-access

@@ -9,13 +9,15 @@ first step (docs/fault_tolerance.md, 2026-12-07).
 A run that compiled (or read) its programs notes their cache keys, per setting, in the cache
 folder (`remember`: `<cache>/axtrain-prefetch/<setting>.json`, one entry per program, the
 newest, with the compile options and devices that JAX loaded it for). The next start of the same
-setting (a resume, a second run) `start`s loading those entries in threads as its compile begins
-(launcher/starting.py), beside the trace. When JAX then looks a program up, it asks `_read`
-(installed over JAX's `compilation_cache.get_executable_and_time`), which hands over the
-executable loaded ahead if it is the one asked for: the same key (JAX's own, computed from the
-program just lowered), compile options and devices; else JAX reads the entry itself as before. A
-guess that misses (the code or the setting changed) costs a read in a thread and never changes
-what runs. What was not taken is let go (`finish`).
+setting (a resume, a second run) `start`s loading those entries in a thread, one after another
+in the order the start needs them, as its compile begins (launcher/starting.py), beside the
+trace. When JAX then looks a program up, it asks `_read` (installed over JAX's
+`compilation_cache.get_executable_and_time`), which hands over the executable loaded ahead if it
+is the one asked for: the same key (JAX's own, computed from the program just lowered), compile
+options and devices; else JAX reads the entry itself as before. A guess that misses (the code or
+the setting changed) costs a read in a thread and never changes what runs. What was not taken is
+let go (`finish`). A second run's initialisation, loaded first, runs while the steps' programs
+load (trainer/early_init.py): `loading` and `taken` say whether it can.
 
 `setting` is a digest of the resolved config, the mesh entry, the process's place and JAX's
 version; the index is only a guess, so it need not be exact.
@@ -35,13 +37,18 @@ import time
 import jax
 
 FOLDER = "axtrain-prefetch"  # in the cache folder
-LOADERS = 3  # threads: the train step, the eval step and the init load side by side
+# One load at a time, in the order the start needs them (`start`'s `first`): on one v5e the loads
+# did not overlap (llm_1b's train, eval and init loads side by side ended after 31 s, the sum of
+# their 21, 3 and 6 s alone), so side by side they only made the first-needed one late.
+LOADERS = 1
 
 _lock = threading.Lock()
 _state = {"original": None, "pool": None}
 _ahead: dict[str, concurrent.futures.Future] = {}  # key -> Future[(executable, time, options, ids)]
 _asked: dict[str, dict] = {}  # key -> {options, devices}: what JAX looked up in this process
 _taken = {"programs": 0, "waited_s": 0.0}
+_taken_programs: set[str] = set()  # the programs whose executable loaded ahead JAX took
+_loading: set[str] = set()  # the programs `start` began loading
 
 
 def _cache_module():
@@ -98,6 +105,7 @@ def _read(cache_key, compile_options, backend, executable_devices):
       with _lock:
         _taken["programs"] += 1
         _taken["waited_s"] += time.perf_counter() - started
+        _taken_programs.add(_program(cache_key))
       return loaded[0], loaded[1]
   return _state["original"](cache_key, compile_options, backend, executable_devices)
 
@@ -106,18 +114,22 @@ def _index(cache_dir: pathlib.Path, name: str) -> pathlib.Path:
   return pathlib.Path(cache_dir) / FOLDER / f"{name}.json"
 
 
-def start(cache_dir: pathlib.Path | None, name: str, *, leave: tuple[str, ...] = ()) -> int:
-  """Starts loading, in threads, the entries that the last run of setting `name` used (the
-  index in `cache_dir`), but those of programs named in `leave` (JAX's module names, which begin
-  its keys: a resumed run leaves its initialisation); returns how many. Nothing where the cache
-  is off, there is no index, or it does not read."""
+def start(cache_dir: pathlib.Path | None, name: str, *, leave: tuple[str, ...] = (),
+          first: tuple[str, ...] = ()) -> int:
+  """Starts loading, in a thread, one after another, the entries that the last run of setting
+  `name` used (the index in `cache_dir`): those of the programs named in `first` first, in that
+  order, then the rest; not those named in `leave` (JAX's module names, which begin its keys: a
+  resumed run leaves its initialisation). Returns how many. Nothing where the cache is off,
+  there is no index, or it does not read."""
   with _lock:  # a new run in this process: what it looks up is its own
     _asked.clear()
     _taken.update(programs=0, waited_s=0.0)
+    _taken_programs.clear()
+    _loading.clear()
   if cache_dir is None or not install():
     return 0
   try:
-    entries = json.loads(_index(cache_dir, name).read_text())["programs"]
+    entries = _ranked(json.loads(_index(cache_dir, name).read_text())["programs"], first)
   except (OSError, ValueError, KeyError, TypeError):
     return 0
   backend = jax.devices()[0].client
@@ -138,8 +150,18 @@ def start(cache_dir: pathlib.Path | None, name: str, *, leave: tuple[str, ...] =
             LOADERS, thread_name_prefix="axtrain-prefetch")
       devices = [by_id[i] for i in ids]
       _ahead[key] = _state["pool"].submit(_load, key, options, devices, backend)
+      _loading.add(_program(key))
       started += 1
   return started
+
+
+def _ranked(entries: list, first: tuple[str, ...]) -> list:
+  """`entries` with those of the programs in `first` first, in that order (TypeError: not a
+  list)."""
+  def rank(entry) -> int:
+    program = _program(str(entry.get("key", ""))) if isinstance(entry, dict) else ""
+    return first.index(program) if program in first else len(first)
+  return sorted(entries, key=rank)
 
 
 def _load(key: str, options: bytes, devices: list, backend):
@@ -156,6 +178,19 @@ def _load(key: str, options: bytes, devices: list, backend):
   executable = backend.deserialize_executable(serialized, xla_client.DeviceList(tuple(devices)),
                                               compile_options)
   return executable, compile_time, options, _ids(devices)
+
+
+def loading(program: str) -> bool:
+  """Whether this start began loading an entry of `program` (JAX's module name)."""
+  with _lock:
+    return program in _loading
+
+
+def taken(program: str) -> bool:
+  """Whether JAX took, in this start, an executable of `program` that was loaded ahead (it did
+  not compile it)."""
+  with _lock:
+    return program in _taken_programs
 
 
 def _program(key: str) -> str:

@@ -31,9 +31,11 @@ from trainer.param_axes import logical_axes
 from trainer.step import TrainState, eval_step, init_params, init_state, train_step
 
 
-# JAX's name for the initialisation's program (its compilation cache keys start with it): a
-# resumed run does not load it ahead (trainer/compile_prefetch.py)
+# JAX's names for the programs (their compilation cache keys start with them): a resumed run
+# does not load the initialisation's ahead, a second run loads it first and the steps' after it,
+# in the order the start asks for them (trainer/compile_prefetch.py, trainer/early_init.py)
 INIT_PROGRAM = "jit_initial_state"
+STEP_PROGRAMS = ("jit_train_step", "jit_eval_step")
 
 
 def compute_dtype(name: str, platform: str):

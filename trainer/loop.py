@@ -28,6 +28,7 @@ from trainer import (compile_cache, flops, host_memory, metrics as metrics_lib, 
                      writers)
 from trainer.callbacks import Callback, Profile, call_all
 from trainer.checkpoint import Checkpointer, load_params
+from trainer.early_init import EarlyInit
 from trainer.early_restore import EarlyRestore
 from trainer.experiment import Experiment
 from trainer.progress import Progress, Timer, header
@@ -80,9 +81,11 @@ def _warn(text: str) -> None:
 
 
 def _initial_state(exp: Experiment, ckpt: Checkpointer | None, data, progress: Progress,
-                   warn: Callable[[str], None], early: EarlyRestore | None = None):
+                   warn: Callable[[str], None], early: EarlyRestore | None = None,
+                   initialised: EarlyInit | None = None):
   """(state, start step): the run's own checkpoint if any (`early`'s read of it, where that is
-  the one the restore would read first), else init (+ init.from_run params)."""
+  the one the restore would read first), else init (`initialised`'s, where it ran one beside
+  the compile) (+ init.from_run params)."""
   abstract = nn.meta.unbox(exp.abstract_state)
   if ckpt is not None:
     restore_step = exp.run.checkpoint.restore_step or None
@@ -100,7 +103,9 @@ def _initial_state(exp: Experiment, ckpt: Checkpointer | None, data, progress: P
         data.set_state(restored.data_state)
       progress.message(f"resumed from checkpoint step {restored.step} in {ckpt.directory}")
       return restored.state, restored.step
-  state = exp.init()
+  state = initialised.take() if initialised is not None else None
+  if state is None:
+    state = exp.init()
   if exp.run.init.from_run:
     params = load_params(exp.run.init.from_run, abstract.params, exp.state_shardings.params)
     state = state.replace(params=params)
@@ -112,7 +117,8 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
           progress: Progress | None = None, checkpoint_dir: pathlib.Path | None = None,
           stop_requested: Callable[[], bool] = lambda: False,
           callbacks: Sequence[Callback] = (), hardware_peak_flops: float | None = None,
-          warn: Callable[[str], None] = _warn, early: EarlyRestore | None = None) -> Result:
+          warn: Callable[[str], None] = _warn, early: EarlyRestore | None = None,
+          initialised: EarlyInit | None = None) -> Result:
   """Trains to trainer.max_steps, resuming from `checkpoint_dir` when it holds checkpoints.
 
   `run_dir` receives the metrics writers' files and profiles (process 0 only);
@@ -120,8 +126,9 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   saves a checkpoint of the finished step and returns with `preempted`.
   `callbacks` (trainer/callbacks.py) run after the run's own writers.
   `hardware_peak_flops` (the mesh entry's) is the MFU denominator unless
-  trainer.peak_flops is set. `early`: the checkpoint read while the launcher compiled
-  (trainer/early_restore.py), used where it is the one the restore would read first.
+  trainer.peak_flops is set. `early` (trainer/early_restore.py) and `initialised`
+  (trainer/early_init.py): the checkpoint read, or the initialisation run, while the launcher
+  compiled; used where the restore would read that checkpoint first, or the run initialises.
   """
   run = exp.run
   cfg = run.trainer
@@ -145,15 +152,15 @@ def train(exp: Experiment, *, run_dir: pathlib.Path | None = None,
   loop = LoopState(state=None, start=0, step=0, last_logged=0, stop_requested=stop_requested)
   try:
     started = time.perf_counter()
-    loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn, early)
+    loop.state, loop.start = _initial_state(exp, ckpt, data, progress, warn, early, initialised)
     jax.block_until_ready(loop.state)  # an initialisation runs now, not inside the first step
     loop.state_s = time.perf_counter() - started
     loop.step = loop.last_logged = loop.start
     _Loop(exp, loop, data=data, eval_batches=eval_batches, ckpt=ckpt, progress=progress,
           callbacks=callbacks, throughput=_throughput(exp, hardware_peak_flops), warn=warn).run()
   finally:
-    if early is not None:
-      early.close()
+    for started in filter(None, (early, initialised)):
+      started.close()
     call_all(callbacks, "on_train_end", loop)
     progress.close()
     if ckpt is not None:
