@@ -89,11 +89,12 @@ def test_the_programs_a_start_needs_first_are_loaded_first():
   the order is the start's, then the index's."""
   entries = [{"key": f"{name}-{i}"} for i, name in
              enumerate(["jit_eval_step", "jit_stage", "jit_initial_state", "jit_train_step"])]
+  ranked = cp._ranked  # pylint: disable=protected-access
   def order(first):
-    return [e["key"].rsplit("-", 1)[0] for e in cp._ranked(entries, first)]  # pylint: disable=protected-access
+    return [e["key"].rsplit("-", 1)[0] for e in ranked(entries, first)]
   assert order(("jit_initial_state", "jit_train_step", "jit_eval_step")) == [
       "jit_initial_state", "jit_train_step", "jit_eval_step", "jit_stage"]
   assert order(("jit_train_step", "jit_eval_step")) == [
       "jit_train_step", "jit_eval_step", "jit_stage", "jit_initial_state"]
   assert order(()) == [e["key"].rsplit("-", 1)[0] for e in entries]
-  assert cp._ranked([*entries, "not an entry"], ())[-1] == "not an entry"  # pylint: disable=protected-access
+  assert ranked([*entries, "not an entry"], ())[-1] == "not an entry"
