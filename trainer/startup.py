@@ -51,7 +51,7 @@ _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
            "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read_s"}
 _spent = dict.fromkeys(_EVENTS.values(), 0.0)  # this process's, so far
 _by_program: dict[str, dict[str, float]] = {}  # the same by JAX's function or module name
-_lock = threading.Lock()  # programs compile in threads too (launcher/session.py:_compile)
+_lock = threading.Lock()  # programs compile in threads too (launcher/starting.py, early_init.py)
 
 
 def _add(event: str, seconds: float, fun_name: str | None = None, **_) -> None:
