@@ -12,9 +12,10 @@ initialised at 24.9-38 s, beside its train step's trace and load, and began its 
 about 52 s instead of 69.5 s.
 
 Where the compile was a compile after all (the code changed since the index was written), the
-thread only compiles, as the launcher would have (trainer/step_memory's memory check still comes
-first), and the loop initialises as before: a first run's compiles, and the host memory they
-take, keep their order. Where it runs, as trainer/early_restore.py's read: one process, a state
+thread only compiles, as the launcher would have, and the loop initialises after the steps'
+compile and memory check (planner/step_memory.py) as before: a first run's compiles, and the
+host memory they take, keep their order. (Where it runs early, the steps were compiled and
+checked for this setting before.) Where it runs, as trainer/early_restore.py's read: one process, a state
 in host memory. run.json's `startup` says when it started and how long it ran (`init_started_s`,
 `init_run_s`).
 """
