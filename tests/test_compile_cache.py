@@ -38,6 +38,7 @@ def test_a_second_run_reads_the_first_runs_programs(tmp_path):
       [*TINY, host, cache, f"--output_dir={tmp_path / 'b'}"],
       [*TINY, host, "--config.trainer.max_steps=3", cache, f"--output_dir={tmp_path / 'a'}"]],
       env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+  assert first.returncode == 0, first.stderr[-2000:]
   assert READ not in first.stderr and _entries(tmp_path / "cache")
   startup = json.loads((tmp_path / "a" / "run.json").read_text())["startup"]  # trainer/startup.py
   assert (0 < startup["to_experiment_s"] <= startup["to_steps_compiled_s"]
