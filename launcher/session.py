@@ -20,8 +20,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from launcher import (config_loading, convert, distributed, flat, folders, platforms, starting,
-                      preemption, run_dir as run_dir_lib, run_lock, run_names)
+from launcher import (config_loading, convert, distributed, flat, folders, platforms,
+                      preemption, run_dir as run_dir_lib, run_lock, run_names, starting)
 from launcher.errors import EXIT_NO_SPACE, ConfigError, UserError
 from modules import attn_registry, quantization
 from trainer import checkpoint, checkpoint_files, compile_cache, config as config_lib, disk

@@ -33,15 +33,12 @@ from trainer.experiment import INIT_PROGRAM
 from trainer.startup import Startup
 
 
-def why_not(exp) -> str | None:
-  """Why `exp`'s initialisation runs after its steps' compile; None where it can run beside."""
-  if jax.process_count() != 1:
-    return "more than one process"
-  if exp.run.trainer.state_memory != "host":
-    return "the state is in device memory"  # initialised in moments
-  if not compile_prefetch.loading(INIT_PROGRAM):
-    return "its program is not being loaded ahead"
-  return None
+def runs_beside(exp) -> bool:
+  """Whether `exp`'s initialisation can run beside its steps' compile: one process, a state in
+  host memory (a state in device memory initialises in moments), its program being loaded
+  ahead."""
+  return (jax.process_count() == 1 and exp.run.trainer.state_memory == "host"
+          and compile_prefetch.loading(INIT_PROGRAM))
 
 
 class EarlyInit:
@@ -58,8 +55,8 @@ class EarlyInit:
   @classmethod
   def start(cls, exp, *, startup: Startup | None = None) -> "EarlyInit | None":
     """Starts the initialisation's compile (and run) in a thread; None where it cannot
-    (`why_not`: the launcher compiles it beside the steps as before)."""
-    if why_not(exp) is not None:
+    (`runs_beside`: the launcher compiles it beside the steps as before)."""
+    if not runs_beside(exp):
       return None
     early = cls(exp, startup)
     early._future = early._pool.submit(early._init)

@@ -13,6 +13,9 @@
     restore_read_s    that read's own seconds
     restore_placing_s of those, waiting for copies into host memory once all was read
     restore_after_compile  for a resume whose restore ran after the compile, why
+    init_started_s    process start -> a second run's initialisation started, beside the
+                      compile (trainer/early_init.py); state_s is then what the loop waited
+    init_run_s        that initialisation's own seconds
     programs_loaded_ahead  programs that JAX took from trainer/compile_prefetch.py's loads
                       (read from the compilation cache while the steps were traced)
     loaded_ahead_wait_s  of JAX's cache reads, what it still waited for those loads
