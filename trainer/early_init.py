@@ -15,9 +15,9 @@ Where the compile was a compile after all (the code changed since the index was 
 thread only compiles, as the launcher would have, and the loop initialises after the steps'
 compile and memory check (planner/step_memory.py) as before: a first run's compiles, and the
 host memory they take, keep their order. (Where it runs early, the steps were compiled and
-checked for this setting before.) Where it runs, as trainer/early_restore.py's read: one process, a state
-in host memory. run.json's `startup` says when it started and how long it ran (`init_started_s`,
-`init_run_s`).
+checked for this setting before.) Where it runs, as trainer/early_restore.py's read: one
+process, a state in host memory. run.json's `startup` says when it started and how long it ran
+(`init_started_s`, `init_run_s`).
 """
 
 from __future__ import annotations
