@@ -173,6 +173,11 @@ class Calibration:
 # backward a layer (0.24 of peak, 1.33 forward passes), the ops around them are too short to be
 # among the 60: whether they cost what the plan leaves out (2.6 ms in 43.9 at 4 rows) waits for
 # a profile of every op (benchmarks/chip.py now keeps them).
+# matmul_quantized: the int8 matmuls of 125m at 4 rows with int8 (`python -m benchmarks.chip_ops
+# benchmarks/profiles/125m-b4-int8.jsonl`: every op of the step, profiled through the CLI at
+# c0a1b56, 2026-12-07): the 228 that the plan bounds by their operations did 3.75 T int8 OPs in
+# 11.03 ms, 0.86 of the 394 TOP/s peak (time-weighted; the median op 0.92). With bf16's 0.83
+# assumed they planned at 11.47 ms, with 0.86 at 11.07 ms.
 _SPLASH_V5E = (0.22, 1.95)
 _HD64_FORWARD, _HD64_BOTH = 0.6469 / 0.7393, 1.4382 / 2.316
 
@@ -191,6 +196,9 @@ _V5E = Calibration(
     kernels=(("pallas_hd64", Kernel(*_scaled(_SPLASH_V5E, _HD64_FORWARD, _HD64_BOTH),
                                     note="pallas_hd64's kernel: splash's figures scaled by "
                                          "their times side by side on the chip, 2026-12-06")),),
+    matmul_quantized_measured=0.86,
+    quantized_source="measured on one TPU v5e chip, 2026-12-07 (125m at 4 rows with int8: every "
+                     "op of a profiled step joined with the compiled HLO, benchmarks/chip_ops.py)",
     alternate_memory=1.59,
     alternate_source="measured on one TPU v5e chip, 2026-12-07 (125m at 4 rows, bf16 and int8: "
                      "the profiles' 60 longest ops joined with the compiled HLO)",
