@@ -31,13 +31,14 @@ from planner import plan as plan_lib
 from trainer import config as config_lib, experiment as experiment_lib, mesh_rules, meshes
 
 
-def build(config: str, mesh: str):
-  """The experiment of `config` on mesh entry `mesh` (rules applied), with its abstract train
-  and eval inputs."""
+def build(config: str, mesh: str, overrides: tuple[str, ...] = ()):
+  """The experiment of `config` with `overrides` (`--config.a.b=value` flags) on mesh entry
+  `mesh` (rules applied; they leave the overridden fields as given), with its abstract train and
+  eval inputs."""
   config_loading.register_components()
   entry = meshes.lookup(mesh)
-  cfg = config_loading.load(config)
-  mesh_rules.apply_rules(cfg, entry, set())
+  cfg = config_loading.load(config, *overrides)
+  mesh_rules.apply_rules(cfg, entry, {k for k, _ in config_loading.overrides(list(overrides))})
   run = config_lib.parse(cfg)
   on_platform = jax.default_backend() == entry.hardware.platform
   devices = jax.devices() if on_platform else plan_lib.target_devices(entry)[0]
