@@ -13,6 +13,8 @@ what the chip achieved on the ops that one resource bounds, the figures a calibr
 (planner/calibration.py) is fitted from:
 
     matmul / int8 matmul   FLOPs / (time x peak), on the matmuls the plan bounds by FLOPs
+                           (also time-weighted: their FLOPs over their summed time, the
+                           share a calibration row takes)
     memory                 HBM bytes / (time x HBM bandwidth), on memory-bound ops with at
                            most 10% of their bytes on chip
     alternate_memory       all bytes / (time x HBM bandwidth), on memory-bound ops the plan
@@ -151,6 +153,19 @@ def fits(joined: list[Joined], hw, call_flops: float = 0.0) -> dict[str, tuple[f
   return out
 
 
+def time_weighted(joined: list[Joined], hw) -> dict[str, float]:
+  """"matmul" / "int8 matmul" -> their FLOPs over their time, as a share of the peak, on the
+  matmuls the plan bounds by FLOPs: what a calibration row's matmul share must be for the plan
+  to sum those ops to the chip's time (long ops weigh more than in the median)."""
+  flops, seconds = collections.defaultdict(float), collections.defaultdict(float)
+  for j in joined:
+    if j.bound == "flops" and j.measured > 0:
+      key = f"{j.op.narrow} matmul" if j.op.narrow else "matmul"
+      flops[key] += j.op.flops / hw.peak_flops(j.op.narrow)
+      seconds[key] += j.measured
+  return {k: flops[k] / seconds[k] for k in sorted(flops)}
+
+
 def report(row: dict, joined: list[Joined], measured: dict[str, float], hw, top: int,
            call_flops: float = 0.0) -> str:
   lines = [f"{row.get('setting')} at {str(row.get('commit'))[:7]} ({row.get('date')}): "
@@ -171,8 +186,10 @@ def report(row: dict, joined: list[Joined], measured: dict[str, float], hw, top:
   planned = sum(j.planned for j in joined)
   lines.append(f"  {'joined':20s} {len(joined):5d} {chip * 1e3:9.3f} {planned * 1e3:9.3f} "
                f"{planned / chip if chip else 0:9.2f}")
+  weighted = time_weighted(joined, hw)
   for figure, (value, n) in fits(joined, hw, call_flops).items():
-    lines.append(f"  achieved {figure}: {value:.3f} (median of {n} ops)")
+    also = f"; {weighted[figure]:.3f} time-weighted" if figure in weighted else ""
+    lines.append(f"  achieved {figure}: {value:.3f} (median of {n} ops{also})")
   for j in sorted(joined, key=lambda j: -j.measured)[:top]:
     lines.append(f"    {j.op.name:40s} {j.op.category:12s} {j.bound:9s} chip "
                  f"{j.measured * 1e3:8.3f} plan {j.planned * 1e3:8.3f} ms  "

@@ -3,6 +3,8 @@ rates the chip achieved, from a profile whose times were made at known rates."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from benchmarks import chip_ops
@@ -56,6 +58,22 @@ def test_the_join_recovers_the_rates_the_profile_was_made_at(compiled):
   # The plan's own rates against the made-up chip's, per kind: the report says so.
   text = chip_ops.report(row, joined, measured, hw, top=3)
   assert f"achieved matmul: {MATMUL:.3f}" in text and f"achieved memory: {MEMORY:.3f}" in text
+
+
+def test_the_time_weighted_share_weighs_long_matmuls_more_than_the_median():
+  """Three int8 matmuls at 0.9, 0.9 and 0.6 of the int8 peak, the slow one the longest: the median
+  says 0.9, the time-weighted share their FLOPs over their summed time."""
+  from trainer import meshes  # pylint: disable=import-outside-toplevel
+  hw = meshes.lookup("tpu-v5e-1").hardware
+  peak = hw.peak_flops("int8")
+  op = lambda flops: types.SimpleNamespace(flops=flops, narrow="int8", category="matmul",
+                                           alt_bytes=0.0, bytes=1.0)
+  made = [(1e12, 0.9), (1e12, 0.9), (6e12, 0.6)]  # (FLOPs, share of the peak)
+  joined = [chip_ops.Joined(op(f), f / (share * peak), 0.0, "flops") for f, share in made]
+  want = sum(f for f, _ in made) / sum(f / share for f, share in made)  # 8 / 12.22...
+  assert chip_ops.fits(joined, hw)["int8 matmul"][0] == pytest.approx(0.9)
+  assert chip_ops.time_weighted(joined, hw) == {"int8 matmul": pytest.approx(want)}
+  assert want == pytest.approx(0.6545, abs=1e-4)
 
 
 def test_rows_of_before_every_op_was_kept_are_read_from_their_longest_ops():
