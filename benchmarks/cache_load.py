@@ -7,13 +7,14 @@ Compiles the train step (built as `axtrain plan` builds it for the mesh entry, i
 with JAX's compilation cache on, in `--cache` (default: a temporary folder), then reads the entry
 back in a fresh process, as a resumed run does, and times the file read, the decompression and
 the deserialization (the executable's load), with the process's CPU seconds over the load. One
-JSON line: the compiled HLO's instructions, the executable's megabytes, those times. A setting
-that the cache left out (JAX keeps a program only past a compile time: set to 0 here) says so.
+JSON line: the compiled HLO's instructions (and its text's lines), the executable's megabytes,
+those times. A setting that the cache left out (JAX keeps a program only past a compile time:
+set to 0 here) says so.
 
 The load needs the mesh's platform on this machine; elsewhere the compile runs on the entry's
 compile-only devices and the line has no load (a compile-only client loads nothing). On one TPU
-v5e (2026-12-07) the load was one thread's CPU at about 0.3 ms an instruction, whatever the
-bytes: docs/fault_tolerance.md has the table.
+v5e (2026-12-07) the load was one thread's CPU at about 0.3 ms a line of the HLO's text (0.35 ms
+an instruction), whatever the bytes: docs/fault_tolerance.md has the table.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import base64
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,8 @@ from trainer import compile_cache, compile_prefetch, meshes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = "jit_train_step"  # JAX's module name, which begins the cache key
+# An instruction of the HLO text: `  %name = type opcode(...)`, or `  ROOT %name = ...`.
+INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = ", re.M)
 
 
 def compile_train(config: str, mesh: str, overrides: tuple[str, ...], cache: pathlib.Path) -> dict:
@@ -50,9 +54,9 @@ def compile_train(config: str, mesh: str, overrides: tuple[str, ...], cache: pat
   started = time.perf_counter()
   with exp.context():
     compiled = getattr(exp, name).lower(*args).compile()
+  text = "\n".join(m.to_string() for m in compiled.runtime_executable().hlo_modules())
   row = {"compile_s": round(time.perf_counter() - started, 2),
-         "hlo_instructions": sum(m.to_string().count("\n")
-                                 for m in compiled.runtime_executable().hlo_modules())}
+         "hlo_instructions": len(INSTRUCTION.findall(text)), "hlo_lines": text.count("\n")}
   compile_prefetch.remember(cache, "cache_load")
   index = json.loads((cache / compile_prefetch.FOLDER / "cache_load.json").read_text())
   entry = next((e for e in index["programs"] if e["key"].startswith(f"{TRAIN}-")), None)
