@@ -198,13 +198,20 @@ def run_one(name: str, overrides: tuple[str, ...], *, steps: int, work: pathlib.
   return row
 
 
-def run(argv: list[str]) -> int:
+def profile_alone(argv: list[str]) -> list[str]:
+  """`run`'s arguments with a bare `--profile` meaning every setting: argparse would take the
+  word after it, a setting, as the names to profile and leave that setting out of the run (a
+  call on the chip lost 125m-b4 that way); `--profile=NAME,...` profiles those."""
+  return ["--profile=all" if a == "--profile" else a for a in argv]
+
+
+def run_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m benchmarks.chip run")
   p.add_argument("--out", required=True, help="folder for chip.jsonl (the device tool's $OUT)")
   p.add_argument("--steps", type=int, default=0, help=f"steps per setting (default: STEPS_OF, "
                                                       f"else {STEPS})")
   p.add_argument("--profile", nargs="?", const="all", default="",
-                 help="trace 3 steps of each setting, or of these (comma-separated names)")
+                 help="trace 3 steps of each setting; --profile=NAME,...: of these")
   p.add_argument("--warmup", type=int, default=-1, help="first steps left out of the medians "
                                                        f"(default: STEPS_OF, else {WARMUP})")
   p.add_argument("--keep_traces", action="store_true",
@@ -213,7 +220,11 @@ def run(argv: list[str]) -> int:
   _commit_flag(p)
   p.add_argument("settings", nargs="*", default=list(SETTINGS),
                  help="NAME or NAME:--config.a=1,--config.b=2 (extra overrides)")
-  args = p.parse_args(argv)
+  return p
+
+
+def run(argv: list[str]) -> int:
+  args = run_parser().parse_args(profile_alone(argv))
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   work = pathlib.Path(args.work)
