@@ -31,10 +31,10 @@ import tempfile
 import time
 
 import jax
+from absl import flags
 
 from benchmarks import trace_step
 from core.registry import ConfigError
-from launcher import config_loading
 from trainer import compile_cache, compile_prefetch, meshes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -46,10 +46,10 @@ INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = ", re.M)
 def compile_train(config: str, mesh: str, overrides: tuple[str, ...], cache: pathlib.Path) -> dict:
   """Compiles the train step into `cache`; its HLO instructions and the entry JAX looked up (key,
   compile options, devices), as trainer/compile_prefetch.py notes it."""
+  exp, steps = trace_step.build(config, mesh, overrides)  # a mistake is refused before any folder
   _cache_on(cache)
   compile_prefetch.install()
   compile_prefetch.start(None, "")  # a clean slate of what this process looked up
-  exp, steps = trace_step.build(config, mesh, overrides)
   name, args = steps["train"]
   started = time.perf_counter()
   with exp.context():
@@ -89,9 +89,14 @@ def load(cache: pathlib.Path, entry: dict) -> dict:
 
 
 def _cache_on(cache: pathlib.Path) -> None:
+  """JAX's cache in `cache`, every program kept; JAX decided at its first compile (the
+  experiment's build compiles) whether a cache is used: asked again."""
+  # pylint: disable-next=import-outside-toplevel
+  from jax.experimental.compilation_cache import compilation_cache
   compile_cache.enable(str(cache))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  compilation_cache.reset_cache()
 
 
 def main(argv=None) -> int:
@@ -114,7 +119,7 @@ def main(argv=None) -> int:
     cache = pathlib.Path(args.cache or scratch)
     try:
       row = compile_train(args.config, args.mesh, tuple(rest), cache)
-    except (config_loading.Refused, ConfigError) as e:  # a user's mistake: one line
+    except (flags.Error, ConfigError) as e:  # a user's mistake (a bad value too): one line
       p.error(str(e))
     entry = row.pop("entry")
     row = {"config": args.config, "mesh": args.mesh, "overrides": rest, **row}

@@ -35,6 +35,7 @@ def test_a_step_compiled_into_the_cache_loads_back_in_a_fresh_process(tmp_path):
     (["--config=configs/tiny.py", "--mesh=tpu-v9"], "did you mean"),
     (["--config=configs/nope.py"], "configs/nope.py"),
     (["--config=configs/tiny.py", "--steps=3"], "unrecognized arguments: --steps=3"),
+    (["--config=configs/tiny.py", "--config.model.num_layers=nan"], "num_layers=nan"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(capsys, args, said):
   with pytest.raises(SystemExit) as e:
