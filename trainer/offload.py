@@ -162,10 +162,10 @@ def _pieces(x, cut: tuple[int, int]) -> list[tuple[int, int]]:
   """(start, size) along the cut's axis: one piece, the whole parameter, for one of at most
   WHOLE_BYTES; else two or more pieces of at most PIECE_BYTES (or of the rows multiple, where
   one row is larger), each a multiple of it but the last. Every piece is instructions of the
-  compiled step, and a cache entry loads at about 0.3 ms an instruction on a v5e host
-  (docs/fault_tolerance.md): llm_1b's attention matrices whole took its train step from 85.3k
-  instructions to 68.8k, and its compiled peak from 13.6 to 14.6 GiB; every matrix of up to 64
-  MiB whole, to 55.8k instructions and 15.4 GiB, which does not fit the chip."""
+  compiled step, and a cache entry loads at about 0.35 ms an instruction on a v5e host
+  (docs/fault_tolerance.md): llm_1b's attention matrices whole took its train step from 72.5k
+  instructions to 57.7k, and its compiled peak from 13.6 to 14.6 GiB; every matrix of up to 64
+  MiB whole, to 46.3k instructions and 15.4 GiB, which does not fit the chip."""
   axis, multiple = cut
   n = x.shape[axis]
   row = x.size * x.dtype.itemsize // n
