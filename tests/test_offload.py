@@ -63,6 +63,7 @@ def fixture_small_pieces(monkeypatch):
   or more pieces."""
   monkeypatch.setattr(offload, "PIECE_BYTES", 16384)
   monkeypatch.setattr(offload, "SMALL_BYTES", 1000)
+  monkeypatch.setattr(offload, "WHOLE_BYTES", 1000)
 
 
 def _leaves(tree) -> list[np.ndarray]:
@@ -179,7 +180,8 @@ def test_a_parameter_in_pieces_differs_first_by_one_rounding_of_a_multiply_add(s
 def _pieces_without_fma():
   """Run in a process whose XLA emits no FMA instructions (tests below): the streamed update of
   parameters in pieces is the device update bit for bit."""
-  offload.PIECE_BYTES, offload.SMALL_BYTES = 16384, 1000  # as small_pieces
+  # as small_pieces
+  offload.PIECE_BYTES, offload.SMALL_BYTES, offload.WHOLE_BYTES = 16384, 1000, 1000
   want, got, _, _ = _two_adamw_updates()
   for a, b in zip(_leaves(want), _leaves(got)):
     np.testing.assert_array_equal(b, a)
@@ -220,12 +222,17 @@ def test_activations_saved_to_host_give_the_same_losses(remat):
   assert np.max(np.abs(got - want) / np.abs(want)) <= 1e-6, (got, want)
 
 
-def test_pieces_cover_a_parameter_in_order():
-  """Rows of an axis in two or more pieces of at most PIECE_BYTES, in order, none missing."""
+def test_pieces_cover_a_parameter_in_order(monkeypatch):
+  """A parameter of at most WHOLE_BYTES is one piece (each piece is instructions of the compiled
+  step, which a cache entry loads one by one); a larger one rows of an axis in two or more
+  pieces of at most PIECE_BYTES, in order, none missing."""
   import jax  # pylint: disable=import-outside-toplevel
   x = jax.ShapeDtypeStruct((1000, 300), np.float32)  # 1.2 MB, rows on the sublanes
+  assert offload._pieces(x, (0, 8)) == [(0, 1000)]  # pylint: disable=protected-access
+  monkeypatch.setattr(offload, "WHOLE_BYTES", 1_000_000)
+  monkeypatch.setattr(offload, "PIECE_BYTES", 300_000)  # 250 rows; 248, a multiple of 8
   pieces = offload._pieces(x, (0, 8))  # pylint: disable=protected-access
-  assert pieces[0][0] == 0 and len(pieces) >= 2
+  assert pieces[0][0] == 0 and len(pieces) == 5  # 4 x 248 rows and the last 8
   assert all(a[0] + a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
   assert all(size % 8 == 0 for _, size in pieces[:-1])
   assert pieces[-1][0] + pieces[-1][1] == 1000
