@@ -24,7 +24,6 @@ import base64
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,12 +34,11 @@ from absl import flags
 
 from benchmarks import trace_step
 from core.registry import ConfigError
+from planner import hlo_ops
 from trainer import compile_cache, compile_prefetch, meshes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = "jit_train_step"  # JAX's module name, which begins the cache key
-# An instruction of the HLO text: `  %name = type opcode(...)`, or `  ROOT %name = ...`.
-INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = ", re.M)
 
 
 def compile_train(config: str, mesh: str, overrides: tuple[str, ...], cache: pathlib.Path) -> dict:
@@ -55,8 +53,10 @@ def compile_train(config: str, mesh: str, overrides: tuple[str, ...], cache: pat
   with exp.context():
     compiled = getattr(exp, name).lower(*args).compile()
   text = "\n".join(m.to_string() for m in compiled.runtime_executable().hlo_modules())
+  computations, _, _ = hlo_ops.parse(text)
   row = {"compile_s": round(time.perf_counter() - started, 2),
-         "hlo_instructions": len(INSTRUCTION.findall(text)), "hlo_lines": text.count("\n")}
+         "hlo_instructions": sum(map(len, computations.values())),
+         "hlo_lines": text.count("\n")}
   compile_prefetch.remember(cache, "cache_load")
   index = json.loads((cache / compile_prefetch.FOLDER / "cache_load.json").read_text())
   entry = next((e for e in index["programs"] if e["key"].startswith(f"{TRAIN}-")), None)

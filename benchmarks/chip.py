@@ -210,7 +210,7 @@ def run_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", required=True, help="folder for chip.jsonl (the device tool's $OUT)")
   p.add_argument("--steps", type=int, default=0, help=f"steps per setting (default: STEPS_OF, "
                                                       f"else {STEPS})")
-  p.add_argument("--profile", nargs="?", const="all", default="",
+  p.add_argument("--profile", default="",  # a bare --profile is "all" (profile_alone)
                  help="trace 3 steps of each setting; --profile=NAME,...: of these")
   p.add_argument("--warmup", type=int, default=-1, help="first steps left out of the medians "
                                                        f"(default: STEPS_OF, else {WARMUP})")
