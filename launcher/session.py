@@ -197,8 +197,9 @@ def _stop_handling(this: Run, finish, progress):
   """
   def second() -> str:
     finish("preempted", signal="second")
-    # Read last, just before the exit: a save in flight may commit while run.json is written.
-    steps = checkpoint_files.committed_steps(this.run_dir.path / "checkpoints")
+    # Read last, after which no save of this process commits: one in flight may commit while
+    # run.json is written, and must not between the listing and the exit.
+    steps = checkpoint_files.final_committed_steps(this.run_dir.path / "checkpoints")
     return (f"a checkpoint still being written is abandoned; the run resumes from its newest "
             f"committed one, step {steps[-1]}" if steps else
             "no checkpoint was committed yet: the run starts over")

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 
 import jax
@@ -60,6 +61,24 @@ def test_keep_latest_and_every_n(tmp_path):
 def test_keep_one(tmp_path):
   ckpt = checkpoint.Checkpointer(tmp_path, CheckpointConfig(every_steps=10, keep=1))
   assert _save_every_10(ckpt, 30) == [[10], [20], [30]]
+  ckpt.close()
+
+
+def test_a_save_commits_only_when_the_commit_lock_is_free(tmp_path):
+  """Saves commit under checkpoint_files' lock, which a process about to exit takes for good
+  (final_committed_steps): a save that finishes its writes meanwhile stays in its temporary
+  folder, so the steps listed before the exit are the steps the exit leaves."""
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=10))
+  with checkpoint_files._COMMITS:  # pylint: disable=protected-access
+    assert ckpt.save(10, _state(10), {"step": 10})
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "checkpoints").glob("10.orbax-checkpoint-tmp*")):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    time.sleep(1.0)  # the writes of these few bytes end; without the lock the commit follows
+    assert checkpoint_files.committed_steps(tmp_path / "checkpoints") == []
+  ckpt.wait_until_finished()
+  assert checkpoint_files.committed_steps(tmp_path / "checkpoints") == [10]
   ckpt.close()
 
 

@@ -40,8 +40,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.registry import ConfigError
 from trainer import checkpoint_layout, disk
 from trainer.checkpoint_bounded import Transfers, handlers
-from trainer.checkpoint_files import (DATA, STATE, CheckpointError, check_step, committed_steps,
-                                      move_aside, steps_holding, strays)
+from trainer.checkpoint_files import (DATA, STATE, CheckpointError, GatedCommit, check_step,
+                                      committed_steps, move_aside, steps_holding, strays)
 from trainer.config import CheckpointConfig
 from trainer.run_files import Record, no_record
 
@@ -171,10 +171,10 @@ class _SaveReports:
   exception was never retrieved" for each write that failed after the gather gave up. Between
   `start` (a save begins) and `stop` (the save finished, or its failure was read) those reports
   are dropped: log records (Orbax's, asyncio's) whose exception is a write without room (the
-  launcher prints its one line instead) and the closed loop's unraisable reports. `stop(failed=True)` clears the
-  failed write's frames and collects the abandoned writes while the interpreter still runs
-  (they close quietly then), until they have been quiet for `quiet_s`. Everything is put back
-  at `stop`.
+  launcher prints its one line instead) and the closed loop's unraisable reports.
+  `stop(failed=True)` clears the failed write's frames and collects the abandoned writes while
+  the interpreter still runs (they close quietly then), until they have been quiet for
+  `quiet_s`. Everything is put back at `stop`.
   """
 
   def __init__(self, *, quiet_s: float = 1.0, max_s: float = 10.0):
@@ -240,6 +240,7 @@ class Checkpointer:
         enable_async_checkpointing=True,
         # Temporary directories of saves cut short by a crash are never committed steps.
         cleanup_tmp_directories=True,
+        temporary_path_class=GatedCommit,  # commits under a lock (final_committed_steps)
     )
     self._transfers = Transfers()
     self._manager = ocp.CheckpointManager(self.directory, options=options,

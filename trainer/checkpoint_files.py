@@ -17,6 +17,7 @@ import json
 import math
 import pathlib
 import shutil
+import threading
 from typing import Any, Callable
 
 import orbax.checkpoint as ocp
@@ -32,6 +33,28 @@ class CheckpointError(Exception):
 def committed_steps(directory: pathlib.Path | str) -> list[int]:
   """Committed steps in a checkpoints/ directory, oldest first; [] if it does not exist."""
   return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(directory)))
+
+
+# Held while a save of this process commits (Orbax renames its temporary folder to <step>), and
+# for good by `final_committed_steps`: what a process about to exit says it leaves is what it
+# leaves, not a step whose save committed between the listing and the exit.
+_COMMITS = threading.Lock()
+
+
+class GatedCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
+  """Orbax's commit of a save by atomic rename (its default on a local disk), under _COMMITS."""
+
+  async def finalize(self, *args, **kwargs):
+    with _COMMITS:
+      await super().finalize(*args, **kwargs)
+
+
+def final_committed_steps(directory: pathlib.Path | str, *, wait_s: float = 60.0) -> list[int]:
+  """committed_steps for a process about to exit: waits up to `wait_s` for a commit under way
+  to end (a rename and two small files), then keeps every later save of this process from
+  committing."""
+  _COMMITS.acquire(timeout=wait_s)  # pylint: disable=consider-using-with
+  return committed_steps(directory)
 
 
 def strays(directory: pathlib.Path | str) -> dict[pathlib.Path, str]:
