@@ -116,7 +116,8 @@ class JsonlWriter(Callback):
 
 def _framed(event) -> bytes:
   """One record of a TensorBoard event file: length, its checksum, the event, its checksum."""
-  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
   data = event.SerializeToString()
   header = struct.pack("<Q", len(data))
   return (header + struct.pack("<I", masked_crc32c(header)) + data
@@ -124,8 +125,9 @@ def _framed(event) -> bytes:
 
 
 class TensorBoardWriter(Callback):
-  """Event files under <run_dir>/tensorboard/ (tensorboardX's event protos, no TensorFlow),
-  written in this thread: each metrics record's scalars are appended at once as whole records
+  """Event files under <run_dir>/tensorboard/ (TensorBoard's own event protos and checksum, no
+  TensorFlow; tensorboardX's import also imports torch where it is installed: 1.9 s of every
+  start), written in this thread: each metrics record's scalars are appended at once as whole records
   (disk.AppendFile), so a full disk stops the run with NoSpace rather than a writer thread's
   traceback, and leaves no half record.
 
@@ -141,7 +143,8 @@ class TensorBoardWriter(Callback):
     self._file: disk.AppendFile | None = None
 
   def on_train_start(self, loop) -> None:
-    from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
     self.directory.mkdir(parents=True, exist_ok=True)
     path = self.directory / (f"events.out.tfevents.{str(time.time())[:10]}."
                              f"{socket.gethostname()}.{os.getpid()}.from{loop.start}")
@@ -154,11 +157,13 @@ class TensorBoardWriter(Callback):
     self._file.append(b"".join(map(_framed, events)))
 
   def on_record(self, record: dict) -> None:
-    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
-    from tensorboardX.summary import scalar  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary  # pylint: disable=import-outside-toplevel
     now = time.time()
     self._file.append(b"".join(
-        _framed(Event(wall_time=now, step=record["step"], summary=scalar(key, value)))
+        _framed(Event(wall_time=now, step=record["step"],
+                      summary=Summary(value=[Summary.Value(tag=key, simple_value=value)])))
         for key, value in scalars(record).items()))
 
   def on_train_end(self, loop) -> None:
