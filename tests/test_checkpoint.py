@@ -101,6 +101,31 @@ def test_restore_step_and_set_aside(tmp_path):
   ckpt.close()
 
 
+def test_compression_off_writes_the_arrays_as_they_are_and_either_kind_restores(tmp_path):
+  """checkpoint.compression: 1 MB of zeros zstd-compresses to almost nothing, and without
+  compression takes its own size on disk; a Checkpointer of either setting restores both
+  checkpoints bit for bit (only new saves follow the setting)."""
+  state = {"step": jnp.int32(7), "params": {"w": jnp.zeros((512, 512))},
+           "opt_state": {"mu": jnp.arange(12.0).reshape(4, 3)}}
+  abstract = jax.eval_shape(lambda: state)
+  sizes = {}
+  for compression in (True, False):
+    ckpt = checkpoint.Checkpointer(tmp_path / str(compression),
+                                   CheckpointConfig(compression=compression))
+    assert ckpt.save(7, state, {"step": 7})
+    ckpt.close()
+    sizes[compression] = sum(p.stat().st_size for p in (tmp_path / str(compression)).rglob("*")
+                             if p.is_file())
+  assert sizes[True] < 100_000 < 1_048_576 < sizes[False], sizes
+  for compression in (True, False):
+    for written in (True, False):
+      ckpt = checkpoint.Checkpointer(tmp_path / str(written),
+                                     CheckpointConfig(compression=compression))
+      restored = ckpt.restore(7, abstract, _shardings(abstract))
+      ckpt.close()
+      jax.tree.map(np.testing.assert_array_equal, restored.state, state)
+
+
 def test_deleted_manifest_falls_back(tmp_path):
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", CheckpointConfig(every_steps=10))
   _save_every_10(ckpt, 20)

@@ -243,8 +243,9 @@ class Checkpointer:
         temporary_path_class=GatedCommit,  # commits under a lock (final_committed_steps)
     )
     self._transfers = Transfers()
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          handler_registry=handlers(self._transfers))
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        handler_registry=handlers(self._transfers, compression=cfg.compression))
     self._moves = 0
     self._in_flight: tuple[int, int] | None = None  # (step, bytes needed) of the save in flight
     self._reports = _SaveReports()

@@ -285,9 +285,9 @@ class StateHandler(ocp.StandardCheckpointHandler):
   copies follow `transfers`: its PyTreeCheckpointHandler (`_impl`, which Orbax's own
   constructor makes without these options) gets save_device_host_concurrent_gb and an
   ArrayHandler that asks `transfers` (and reads a target in host memory under one budget of
-  host RAM)."""
+  host RAM), and zstd-compresses the chunks it writes only with `compression`."""
 
-  def __init__(self, transfers: Transfers):
+  def __init__(self, transfers: Transfers, *, compression: bool = True):
     super().__init__()
     self._transfers = transfers
     arrays = _Arrays(transfers)
@@ -296,7 +296,8 @@ class StateHandler(ocp.StandardCheckpointHandler):
           for ty in ocp.type_handlers.supported_types()])
     self._impl = ocp.PyTreeCheckpointHandler(
         save_concurrent_gb=_ORBAX_CONCURRENT_GB, restore_concurrent_gb=_ORBAX_CONCURRENT_GB,
-        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=self._registry)
+        save_device_host_concurrent_gb=HOST_STATE_SAVE_GB, type_handler_registry=self._registry,
+        use_compression=compression)
 
   async def async_save(self, directory, item=None, save_args=None, args=None):
     """StandardCheckpointHandler's save; a bounded one (a state in host memory) in OCDBT files
@@ -309,11 +310,12 @@ class StateHandler(ocp.StandardCheckpointHandler):
         ocdbt_target_data_file_size=HOST_STATE_FILE_BYTES))
 
 
-def handlers(transfers: Transfers) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+def handlers(transfers: Transfers, *,
+             compression: bool = True) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   """A Checkpointer's items: the state (StandardSave/StandardRestore, StateHandler) and the
   data iterator's state (JsonSave/JsonRestore)."""
   registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-  state, data = StateHandler(transfers), ocp.JsonCheckpointHandler()
+  state, data = StateHandler(transfers, compression=compression), ocp.JsonCheckpointHandler()
   for args in (ocp.args.StandardSave, ocp.args.StandardRestore):
     registry.add(STATE, args, state)
   for args in (ocp.args.JsonSave, ocp.args.JsonRestore):

@@ -138,6 +138,11 @@ class CheckpointConfig:
   # Resume from this committed step instead of the latest (newer ones are set aside); 0 = latest.
   # Not part of the run's identity: changing it does not make the run directory "different".
   restore_step: int = 0
+  # zstd-compress the arrays' chunks (Orbax's default). False: files the size of the state, and
+  # no compressing or decompressing in a save or a restore (on this repo's 2-core CPU a 2.2 GB
+  # host-memory state saved in 4.4 s instead of 7.2-7.9 s, and restored in 2.2 s instead of
+  # 2.7-3.1 s; random float32 shrinks by 8%). Only new saves follow it: a restore reads either.
+  compression: bool = True
   RANGES: ClassVar = {"every_steps": NON_NEGATIVE, "keep": Interval(1),
                       "keep_every_steps": NON_NEGATIVE, "restore_step": NON_NEGATIVE}
 
