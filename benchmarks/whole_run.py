@@ -108,6 +108,9 @@ def run(argv: list[str]) -> int:
   p.add_argument("--stop_after_s", type=float, default=15.0,
                  help="SIGTERM this long after the first step's line")
   p.add_argument("--reference", action="store_true", help="also run it uninterrupted")
+  p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                 help="--config.KEY=VALUE in every phase's command (repeatable), e.g. "
+                      "checkpoint.compression=false")
   p.add_argument("--ram_limit_gb", type=float, default=38.0)
   p.add_argument("--work", default="/tmp/axtrain-whole-run")
   p.add_argument("--noexport", dest="export", action="store_false",
@@ -119,7 +122,8 @@ def run(argv: list[str]) -> int:
   out, work = pathlib.Path(args.out), pathlib.Path(args.work)
   out.mkdir(parents=True, exist_ok=True)
   command = [f"--config={args.config}", f"--config.trainer.max_steps={args.steps}",
-             f"--config.checkpoint.every_steps={args.every}"]
+             f"--config.checkpoint.every_steps={args.every}",
+             *(f"--config.{item}" for item in args.override)]
   limit = args.ram_limit_gb * 1e9
   result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": "axtrain " + " ".join(command), "phases": {}}
