@@ -153,6 +153,30 @@ def cache(tmp_path_factory):
   return tmp_path_factory.mktemp("jax_cache")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _share_experiments(request):
+  """In a module marked `share_experiments`, trainer/experiment.py's `build` returns the
+  Experiment it built before for an equal config, mesh entry and devices, so that the module's
+  in-process runs of one config (CLI runs in a row: a run, its resume, its refusals) reuse its
+  jitted programs instead of tracing, lowering and compiling them again (about 2 s a run of the
+  `test` model; a third of the suite's runs repeated a config of their module). For modules
+  whose tests change no module constant that a trace reads; the memo ends with the module."""
+  if request.node.get_closest_marker("share_experiments") is None:
+    yield
+    return
+  from trainer import experiment  # pylint: disable=import-outside-toplevel
+  build, built = experiment.build, {}
+
+  def shared(run, entry, *args, **kwargs):
+    key = repr((run, entry, args, sorted(kwargs.items())))
+    if key not in built:
+      built[key] = build(run, entry, *args, **kwargs)
+    return built[key]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(experiment, "build", shared)
+    yield
+
+
 @pytest.fixture
 def run_cli():
   return cli

@@ -7,6 +7,8 @@ import pytest
 from launcher import main as main_lib
 from tests.conftest import ROOT, cli
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 # The config files of configs/, as a directory's message lists them.
 _CONFIG_FILES = sorted(f"configs/{p.name}" for p in (ROOT / "configs").glob("*.py")
                        if "def get_config(" in p.read_text())

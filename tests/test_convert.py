@@ -12,6 +12,8 @@ from safetensors.numpy import load_file, save_file
 
 from launcher import main as main_lib
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 D, F, V, P = 8, 32, 16, 8  # width, MLP width (4 * D), vocabulary, positions
 
 

@@ -10,6 +10,8 @@ import pytest
 from launcher import main as main_lib
 from tests.test_convert import D, V, _convert, _gpt2_tensors, _write_hf
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def tensors():

@@ -12,6 +12,8 @@ from launcher import main as cli_main
 from tests.conftest import cli
 from trainer.data import DATA, corpus as corpus_lib
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 SMALL = ["--config=configs/tiny.py", "--config.trainer.max_steps=2", "--config.data.seq_len=32",
          "--config.optimizer.schedule.warmup_steps=0",
          "--config.data.batch_size=8", "--config.eval.batch_size=8",

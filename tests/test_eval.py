@@ -10,6 +10,8 @@ import pytest
 from launcher import main as main_lib
 from trainer.data.base import DATA
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

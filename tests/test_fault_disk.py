@@ -18,6 +18,8 @@ from tests.ckpt_util import assert_same_params, checkpoint_folders, ref  # noqa:
 from tests.conftest import report_full
 from trainer.callbacks import Callback
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 
 def no_space_line(result) -> str:
   """The one `axtrain: error: no space left ...` line of a run that found its disk full."""

@@ -26,6 +26,8 @@ from tests.ckpt_util import assert_same_params, checkpoint_folders, ref  # noqa:
 from tests.launch_with_hooks import NanAt, StopAfter
 from trainer.callbacks import Callback
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 def test_sigkill_then_sigterm_then_resume_is_exact(tmp_path, ref, cache, capfd):
   run_dir = tmp_path / "run"
   # SIGKILL after step 17: checkpoint 10 is committed, 11-17 are lost.

@@ -27,6 +27,8 @@ from tests import ckpt_util
 from trainer import checkpoint_layout, flops, meshes, param_axes
 from core.registry import ConfigError
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
 # attention fields of the `test` LLaMA (dim 64, 4 heads of 16; here 1 layer): MHA, GQA, MQA, biases
 CASES = {"mha": {"num_kv_heads": None}, "gqa": {"num_kv_heads": 2}, "mqa": {"num_kv_heads": 1},

@@ -12,6 +12,8 @@ from launcher import convert, generate as generate_cli
 from launcher import main as main_lib
 from modules.hf_maps import FAMILIES
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 PROMPTS = [[5, 17, 99, 3, 64, 120, 7], [1, 2, 3, 4]]
 
 

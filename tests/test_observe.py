@@ -23,6 +23,8 @@ from trainer import config as config_lib, experiment, loop, metrics, meshes, wri
 from trainer.callbacks import Callback
 from trainer.progress import Progress
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 SEQ, BATCH = 32, 8
 STEP_KEYS = ("loss", "aux_loss", "grad_norm", "param_norm", "update_norm", "learning_rate")
 

@@ -22,6 +22,8 @@ from tests.conftest import ROOT
 from tests.test_train_tiny import build
 from trainer import config as config_lib, loop, meshes
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 # Per decoder layer: attention q, k, v, o and the gated MLP's wi, wu, wo.
 PROJECTIONS = 7
 

@@ -9,8 +9,12 @@ import json
 import pathlib
 import re
 
+import pytest
+
 from launcher import config_loading, run_dir, run_names
 from tests.test_run_dirs import axtrain, compile_cache, quick  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
 
 
 def test_default_dir_sorts_overrides_and_never_nests():

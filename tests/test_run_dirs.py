@@ -13,6 +13,8 @@ import pytest
 from launcher import main as main_lib, run_dir
 from trainer import run_files
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 QUICK = '''
 from configs import llama
 

@@ -14,6 +14,8 @@ from planner import compiler_output, plan, plan_report, step_memory, sweep_scree
 from tests.test_run_dirs import QUICK, snapshot
 from trainer import config as config_lib, experiment, host_memory, meshes, metrics
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 
 @pytest.fixture
 def quick(tmp_path, monkeypatch):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from absl import flags
 
 from launcher import config_loading, main as main_lib
 from tests.conftest import ROOT
 from trainer import config as config_lib, experiment, loop, meshes
+
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
 
 # 20 steps of 8 x 64 bytes: the validation loss falls by about 2.8 nats (measured 5.62 -> 2.83),
 # well past the 1.5 the test asks for.
