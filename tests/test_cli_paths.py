@@ -12,6 +12,8 @@ from launcher import main as main_lib
 from tests.conftest import ROOT
 from tests.test_cli import run_main
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 
 def _refused_in_process(capsys, *args):
   code, out, err = run_main(capsys, "--config=configs/tiny.py", *args)

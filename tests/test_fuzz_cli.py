@@ -14,6 +14,8 @@ import pytest
 from launcher import config_loading, flat, main as main_lib
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 SEED = 20261203
 CASES = 200
 BASES = ["configs/tiny.py", "configs/llama.py:size=test", "configs/moe_tiny.py",

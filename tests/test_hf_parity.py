@@ -11,6 +11,8 @@ import pathlib
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

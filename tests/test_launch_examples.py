@@ -22,6 +22,8 @@ from planner import plan_docs
 from tests.conftest import ROOT, gpu_compiler_missing
 from trainer import meshes
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 _EXAMPLE = re.compile(r"^\s*(?:\$ )?axtrain launch (--backend=[a-z0-9-]+ .*)$")
 
 

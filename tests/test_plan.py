@@ -22,6 +22,8 @@ from trainer import config as config_lib, experiment, flops, mesh_rules, meshes
 from planner import compiler_output, hlo_collectives, plan, plan_report, plan_sweep, sweep_screen, sweep_space
 from trainer.data.packing import PACKED_FIELDS
 
+pytestmark = pytest.mark.share_experiments  # tests/conftest.py
+
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
 
 
