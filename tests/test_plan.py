@@ -23,7 +23,6 @@ from planner import compiler_output, hlo_collectives, plan, plan_report, plan_sw
 from trainer.data.packing import PACKED_FIELDS
 
 pytestmark = pytest.mark.share_experiments  # tests/conftest.py
-
 GOLDEN = ROOT / "tests" / "testdata" / "plan" / "tiny_tpu-v5e-8.txt"
 
 
