@@ -287,7 +287,7 @@ class StateHandler(ocp.StandardCheckpointHandler):
   ArrayHandler that asks `transfers` (and reads a target in host memory under one budget of
   host RAM), and zstd-compresses the chunks it writes only with `compression`."""
 
-  def __init__(self, transfers: Transfers, *, compression: bool = True):
+  def __init__(self, transfers: Transfers, *, compression: bool):
     super().__init__()
     self._transfers = transfers
     arrays = _Arrays(transfers)
