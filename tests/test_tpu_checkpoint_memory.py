@@ -15,7 +15,9 @@ over the state (passed) but its save, written in blocks through device memory
 359c6ef, with 32 MiB blocks, both passed: `layers` saved at +0.34 GB, `stacked` at +0.72 GB of
 RSS and restored at 0.74 GB over the state (docs/offload.md). With the restore's one read budget
 (e2ced50's tree): both passed; `layers` restored in 13.1 s, `stacked` in 10.2 s at 0.48 GB over
-the state, and the saves rose +0.37 and +0.66 GB.
+the state, and the saves rose +0.37 and +0.66 GB. At 984925d (small shards read through device
+memory, 2026-12-08): both passed; restores in 6.5 and 7.5 s (`stacked` 0.56 GB over the state),
+saves +0.33 and +0.70 GB of RSS.
 """
 
 from __future__ import annotations
