@@ -20,13 +20,14 @@ gradient dots run quantized. The parameters stay float32 master weights (the opt
 them; checkpoints and Hugging Face export hold them unchanged).
 """
 
+from __future__ import annotations
+
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import qwix
-from qwix._src.utils import flax_util
 
 from core.registry import ConfigError, Registry
 
@@ -72,32 +73,44 @@ class Fp8Config(_QuantizedConfig):
 QTYPES = {"int8": (jnp.int8, jnp.int8), "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2)}
 
 
-class ParameterDotsProvider(qwix.QtProvider):
-  """Qwix's quantized training on the dots that multiply by a parameter; other dots (attention's
-  scores and values, both operands activations) pass through unquantized."""
+# Qwix is imported where a quantized kind is built, not with this module: it imports flax.nnx
+# (and IPython where installed), 1.4 s of every start on the v5e host (`python -X importtime`,
+# 2026-12-08), and most runs quantize nothing.
+@functools.cache
+def _provider_class():
+  """ParameterDotsProvider: Qwix's quantized training on the dots that multiply by a parameter;
+  other dots (attention's scores and values, both operands activations) pass through
+  unquantized."""
+  import qwix  # pylint: disable=import-outside-toplevel
+  from qwix._src.utils import flax_util  # pylint: disable=import-outside-toplevel
 
-  def einsum(self, einsum_str, *operands, **kwargs):
-    if len(operands) == 2 and _has_parameter(operands):
-      return super().einsum(einsum_str, *operands, **kwargs)
-    return jnp.einsum(einsum_str, *operands, **kwargs)
+  def has_parameter(operands) -> bool:
+    try:
+      return any(flax_util.find_param(x) is not None for x in operands)
+    except ValueError:  # Qwix's shape heuristic found several same-shaped parameters
+      return False
 
-  def dot_general(self, lhs, rhs, dimension_numbers, *args, **kwargs):
-    if _has_parameter((lhs, rhs)):
-      return super().dot_general(lhs, rhs, dimension_numbers, *args, **kwargs)
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, *args, **kwargs)
+  class ParameterDotsProvider(qwix.QtProvider):
+    """Qwix's provider, quantizing only the dots that multiply by a parameter."""
+
+    def einsum(self, einsum_str, *operands, **kwargs):
+      if len(operands) == 2 and has_parameter(operands):
+        return super().einsum(einsum_str, *operands, **kwargs)
+      return jnp.einsum(einsum_str, *operands, **kwargs)
+
+    def dot_general(self, lhs, rhs, dimension_numbers, *args, **kwargs):
+      if has_parameter((lhs, rhs)):
+        return super().dot_general(lhs, rhs, dimension_numbers, *args, **kwargs)
+      return jax.lax.dot_general(lhs, rhs, dimension_numbers, *args, **kwargs)
+
+  return ParameterDotsProvider
 
 
-def _has_parameter(operands) -> bool:
-  try:
-    return any(flax_util.find_param(x) is not None for x in operands)
-  except ValueError:  # Qwix's shape heuristic found several same-shaped parameters
-    return False
-
-
-def rules(cfg) -> list[qwix.QtRule]:
-  """The Qwix rules of a quantization node (none: no rule)."""
+def rules(cfg) -> list:
+  """The Qwix rules (`qwix.QtRule`) of a quantization node (none: no rule)."""
   if cfg.kind not in QTYPES:
     return []
+  import qwix  # pylint: disable=import-outside-toplevel
   forward, backward = QTYPES[cfg.kind]
   return [qwix.QtRule(module_path=LAYER_PATHS, weight_qtype=forward, act_qtype=forward,
                       bwd_qtype=backward if cfg.backward else None,
@@ -109,7 +122,8 @@ def quantizer(cfg) -> Callable[[Any], Any]:
   found = rules(cfg)
   if not found:
     return lambda model: model
-  return lambda model: qwix.quantize_model(model, ParameterDotsProvider(found))
+  import qwix  # pylint: disable=import-outside-toplevel
+  return lambda model: qwix.quantize_model(model, _provider_class()(found))
 
 
 for _kind, _cls in (("none", NoQuantizationConfig), ("int8", Int8Config), ("fp8", Fp8Config)):
