@@ -7,9 +7,9 @@ Orbax's copy of the whole array first. A restore's reads share one `ReadBudget` 
 each read holding its part until its copy into host memory is done (`read_bounded`); off CPU a
 shard larger than HOST_STATE_READ_BLOCK_BYTES is read a block at a time through device memory,
 instead of a whole read buffer and its copy into host memory, and a smaller one whole through
-device memory (twice as fast into host memory as NumPy's buffer put there directly on the v5e). On CPU (HOST_VIEW_PLATFORMS) a
-save's blocks are views of the buffers and a restore's reads are Orbax's own, each held in the
-budget.
+device memory (twice as fast into host memory as NumPy's buffer put there directly, on the
+v5e). On CPU (HOST_VIEW_PLATFORMS) a save's blocks are views of the buffers and a restore's
+reads are Orbax's own, each held in the budget.
 """
 
 from __future__ import annotations
@@ -190,8 +190,8 @@ class ReadBudget:
   """A restore's reads into host memory, all of them together: read buffers of fewer than
   HOST_STATE_READ_BYTES in host RAM at once (a larger one alone), each held until its copy into
   host memory is done; READ_SHARDS_AT_ONCE shards read a block at a time through device memory
-  at once, and READ_WHOLE_AT_ONCE smaller ones whole. Made inside the restore's event loop; its waits for copies run in threads, so the
-  loop goes on reading meanwhile."""
+  at once, and READ_WHOLE_AT_ONCE smaller ones whole. Made inside the restore's event loop; its
+  waits for copies run in threads, so the loop goes on reading meanwhile."""
 
   def __init__(self):
     self.limit = HOST_STATE_READ_BYTES
@@ -241,7 +241,7 @@ async def read_bounded(orbax_read, budget: ReadBudget, devices, index, t, *, glo
   shape = tuple(new_shard_shape)
   itemsize = max(stored.itemsize, np.dtype(dtype or stored).itemsize)
   rows = block_rows(shape, itemsize, HOST_STATE_READ_BLOCK_BYTES)
-  whole = rows is None and shape and math.prod(shape) * itemsize <= HOST_STATE_READ_BLOCK_BYTES
+  whole = rows is None and 0 < math.prod(shape or (0,)) * itemsize <= HOST_STATE_READ_BLOCK_BYTES
   resolved = numpy_utils.resolve_slice(index, tuple(global_shape))
   if (strict and dll is None and (rows is not None or whole)
       and tuple(t.shape) == tuple(global_shape)
