@@ -212,7 +212,8 @@ def checkpoint_batches(exp: experiment_lib.Experiment, devices_per_host: int,
     the save copies it whole instead, which this does not count (between steps it can).
   - A restore holds reads of fewer than HOST_STATE_READ_BYTES at once, all its arrays together,
     or one larger shard read whole alone; off CPU a shard larger than
-    HOST_STATE_READ_BLOCK_BYTES is read a block of rows at a time under that budget."""
+    HOST_STATE_READ_BLOCK_BYTES is read a block of rows at a time under that budget (a smaller
+    one whole, under it too)."""
   save = int(checkpoint_bounded.HOST_STATE_SAVE_GB * 1e9)
   restore = blocks.HOST_STATE_READ_BYTES
   block = 0
