@@ -241,15 +241,16 @@ async def read_bounded(orbax_read, budget: ReadBudget, devices, index, t, *, glo
   shape = tuple(new_shard_shape)
   itemsize = max(stored.itemsize, np.dtype(dtype or stored).itemsize)
   rows = block_rows(shape, itemsize, HOST_STATE_READ_BLOCK_BYTES)
-  whole = rows is None and 0 < math.prod(shape or (0,)) * itemsize <= HOST_STATE_READ_BLOCK_BYTES
+  whole = (rows is None and bool(shape)
+           and 0 < math.prod(shape) * itemsize <= HOST_STATE_READ_BLOCK_BYTES)
+  if whole:
+    rows = shape[0]  # the shard as one block
   resolved = numpy_utils.resolve_slice(index, tuple(global_shape))
-  if (strict and dll is None and (rows is not None or whole)
-      and tuple(t.shape) == tuple(global_shape)
+  if (strict and dll is None and rows is not None and tuple(t.shape) == tuple(global_shape)
       and not any(d.platform in HOST_VIEW_PLATFORMS for d in devices)
       and tuple(sl.stop - sl.start for sl in resolved) == shape):
     try:
       async with budget.wholes if whole else budget.shards:
-        rows = shape[0] if whole else rows
         return await _read_rows(budget, devices, resolved, t, shape, rows, stored, dtype,
                                 itemsize)
     except jax.errors.JaxRuntimeError:  # out of device memory: Orbax's read
