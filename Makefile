@@ -32,7 +32,7 @@ demo: $(STAMP)
 
 # Two workers (pytest-xdist), one per core of the CI machine; a test file stays on one worker
 # so its module fixtures are built once. `make test` (CI: .ci/run) is the quick suite, every test
-# not marked `slow`, about 5-9 minutes on 2 cores (300-537 s on forty-four fresh clones; the budget is 6); `make test-slow` runs the tests marked `slow`
+# not marked `slow`, about 5-9 minutes on 2 cores (300-537 s on forty-five fresh clones; the budget is 6); `make test-slow` runs the tests marked `slow`
 # (most over a minute on 2 cores: large-model TPU compiles, the one-chip memory sweep, the
 # expert-parallel and context/pipeline workers, the runnable doc commands, two processes'
 # kill-and-resume, the Slurm requeue).
